@@ -1,0 +1,634 @@
+"""A private RabbitMQ node on 127.0.0.1 for development, tests, demos and CI.
+
+Each node lives entirely in its own ``base_dir`` (config, Erlang cookie, data, logs,
+``node.json`` state), listens on loopback only and runs as the invoking user, so
+several nodes can run side by side without touching a system-wide RabbitMQ.
+
+We call the real scripts in ``/usr/lib/rabbitmq/bin`` rather than Debian's
+``/usr/sbin`` wrappers: those ``su`` to the ``rabbitmq`` user, which then needs to
+own (and traverse to) every directory, and they redirect output to
+``/var/log/rabbitmq``.  Running as the invoking user works for root and non-root
+alike; ``HOME=base_dir`` gives the server and ``rabbitmqctl`` the same cookie.
+
+CLI: ``python -m amqp_locks.devbroker start|stop|status|restart|url [--name NAME]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_NAME",
+    "DevBrokerError",
+    "NodeInfo",
+    "ensure_installed",
+    "main",
+    "rabbitmqctl",
+    "restart",
+    "start",
+    "status",
+    "stop",
+    "url",
+]
+
+DEFAULT_NAME = "amqplocks"
+HOST = "127.0.0.1"
+#: Long lock holds keep token messages unacked for hours; RabbitMQ's default
+#: consumer_timeout (30 min) would close the channel and silently drop the lock.
+CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
+#: rabbitmqctl's own distribution listener uses this range; never hand it out.
+_CTL_DIST_PORTS = range(35672, 35683)
+_EPMD_PORT = 4369
+_SBIN_CANDIDATES = (Path("/usr/lib/rabbitmq/bin"),)
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
+
+# Server processes started by this interpreter, so they can be reaped after a stop
+# (avoids zombies and "subprocess still running" ResourceWarnings).
+_children: dict[Path, subprocess.Popen[bytes]] = {}
+
+
+class DevBrokerError(RuntimeError):
+    """The private broker could not be installed, started, stopped or queried."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where a private node lives and listens; enough to talk to it or restart it."""
+
+    name: str
+    amqp_port: int
+    dist_port: int
+    base_dir: Path
+
+    @property
+    def node(self) -> str:
+        """Erlang node name; ``localhost`` keeps distribution independent of DNS."""
+        return f"{self.name}@localhost"
+
+    @property
+    def url(self) -> str:
+        """AMQP URL for the default vhost; guest is allowed because we use loopback."""
+        return f"amqp://guest:guest@{HOST}:{self.amqp_port}/%2F"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.base_dir / "rabbitmq.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.base_dir / "log" / f"{self.node}.log"
+
+    @property
+    def startup_log(self) -> Path:
+        return self.base_dir / "startup.log"
+
+
+# --------------------------------------------------------------------------- install
+
+
+def _sbin_dir() -> Path | None:
+    """Directory holding the unwrapped ``rabbitmq-server``/``rabbitmqctl`` scripts."""
+    candidates = list(_SBIN_CANDIDATES)
+    found = shutil.which("rabbitmq-server")
+    if found:
+        # Debian's /usr/sbin entries are su-wrappers; a tarball/Homebrew install is not.
+        candidates.append(Path(found).resolve().parent)
+    for d in candidates:
+        if (d / "rabbitmq-server").exists() and (d / "rabbitmqctl").exists():
+            return d
+    return None
+
+
+def _require_sbin() -> Path:
+    sbin = _sbin_dir()
+    if sbin is None:
+        raise DevBrokerError("rabbitmq-server is not installed; call ensure_installed()")
+    return sbin
+
+
+def ensure_installed() -> None:
+    """Install Debian's rabbitmq-server if missing, without leaving a system node up.
+
+    Only the binaries are wanted: our nodes are private, so the package's service is
+    kept from starting (policy-rc.d) and stopped if it started anyway.
+    """
+    if _sbin_dir() is not None:
+        return
+    if os.geteuid() != 0:
+        raise DevBrokerError(
+            "rabbitmq-server is not installed and we are not root; "
+            "run: sudo apt-get install -y rabbitmq-server"
+        )
+    if shutil.which("apt-get") is None:
+        raise DevBrokerError("rabbitmq-server is not installed and apt-get is unavailable")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    policy = Path("/usr/sbin/policy-rc.d")
+    made_policy = False
+    if not policy.exists():
+        policy.write_text(
+            "#!/bin/sh\n# amqp_locks.devbroker: no services during install\nexit 101\n"
+        )
+        policy.chmod(0o755)
+        made_policy = True
+    try:
+        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "rabbitmq-server"]):
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise DevBrokerError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    finally:
+        if made_policy:
+            policy.unlink(missing_ok=True)
+    # Belt and braces: if postinst started the default node anyway, stop it. Its CLI
+    # wrapper su's to the rabbitmq user and so uses that user's cookie.
+    ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run([ctl, "-q", "stop"], capture_output=True, timeout=60, check=False)
+    if _sbin_dir() is None:
+        raise DevBrokerError("apt-get installed rabbitmq-server but its scripts were not found")
+
+
+# ----------------------------------------------------------------------------- state
+
+
+def _default_base_dir(name: str) -> Path:
+    """``$AMQP_LOCKS_HOME/broker/<name>``, defaulting to the user's cache directory."""
+    home = os.environ.get("AMQP_LOCKS_HOME")
+    if home:
+        root = Path(home)
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = Path(cache) / "amqp-locks"
+    return root / "broker" / name
+
+
+def _resolve(name: str, base_dir: Path | None) -> Path:
+    if not _NAME_RE.match(name):
+        raise DevBrokerError(f"invalid node name {name!r}: use letters, digits, _ and -")
+    return (base_dir or _default_base_dir(name)).expanduser().resolve()
+
+
+def _read_state(base_dir: Path) -> tuple[NodeInfo, int | None] | None:
+    try:
+        raw = json.loads((base_dir / "node.json").read_text())
+        info = NodeInfo(raw["name"], int(raw["amqp_port"]), int(raw["dist_port"]), base_dir)
+        pid = raw.get("pid")
+        return info, (int(pid) if pid is not None else None)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_state(info: NodeInfo, pid: int | None) -> None:
+    data = {
+        "name": info.name,
+        "node": info.node,
+        "amqp_port": info.amqp_port,
+        "dist_port": info.dist_port,
+        "pid": pid,
+        "url": info.url,
+    }
+    tmp = info.base_dir / "node.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(info.base_dir / "node.json")
+
+
+@contextlib.contextmanager
+def _locked(base_dir: Path) -> Iterator[None]:
+    """Serialise start/stop of one node across processes (e.g. pytest-xdist workers)."""
+    base_dir.mkdir(parents=True, exist_ok=True)
+    with (base_dir / ".lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# -------------------------------------------------------------------------- liveness
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _is_our_beam(info: NodeInfo, pid: int | None) -> bool:
+    """The pid is alive and is this node's VM (guards against pid reuse)."""
+    if not _pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc (e.g. macOS): trust the pid
+    return info.node.encode() in cmdline or str(info.base_dir).encode() in cmdline
+
+
+def _amqp_ping(port: int, timeout: float = 2.0) -> bool:
+    """True if something on ``port`` answers the AMQP 0-9-1 header with Connection.Start."""
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout) as sock:
+            sock.sendall(_AMQP_HEADER)
+            data = b""
+            while len(data) < 11:
+                chunk = sock.recv(64)
+                if not chunk:
+                    return False
+                data += chunk
+    except OSError:
+        return False
+    # frame type 1 (method) on channel 0, class 10 (connection) method 10 (start)
+    return data[0] == 1 and data[1:3] == b"\x00\x00" and data[7:11] == b"\x00\x0a\x00\x0a"
+
+
+def _running(info: NodeInfo, pid: int | None) -> bool:
+    return _is_our_beam(info, pid) and _amqp_ping(info.amqp_port)
+
+
+def _pid_from_file(info: NodeInfo) -> int | None:
+    try:
+        return int(info.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------ ports
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports the kernel considers free now (held together so they are distinct)."""
+    socks: list[socket.socket] = []
+    try:
+        ports: list[int] = []
+        while len(ports) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+            if port not in _CTL_DIST_PORTS and port != _EPMD_PORT:
+                ports.append(port)
+        return ports
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _pick_ports(
+    prev: NodeInfo | None, amqp_port: int | None, dist_port: int | None, strict: bool
+) -> tuple[int, int]:
+    """Prefer explicit ports, then the previous run's (stable URL), then fresh ones."""
+    want_amqp = amqp_port or (prev.amqp_port if prev else None)
+    want_dist = dist_port or (prev.dist_port if prev else None)
+    fresh = _free_ports(2)
+    ports: list[int] = []
+    for wanted, explicit, spare in (
+        (want_amqp, amqp_port, fresh[0]),
+        (want_dist, dist_port, fresh[1]),
+    ):
+        if wanted is not None and _port_free(wanted):
+            ports.append(wanted)
+        elif wanted is not None and (strict or explicit):
+            raise DevBrokerError(f"port {wanted} on {HOST} is already in use")
+        else:
+            ports.append(spare)
+    if ports[0] == ports[1]:
+        raise DevBrokerError(f"AMQP and distribution ports must differ (got {ports[0]})")
+    return ports[0], ports[1]
+
+
+# -------------------------------------------------------------------- process control
+
+
+def _env(info: NodeInfo) -> dict[str, str]:
+    """A clean environment: inherited RABBITMQ_*/NODENAME-style vars must not leak in."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "TMPDIR", "LANG", "LC_ALL")}
+    env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    d = info.base_dir
+    env.update(
+        {
+            # The Erlang cookie is read from $HOME: server and CLI share base_dir's.
+            "HOME": str(d),
+            "ERL_EPMD_ADDRESS": HOST,
+            "RABBITMQ_NODENAME": info.node,
+            "RABBITMQ_NODE_IP_ADDRESS": HOST,
+            "RABBITMQ_NODE_PORT": str(info.amqp_port),
+            "RABBITMQ_DIST_PORT": str(info.dist_port),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_PID_FILE": str(info.pid_file),
+        }
+    )
+    return env
+
+
+def _write_config(info: NodeInfo) -> None:
+    d = info.base_dir
+    for sub in ("mnesia", "log"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    (d / "rabbitmq.conf").write_text(
+        "# Generated by amqp_locks.devbroker; rewritten on every start.\n"
+        f"listeners.tcp.1 = {HOST}:{info.amqp_port}\n"
+        f"consumer_timeout = {CONSUMER_TIMEOUT_MS}\n"
+        "log.console = false\n"
+        "log.file.level = warning\n"
+    )
+    (d / "enabled_plugins").write_text("[].\n")
+    # Shadows /etc/rabbitmq/rabbitmq-env.conf so system settings cannot leak in.
+    (d / "rabbitmq-env.conf").write_text("# intentionally empty\n")
+    cookie = d / ".erlang.cookie"
+    if not cookie.exists():
+        alphabet = string.ascii_uppercase
+        cookie.write_text("".join(secrets.choice(alphabet) for _ in range(32)))
+        cookie.chmod(0o400)  # Erlang refuses cookies readable by others
+
+
+def _run_ctl(
+    info: NodeInfo, args: Sequence[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    cmd = [str(_require_sbin() / "rabbitmqctl"), "-n", info.node, *args]
+    try:
+        return subprocess.run(
+            cmd,
+            env=_env(info),
+            cwd=info.base_dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise DevBrokerError(f"rabbitmqctl {' '.join(args)} timed out after {timeout}s") from exc
+
+
+def rabbitmqctl(info: NodeInfo, *args: str, timeout: float = 60) -> str:
+    """Run ``rabbitmqctl -n NODE ARGS`` with the node's cookie and return stdout."""
+    proc = _run_ctl(info, args, timeout)
+    if proc.returncode != 0:
+        raise DevBrokerError(
+            f"rabbitmqctl {' '.join(args)} failed ({proc.returncode}):\n"
+            f"{(proc.stderr or proc.stdout).strip()}"
+        )
+    return proc.stdout
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(none)"
+
+
+def _failure(info: NodeInfo, why: str) -> DevBrokerError:
+    return DevBrokerError(
+        f"RabbitMQ node {info.node} {why}.\n"
+        f"--- {info.startup_log} ---\n{_tail(info.startup_log)}\n"
+        f"--- {info.log_file} ---\n{_tail(info.log_file)}"
+    )
+
+
+def _launch(info: NodeInfo, wait: float) -> int:
+    """Start the VM in its own session and block until it accepts AMQP; return its pid."""
+    _write_config(info)
+    info.pid_file.unlink(missing_ok=True)
+    server = _require_sbin() / "rabbitmq-server"
+    with info.startup_log.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(server)],
+            env=_env(info),
+            cwd=info.base_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # survives our exit and Ctrl-C in the terminal
+        )
+    _children[info.base_dir] = proc
+    deadline = time.monotonic() + wait
+    # await_startup fails fast until the node has registered with epmd, so poll it.
+    while True:
+        if proc.poll() is not None:
+            raise _failure(info, f"exited during startup (code {proc.returncode})")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _kill(info, _pid_from_file(info))
+            raise _failure(info, f"did not start within {wait:.0f}s")
+        if info.pid_file.exists():
+            ctl = _run_ctl(
+                info,
+                ["await_startup", "--timeout", str(max(1, int(remaining)))],
+                timeout=remaining + 10,
+            )
+            if ctl.returncode == 0 and _amqp_ping(info.amqp_port):
+                break
+        time.sleep(0.2)
+    pid = _pid_from_file(info)
+    return pid if pid is not None else proc.pid
+
+
+def _kill(info: NodeInfo, pid: int | None, grace: float = 30.0) -> None:
+    """Last resort when the CLI cannot reach the node: SIGTERM, then SIGKILL."""
+    if pid is None or not _is_our_beam(info, pid):
+        return
+    for sig, budget in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        end = time.monotonic() + budget
+        while time.monotonic() < end:
+            if not _pid_alive(pid):
+                return
+            time.sleep(0.1)
+
+
+def _reap(base_dir: Path) -> None:
+    proc = _children.pop(base_dir, None)
+    if proc is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+# ------------------------------------------------------------------------------- API
+
+
+def _status(base_dir: Path) -> NodeInfo | None:
+    state = _read_state(base_dir)
+    if state is None:
+        return None
+    info, pid = state
+    return info if _running(info, pid) else None
+
+
+def _start(
+    name: str,
+    base_dir: Path,
+    amqp_port: int | None,
+    dist_port: int | None,
+    wait: float,
+    strict: bool,
+) -> NodeInfo:
+    state = _read_state(base_dir)
+    prev = state[0] if state and state[0].name == name else None
+    if state is not None and prev is not None and _running(prev, state[1]):
+        if amqp_port is not None and amqp_port != prev.amqp_port:
+            raise DevBrokerError(
+                f"{prev.node} is already running on port {prev.amqp_port}; stop it first"
+            )
+        return prev
+    if state is not None:
+        # A VM we started earlier that no longer answers (hung or half-booted).
+        _kill(state[0], state[1])
+        _reap(base_dir)
+    ports = _pick_ports(prev, amqp_port, dist_port, strict)
+    info = NodeInfo(name=name, amqp_port=ports[0], dist_port=ports[1], base_dir=base_dir)
+    _write_state(info, None)
+    pid = _launch(info, wait)
+    _write_state(info, pid)
+    return info
+
+
+def start(
+    name: str = DEFAULT_NAME,
+    base_dir: Path | None = None,
+    amqp_port: int | None = None,
+    wait: float = 60.0,
+) -> NodeInfo:
+    """Return the running node, starting it first if needed (idempotent).
+
+    A restarted node reuses its previous ports when they are still free, so URLs
+    handed out earlier stay valid; data in ``base_dir`` always survives.
+    """
+    ensure_installed()
+    base = _resolve(name, base_dir)
+    with _locked(base):
+        return _start(name, base, amqp_port, None, wait, strict=False)
+
+
+def _stop(base_dir: Path) -> bool:
+    state = _read_state(base_dir)
+    if state is None:
+        return False
+    info, pid = state
+    if pid is None:
+        pid = _pid_from_file(info)
+    if not _is_our_beam(info, pid):
+        _reap(base_dir)
+        return False
+    # With a pid file, `stop` blocks until the OS process has exited.
+    args = ["stop", str(info.pid_file)] if info.pid_file.exists() else ["stop"]
+    proc = _run_ctl(info, args, timeout=120)
+    if proc.returncode != 0 or _pid_alive(pid):
+        _kill(info, pid)
+    _reap(base_dir)
+    if _pid_alive(pid):
+        raise DevBrokerError(f"could not stop {info.node} (pid {pid})")
+    _write_state(info, None)
+    return True
+
+
+def stop(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> bool:
+    """Stop the node if it runs; return whether one was stopped (idempotent)."""
+    base = _resolve(name, base_dir)
+    with _locked(base):
+        return _stop(base)
+
+
+def status(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> NodeInfo | None:
+    """The running node (answering AMQP), or None; cheap enough to poll."""
+    return _status(_resolve(name, base_dir))
+
+
+def restart(name: str = DEFAULT_NAME, base_dir: Path | None = None, wait: float = 60.0) -> NodeInfo:
+    """Stop and start on the same ports and data, as a broker restart test needs."""
+    ensure_installed()
+    base = _resolve(name, base_dir)
+    with _locked(base):
+        state = _read_state(base)
+        _stop(base)
+        if state is None:
+            return _start(name, base, None, None, wait, strict=False)
+        prev = state[0]
+        return _start(name, base, prev.amqp_port, prev.dist_port, wait, strict=True)
+
+
+def url(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> str:
+    """The node's AMQP URL, starting the node if it is not running."""
+    return start(name, base_dir).url
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; ``start``/``url`` print only the URL so ``$(...)`` captures it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m amqp_locks.devbroker", description="Private RabbitMQ node on 127.0.0.1."
+    )
+    parser.add_argument("command", choices=["start", "stop", "status", "restart", "url"])
+    parser.add_argument("--name", default=DEFAULT_NAME, help="node name (default: %(default)s)")
+    parser.add_argument("--base-dir", type=Path, default=None, help="node directory")
+    parser.add_argument("--port", type=int, default=None, help="AMQP port for start")
+    parser.add_argument("--wait", type=float, default=60.0, help="startup timeout (s)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("start", "url"):
+            print(start(args.name, args.base_dir, args.port, args.wait).url)
+        elif args.command == "restart":
+            print(restart(args.name, args.base_dir, args.wait).url)
+        elif args.command == "stop":
+            stopped = stop(args.name, args.base_dir)
+            print("stopped" if stopped else "not running", file=sys.stderr)
+        else:
+            info = status(args.name, args.base_dir)
+            if info is None:
+                print("not running")
+                return 3
+            print(info.url)
+    except DevBrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Monotonic fencing tokens from one fence message in a quorum queue.
+
+Every lock `N` has a durable quorum queue `N-fence` holding exactly one message. A grant
+takes the message with `basic.get` (manual ack), reads its `x-delivery-count` and returns it
+with `basic.reject(requeue=True)`. A quorum queue raises the count on every return — reject,
+nack, or the channel closing with it unacked — and keeps it in its replicated log, so the
+count is strictly increasing across grants, processes and broker restarts. While one client
+holds the message nobody else can read it, so reading and raising are one atomic step.
+
+The token handed to the holder is ``x-delivery-count + 1`` (never 0). A protected resource
+keeps the highest token it has accepted per lock and rejects any request carrying a lower
+one: a holder whose lock was re-granted to someone else is fenced off as soon as the new
+holder has written once.
+
+Broker limits: RabbitMQ 4.x gives quorum queues a default delivery limit of 20 and would drop
+the fence message after 20 grants, so on 4.x the queue is declared with
+``x-delivery-limit: -1``. RabbitMQ 3.x has no default limit, and there ``-1`` means "drop on
+the first return" (checked on 3.10.8), so the argument is left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from aiormq.abc import AbstractChannel, DeliveredMessage
+from pamqp.commands import Basic
+
+from .errors import LockError, QueueNotFound
+from .names import fence_queue
+from .transport.session import Session
+
+log = logging.getLogger("amqp_locks.fencing")
+
+FENCE_BODY = b"amqp-locks fence"
+
+
+class FenceMissing(LockError):
+    """The fence queue exists but holds no fence message (purged by hand?)."""
+
+
+def broker_major(session: Session) -> int:
+    """The broker's major version (3 for 3.10.8), from the connection's server properties."""
+    assert session.conn is not None
+    raw = session.conn.server_properties.get("version", b"3")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    try:
+        return int(text.split(".")[0])
+    except ValueError:
+        return 3
+
+
+def fence_arguments(session: Session) -> dict[str, Any]:
+    args: dict[str, Any] = {"x-queue-type": "quorum"}
+    if broker_major(session) >= 4:
+        args["x-delivery-limit"] = -1
+    return args
+
+
+async def ensure_fence(session: Session, name: str) -> bool:
+    """Create `N-fence` with its one message unless it exists. Call under the admin mutex
+    (two creators could otherwise publish two fence messages). True if created now."""
+    queue = fence_queue(name)
+    if await session.exists_passive(queue):
+        return False
+    await session.declare(queue, durable=True, arguments=fence_arguments(session))
+    await session.publish("", queue, FENCE_BODY)
+    log.info("created fence queue %r", queue)
+    return True
+
+
+def _count(message: DeliveredMessage) -> int:
+    headers = (message.header.properties.headers or {}) if message.header else {}
+    value = headers.get("x-delivery-count", 0)
+    return int(value) if isinstance(value, int) else 0
+
+
+async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
+    """Read and raise the fence counter of `name`; returns the new fencing token.
+
+    The fast path is one `basic.get` round trip (the reject needs no reply). If another
+    client holds the fence message at that instant, we consume with prefetch 1 and get it
+    pushed the moment it is returned — no polling.
+    """
+    queue = fence_queue(name)
+
+    async def get_and_return(ch: AbstractChannel) -> int | None:
+        message = await ch.basic_get(queue, no_ack=False)
+        if not isinstance(message.delivery, Basic.GetOk):
+            return None
+        count = _count(message)
+        await ch.basic_reject(message.delivery.delivery_tag, requeue=True)
+        return count
+
+    count: int | None = await session.call(queue, get_and_return)
+    if count is not None:
+        return count + 1
+    return await _take_pushed(session, queue, timeout)
+
+
+async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
+    ch = await session.open_channel()
+    got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
+
+    async def on_message(message: DeliveredMessage) -> None:
+        if not got.done():
+            got.set_result(message)
+        # any later delivery stays unacked and is returned when the channel closes
+
+    try:
+        await ch.basic_qos(prefetch_count=1)
+        await ch.basic_consume(queue, on_message, no_ack=False)
+        try:
+            message = await asyncio.wait_for(got, timeout)
+        except TimeoutError:
+            raise FenceMissing(
+                f"no fence message arrived from {queue!r} within {timeout:.0f}s; if the queue "
+                "was purged, run SemaphoreAdmin.repair_fence()"
+            ) from None
+        count = _count(message)
+        await ch.basic_reject(message.delivery.delivery_tag, requeue=True)
+        return count + 1
+    except QueueNotFound:
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            await ch.close()

@@ -1,0 +1,283 @@
+"""Leases: what an acquire returns, and how a holder learns it lost its lock.
+
+:class:`LeaseState` is the core, on the I/O loop. It holds one exclusive queue (a holder
+`B` queue or a mutex queue) and *consumes* from the queues whose deletion ends the lease,
+so the broker pushes a `basic.cancel` the moment an administrator deletes the slot or
+someone deletes the holder queue. Connection loss and missed heartbeats arrive through the
+session. Whatever the cause, :attr:`Lease.lost` is set and ``on_lost`` callbacks run (on a
+separate thread, so a slow callback never stalls heartbeats).
+
+:class:`Lease` is the sync facade; `amqp_locks.aio.Lease` the asyncio one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from aiormq.abc import AbstractChannel, DeliveredMessage
+from pamqp.commands import Basic
+
+from .errors import AmqpLocksError, LeaseReleased
+from .transport.errors import channel_error
+
+if TYPE_CHECKING:
+    from .transport.broker import BrokerCore
+    from .transport.session import Session
+
+log = logging.getLogger("amqp_locks.lease")
+
+LostCallback = Callable[["Lease"], Any]
+
+
+@dataclass(eq=False)
+class LeaseState:
+    """A held exclusive queue and everything that may take it away."""
+
+    core: BrokerCore
+    session: Session
+    kind: str  # "slot" | "mutex"
+    name: str
+    number: int
+    held_queue: str
+    watch_queues: Sequence[str]
+    must_exist: Sequence[str]
+    notice_key: str
+    fencing_token: int = 0
+    acquired_at: float = field(default_factory=time.monotonic)
+    lost_event: threading.Event = field(default_factory=threading.Event)
+    lost_reason: str | None = None
+    released: bool = False
+    _callbacks: list[Callable[[], Any]] = field(default_factory=list)
+    _cb_lock: threading.Lock = field(default_factory=threading.Lock)
+    _watch: AbstractChannel | None = None
+    _tags: dict[str, str] = field(default_factory=dict)
+    _listener: int = -1
+    _async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(
+        default_factory=list
+    )
+
+    # --- setting up the watch (runs as the last acquire step) -------------------------
+
+    async def watch(self) -> None:
+        """Consume from every watched queue; a 404 here means the slot vanished (raise)."""
+        self._listener = self.session.add_listener(self._on_session_lost)
+        ch = await self.session.open_channel()
+        self._watch = ch
+        ch.on_consumer_cancel_callbacks.add(self._on_cancel)
+        ch.closing.add_done_callback(self._on_watch_closed)
+
+        async def discard(_: DeliveredMessage) -> None:
+            return None  # probes routed to a watched queue while we consume it
+
+        for q in self.watch_queues:
+            try:
+                ok = await ch.basic_consume(q, discard, no_ack=True)
+            except Exception as exc:
+                raise channel_error(exc, q) from exc
+            self._tags[str(ok.consumer_tag)] = q
+
+    def _on_cancel(self, frame: Basic.Cancel) -> None:
+        queue = self._tags.get(str(frame.consumer_tag), "?")
+        if queue == self.held_queue:
+            self.lose(f"lock queue {queue!r} was deleted by someone else")
+        else:
+            self.lose(f"{self.kind} {self.number} of {self.name!r} was removed ({queue!r} deleted)")
+
+    def _on_watch_closed(self, fut: asyncio.Future[Any]) -> None:
+        if self.released or self.lost_reason is not None:
+            return
+        exc = None if fut.cancelled() else fut.exception()
+        self.lose(f"watch channel closed: {exc}" if exc else "watch channel closed")
+
+    def _on_session_lost(self, reason: str) -> None:
+        self.lose(reason)
+
+    # --- loss -------------------------------------------------------------------------
+
+    def lose(self, reason: str) -> None:
+        """Mark the lease lost (idempotent; ignored once released). Runs on the I/O loop."""
+        if self.released or self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        self.lost_event.set()
+        held = time.monotonic() - self.acquired_at
+        log.warning(
+            "lost %s %d of %r (token %d) after %.3fs: %s",
+            self.kind,
+            self.number,
+            self.name,
+            self.fencing_token,
+            held,
+            reason,
+        )
+        for loop, event in self._async_waiters:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
+        with self._cb_lock:
+            callbacks = list(self._callbacks)
+        if callbacks:
+            threading.Thread(
+                target=_run_callbacks, args=(callbacks,), name="amqp-locks-on-lost", daemon=True
+            ).start()
+
+    def add_callback(self, cb: Callable[[], Any]) -> None:
+        with self._cb_lock:
+            if self.lost_reason is None:
+                self._callbacks.append(cb)
+                return
+        _run_callbacks([cb])
+
+    # --- verify / release --------------------------------------------------------------
+
+    async def verify(self) -> bool:
+        """The seed's verification: our connection is alive and every `must_exist` queue
+        routes; we also check the holder queue is still ours (passive declare)."""
+        if self.released:
+            raise LeaseReleased(f"{self.kind} {self.number} of {self.name!r} was released")
+        if self.lost_reason is not None or not self.session.alive:
+            return False
+        try:
+            routes, mine = await asyncio.gather(
+                self.session.probe(list(self.must_exist)),
+                self.session.exists_passive(self.held_queue),
+            )
+        except AmqpLocksError as exc:
+            log.info("verify of %s %d of %r failed: %s", self.kind, self.number, self.name, exc)
+            return False
+        ok = all(routes) and mine
+        if not ok:
+            missing = [q for q, r in zip(self.must_exist, routes, strict=True) if not r]
+            if not mine:
+                missing.append(self.held_queue)
+            self.lose(f"verification failed: {', '.join(repr(q) for q in missing)} missing")
+        return ok
+
+    async def release(self) -> None:
+        """Delete the held queue (waiting for delete-ok), then tell waiters it is free."""
+        if self.released:
+            return
+        self.released = True
+        session = self.session
+        session.remove_listener(self._listener)
+        watch, self._watch = self._watch, None
+        if not session.alive:
+            session.held.discard(self.held_queue)
+            return
+        try:
+            jobs: list[Any] = [session.delete(self.held_queue)]
+            if watch is not None and not watch.is_closed:
+                jobs.append(watch.close())
+            results = await asyncio.gather(*jobs, return_exceptions=True)
+            for r in results:
+                if isinstance(r, AmqpLocksError):
+                    raise r
+        finally:
+            session.held.discard(self.held_queue)
+        session.publish_soon("amq.direct", self.notice_key)
+        log.debug(
+            "released %s %d of %r after %.3fs",
+            self.kind,
+            self.number,
+            self.name,
+            time.monotonic() - self.acquired_at,
+        )
+
+    async def abandon(self) -> None:
+        """Undo a half-made grant (acquire failed or was cancelled after the declare)."""
+        self.released = True
+        self.session.remove_listener(self._listener)
+        with contextlib.suppress(Exception):
+            if self.session.alive:
+                await self.session.delete(self.held_queue)
+        if self._watch is not None:
+            with contextlib.suppress(Exception):
+                await self._watch.close()
+        self.session.held.discard(self.held_queue)
+
+
+def _run_callbacks(callbacks: list[Callable[[], Any]]) -> None:
+    for cb in callbacks:
+        try:
+            cb()
+        except Exception:
+            log.exception("on_lost callback %r failed", cb)
+
+
+class Lease:
+    """A held slot or mutex. Use as a context manager, or call :meth:`release`.
+
+    ``number`` is the slot (1-based; 1 for a mutex), ``fencing_token`` rises strictly with
+    every grant of the lock and must be passed to protected resources, ``lost`` is set the
+    moment the lease is known to be lost.
+    """
+
+    def __init__(self, state: LeaseState) -> None:
+        self._state = state
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def number(self) -> int:
+        return self._state.number
+
+    @property
+    def fencing_token(self) -> int:
+        return self._state.fencing_token
+
+    @property
+    def lost(self) -> threading.Event:
+        return self._state.lost_event
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._state.lost_reason
+
+    @property
+    def released(self) -> bool:
+        return self._state.released
+
+    @property
+    def held(self) -> bool:
+        """Neither released nor known lost (no round trip; see :meth:`verify`)."""
+        return not self._state.released and self._state.lost_reason is None
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lease)`` once if the lease is lost (at once if it already is).
+
+        Callbacks run on a helper thread; they are not called after a clean release.
+        """
+        self._state.add_callback(lambda: callback(self))
+
+    def verify(self) -> bool:
+        """Ask the broker whether the lease still holds (one round trip)."""
+        return self._state.core.run(self._state.verify())
+
+    def release(self) -> None:
+        """Give the lock back. Idempotent; safe after the lease was lost."""
+        self._state.core.run(self._state.release())
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        s = self._state
+        state = "released" if s.released else ("lost" if s.lost_reason else "held")
+        return f"<Lease {s.kind} {s.number} of {s.name!r} token={s.fencing_token} {state}>"

@@ -1,0 +1,152 @@
+"""Mutex: one exclusive queue named `N`.
+
+Declaring the exclusive queue `N` succeeds for exactly one connection at a time; the others
+get 405 RESOURCE_LOCKED (costing only a channel). The broker deletes the queue when the
+holder's connection closes or dies, which is what releases a crashed holder. This is the
+same lock as a persistent semaphore's administration mutex of that name: holding
+``Mutex(broker, "images")`` blocks ``SemaphoreAdmin(broker, "images")`` and vice versa.
+
+Two acquires through one Broker share its connection, for which re-declaring its own
+exclusive queue would succeed; the session's ``held`` set makes the second one wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from .errors import AdminLockTimeout, ResourceLocked
+from .fencing import ensure_fence, take_token
+from .lease import Lease, LeaseState
+from .names import fence_queue, release_key, validate_name
+from .transport.broker import Broker, BrokerCore
+from .transport.session import Session
+from .waiting import Backoff, acquire_loop
+
+
+async def try_mutex(
+    core: BrokerCore, session: Session, name: str, *, fencing: bool
+) -> LeaseState | None:
+    """One attempt: declare `N` exclusive; None if someone (maybe this process) holds it."""
+    if name in session.held:
+        return None
+    session.held.add(name)
+    state = LeaseState(
+        core=core,
+        session=session,
+        kind="mutex",
+        name=name,
+        number=1,
+        held_queue=name,
+        watch_queues=(name,),
+        must_exist=(),
+        notice_key=release_key(name, "mutex"),
+    )
+    try:
+        try:
+            await session.declare(name, exclusive=True)
+        except ResourceLocked:
+            session.held.discard(name)
+            return None
+        await state.watch()
+        if fencing:
+            state.fencing_token = await take_token(session, name)
+    except BaseException:
+        await asyncio.shield(state.abandon())
+        raise
+    return state
+
+
+async def acquire_mutex(
+    core: BrokerCore,
+    name: str,
+    *,
+    blocking: bool,
+    timeout: float | None,
+    fencing: bool,
+    backoff: Backoff,
+) -> LeaseState | None:
+    return await acquire_loop(
+        core,
+        release_key(name, "mutex"),
+        lambda s: try_mutex(core, s, name, fencing=fencing),
+        blocking=blocking,
+        timeout=timeout,
+        backoff=backoff,
+    )
+
+
+@contextlib.asynccontextmanager
+async def held_mutex(
+    core: BrokerCore, name: str, timeout: float | None, backoff: Backoff
+) -> AsyncIterator[LeaseState]:
+    """Hold the mutex for a block (the administration mutex uses this)."""
+    state = await acquire_mutex(
+        core, name, blocking=True, timeout=timeout, fencing=False, backoff=backoff
+    )
+    if state is None:
+        raise AdminLockTimeout(
+            f"administration mutex {name!r} is held by another administrator; gave up after "
+            f"{timeout}s"
+        )
+    try:
+        yield state
+    finally:
+        await asyncio.shield(state.release())
+
+
+class Mutex:
+    """A distributed mutex on the exclusive queue `name`.
+
+    ``fencing=True`` (default) takes a fencing token from the quorum queue `name-fence`
+    (created on first use). ``backoff`` bounds the fallback polling for crashed holders;
+    clean releases wake waiters at once.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        name: str,
+        *,
+        fencing: bool = True,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.broker = broker
+        self.name = validate_name(name)
+        self.fencing = fencing
+        self.backoff = backoff or Backoff()
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
+        """Hold the mutex: a :class:`Lease`, or None when not blocking / timed out."""
+        core = self.broker._core
+        state = core.run(self._acquire(blocking, timeout))
+        return None if state is None else Lease(state)
+
+    async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
+        core = self.broker._core
+        if self.fencing:
+            await ensure_fence_cached(core, self.name, self.backoff)
+        return await acquire_mutex(
+            core,
+            self.name,
+            blocking=blocking,
+            timeout=timeout,
+            fencing=self.fencing,
+            backoff=self.backoff,
+        )
+
+    def __repr__(self) -> str:
+        return f"Mutex({self.name!r})"
+
+
+async def ensure_fence_cached(core: BrokerCore, name: str, backoff: Backoff) -> None:
+    """Make sure lock `name` has its fence queue (checked once per connection)."""
+    session = await core.session()
+    if fence_queue(name) in session.fences_known:
+        return
+    if not await session.exists_passive(fence_queue(name)):
+        # Creating the fence needs the lock's administration mutex, i.e. this very mutex.
+        async with held_mutex(core, name, 30.0, backoff):
+            await ensure_fence(session, name)
+    session.fences_known.add(fence_queue(name))

@@ -1,0 +1,84 @@
+"""Queue names of every lock, and the validation that keeps locks from colliding.
+
+A persistent semaphore `N` owns the queues `N` (admin mutex), `N-k-A` (slots), `N-k-B`
+(holders) and `N-fence` (fencing counter); a token semaphore owns `N.semaphore`. A name that
+ends like one of those suffixes could alias another lock's queue, so it is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from .errors import ConfigurationError, InvalidName
+
+MAX_QUEUE_NAME_BYTES = 255
+#: The largest slot number whose queue names we promise to fit (`N-1000000-A`).
+MAX_SLOT_DIGITS = 7
+_LONGEST_SUFFIX = len("-") + MAX_SLOT_DIGITS + len("-A")
+
+_RESERVED = re.compile(r"(-\d+-[AB]|-fence|\.semaphore)$")
+
+
+def validate_name(name: str) -> str:
+    """Return `name` if it can name a lock, else raise :class:`InvalidName` saying why."""
+    if not isinstance(name, str):
+        raise InvalidName(f"lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidName("lock name must not be empty")
+    if name.startswith("amq."):
+        raise InvalidName(f"lock name {name!r}: names starting with 'amq.' are reserved by AMQP")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InvalidName(f"lock name {name!r} contains control characters")
+    size = len(name.encode("utf-8"))
+    if size + _LONGEST_SUFFIX > MAX_QUEUE_NAME_BYTES:
+        raise InvalidName(
+            f"lock name is {size} bytes of UTF-8; at most "
+            f"{MAX_QUEUE_NAME_BYTES - _LONGEST_SUFFIX} bytes fit once suffixed "
+            f"(queue names are AMQP short strings of at most {MAX_QUEUE_NAME_BYTES} bytes)"
+        )
+    match = _RESERVED.search(name)
+    if match:
+        raise InvalidName(
+            f"lock name {name!r} ends with {match.group(0)!r}, which could collide with the "
+            "queues of another lock (slot/holder/fence/token queues use that suffix)"
+        )
+    return name
+
+
+def slot_queue(name: str, k: int) -> str:
+    """`A[k]`: the durable queue whose existence is slot k."""
+    return f"{name}-{k}-A"
+
+
+def holder_queue(name: str, k: int) -> str:
+    """`B[k]`: the exclusive queue whose existence means slot k is held."""
+    return f"{name}-{k}-B"
+
+
+def fence_queue(name: str) -> str:
+    """The quorum queue holding the one fence message of lock `name`."""
+    return f"{name}-fence"
+
+
+def token_queue(name: str) -> str:
+    """The token semaphore's queue (the blog's `N.semaphore`)."""
+    return f"{name}.semaphore"
+
+
+def release_key(name: str, kind: str) -> str:
+    """Routing key on `amq.direct` of the notice published when lock `name` of `kind`
+    ("semaphore", "mutex", "token") frees a slot; hashed when it would exceed 255 bytes."""
+    key = f"amqp-locks.{kind}.released.{name}"
+    if len(key.encode("utf-8")) <= MAX_QUEUE_NAME_BYTES:
+        return key
+    return f"amqp-locks.{kind}.released.sha1." + hashlib.sha1(name.encode("utf-8")).hexdigest()
+
+
+def check_slot_number(k: int) -> int:
+    """Slots are numbered 1..9,999,999 (the queue-name budget in :data:`MAX_SLOT_DIGITS`)."""
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise ConfigurationError(f"slot number must be an int, not {type(k).__name__}")
+    if not 1 <= k < 10**MAX_SLOT_DIGITS:
+        raise ConfigurationError(f"slot number {k} out of range 1..{10**MAX_SLOT_DIGITS - 1}")
+    return k

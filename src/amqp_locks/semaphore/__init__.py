@@ -1,0 +1,6 @@
+"""The persistent semaphore: `A` queues are slots, exclusive `B` queues are holders."""
+
+from .admin import Removal, SemaphoreAdmin
+from .client import PersistentSemaphore
+
+__all__ = ["PersistentSemaphore", "Removal", "SemaphoreAdmin"]

@@ -1,0 +1,287 @@
+"""Persistent semaphore, administration: every action under the administration mutex `N`.
+
+- max: probe `A[1]`, `A[2]`, ... in order (pipelined windows); the first NO_ROUTE ends it.
+- create C: declare `A[1..C]` in ascending order (a crash leaves a prefix, never a gap).
+- destroy: delete `A[C..1]` in descending order, each after the previous delete-ok.
+- add X: declare `A[C+1..C+X]`.  remove X: delete `A[C..max(0,C-X)+1]`, descending.
+- overshoot T: also delete any `A` queue found in `C+1..C+T` (left by other tools, broker
+  trouble, manual deletion).  ascending ("swiss cheese"): delete lowest first, so clients
+  fail fast; the gaps it leaves are only safe with overshoot or expiry to prune them.
+- holders / wait: probe `B` queues; after a slot is removed, its holder keeps it until it
+  releases (the seed's largest limitation) - `wait_for_holders` polls until they have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..errors import ConfigurationError, LockError
+from ..fencing import ensure_fence
+from ..mutex import held_mutex
+from ..names import (
+    MAX_SLOT_DIGITS,
+    fence_queue,
+    holder_queue,
+    release_key,
+    slot_queue,
+    validate_name,
+)
+from ..transport.broker import Broker, BrokerCore
+from ..transport.session import Session
+from ..waiting import Backoff, check_timeout
+from .client import windows
+
+log = logging.getLogger("amqp_locks.semaphore.admin")
+
+T = TypeVar("T")
+
+#: Slot queues drop every probe message (the seed's existence checks leave nothing behind).
+SLOT_ARGS: dict[str, Any] = {"x-max-length": 0}
+MAX_SLOTS = 10**MAX_SLOT_DIGITS - 1
+
+
+def slot_arguments(quorum: bool) -> dict[str, Any]:
+    return {**SLOT_ARGS, "x-queue-type": "quorum"} if quorum else dict(SLOT_ARGS)
+
+
+def _count(x: int, what: str, minimum: int = 0) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise ConfigurationError(f"{what} must be an int, got {type(x).__name__}")
+    if x < minimum:
+        raise ConfigurationError(f"{what} must be >= {minimum}, got {x}")
+    if x > MAX_SLOTS:
+        raise ConfigurationError(f"{what} must be <= {MAX_SLOTS}, got {x}")
+    return x
+
+
+async def find_max(session: Session, name: str) -> int:
+    """The highest k such that `A[1..k]` all route (0: no semaphore)."""
+    for window in windows():
+        ks = list(window)
+        found = await session.probe([slot_queue(name, k) for k in ks])
+        for k, exists in zip(ks, found, strict=True):
+            if not exists:
+                return k - 1
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def held_slots(session: Session, name: str, upto: int) -> list[int]:
+    """Slot numbers in 1..upto whose `B` queue exists."""
+    return await held_slots_among(session, name, range(1, upto + 1))
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What a destroy/remove did: slots deleted, found by overshoot, still held."""
+
+    removed: tuple[int, ...]
+    overshoot_removed: tuple[int, ...]
+    still_held: tuple[int, ...]
+
+
+class SemaphoreAdmin:
+    """Administer the persistent semaphore `name`; every method holds its admin mutex.
+
+    ``mutex_timeout`` bounds the wait for the mutex (:class:`AdminLockTimeout` after it),
+    ``overshoot`` and ``ascending`` are the seed's options, ``quorum`` makes slot queues
+    quorum queues (replicated; for clusters), decided at create time.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        name: str,
+        *,
+        mutex_timeout: float | None = 30.0,
+        overshoot: int = 0,
+        ascending: bool = False,
+        quorum: bool = False,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.broker = broker
+        self.name = validate_name(name)
+        self.mutex_timeout = check_timeout(mutex_timeout)
+        self.overshoot = _count(overshoot, "overshoot")
+        self.ascending = ascending
+        self.quorum = quorum
+        self.backoff = backoff or Backoff()
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    @property
+    def _core(self) -> BrokerCore:
+        return self.broker._core
+
+    def _run(self, action: Callable[[Session], Coroutine[Any, Any, T]]) -> T:
+        async def locked() -> T:
+            core = self._core
+            async with held_mutex(core, self.name, self.mutex_timeout, self.backoff) as mutex:
+                return await action(mutex.session)
+
+        return self._core.run(locked())
+
+    async def _delete_slots(self, session: Session, ks: Sequence[int]) -> None:
+        """Delete `A[k]` for ks in the given order, each after the previous delete-ok."""
+        for k in ks:
+            await session.delete(slot_queue(self.name, k))
+            log.info("deleted slot queue %r", slot_queue(self.name, k))
+
+    async def _overshoot(self, session: Session, c: int, t: int) -> tuple[int, ...]:
+        """Delete every `A` queue found in C+1..C+T (descending); returns their numbers."""
+        if t <= 0:
+            return ()
+        ks = list(range(c + 1, min(c + t, MAX_SLOTS) + 1))
+        found = await session.probe([slot_queue(self.name, k) for k in ks])
+        stray = [k for k, e in zip(ks, found, strict=True) if e]
+        await self._delete_slots(session, sorted(stray, reverse=True))
+        if stray:
+            log.warning("overshoot deleted stray slot queues %s of %r", stray, self.name)
+        return tuple(stray)
+
+    async def _declare_slots(self, session: Session, ks: Sequence[int]) -> None:
+        args = slot_arguments(self.quorum)
+        for k in ks:
+            await session.declare(slot_queue(self.name, k), durable=True, arguments=args)
+
+    def _notify(self, session: Session) -> None:
+        session.publish_soon("amq.direct", release_key(self.name, "semaphore"))
+
+    # --- the seed's actions -------------------------------------------------------------
+
+    def max_slots(self) -> int:
+        """The semaphore's number of slots C (0 if it does not exist)."""
+        return self._run(lambda s: find_max(s, self.name))
+
+    def create(self, slots: int) -> int:
+        """Create `A[1..slots]` (and the fence queue). Idempotent for the same count;
+        a semaphore that exists with another count is refused. Returns the count."""
+        slots = _count(slots, "slots", minimum=1)
+
+        async def create(session: Session) -> int:
+            c = await find_max(session, self.name)
+            if c not in (0, slots):
+                raise LockError(
+                    f"semaphore {self.name!r} already exists with {c} slots; "
+                    "use add_slots()/remove_slots() to change it"
+                )
+            await self._declare_slots(session, range(c + 1, slots + 1))
+            await self._overshoot(session, slots, self.overshoot)
+            await ensure_fence(session, self.name)
+            session.fences_known.add(fence_queue(self.name))
+            self._notify(session)
+            log.info("created semaphore %r with %d slots", self.name, slots)
+            return slots
+
+        return self._run(create)
+
+    def destroy(self, *, purge_fence: bool = False) -> Removal:
+        """Delete every slot queue (descending unless ``ascending``); holders keep their
+        `B` queues until they release (their ``verify()`` fails and ``lost`` is set).
+
+        The fence queue is kept so tokens stay monotonic if the name is reused, unless
+        ``purge_fence``."""
+
+        async def destroy(session: Session) -> Removal:
+            c = await find_max(session, self.name)
+            extra = await self._overshoot(session, c, self.overshoot)
+            order = range(1, c + 1) if self.ascending else range(c, 0, -1)
+            await self._delete_slots(session, order)
+            if purge_fence:
+                await session.delete(fence_queue(self.name))
+                session.fences_known.discard(fence_queue(self.name))
+            held = await held_slots(session, self.name, c + self.overshoot)
+            log.info("destroyed semaphore %r (%d slots)", self.name, c)
+            return Removal(tuple(order), extra, tuple(held))
+
+        return self._run(destroy)
+
+    def add_slots(self, count: int) -> int:
+        """Add `count` slots; returns the new C. Waiters are woken."""
+        count = _count(count, "count", minimum=1)
+
+        async def add(session: Session) -> int:
+            c = await find_max(session, self.name)
+            if c == 0:
+                raise LockError(f"semaphore {self.name!r} does not exist; create() it first")
+            await self._overshoot(session, c, self.overshoot)
+            if c + count > MAX_SLOTS:
+                raise ConfigurationError(f"at most {MAX_SLOTS} slots, asked for {c + count}")
+            await self._declare_slots(session, range(c + 1, c + count + 1))
+            self._notify(session)
+            log.info("added %d slots to %r: now %d", count, self.name, c + count)
+            return c + count
+
+        return self._run(add)
+
+    def remove_slots(self, count: int, *, wait: float | None = 0) -> Removal:
+        """Remove `count` slots (down to max(0, C - count)), descending unless ``ascending``.
+
+        Holders of removed slots are not interrupted: their leases are marked lost and they
+        must release. ``wait`` > 0 polls up to that long for them to do so (None: forever).
+        """
+        count = _count(count, "count", minimum=1)
+        wait = check_timeout(wait) if wait is not None else None
+
+        async def remove(session: Session) -> Removal:
+            c = await find_max(session, self.name)
+            extra = await self._overshoot(session, c, self.overshoot)
+            doomed = list(range(c, max(0, c - count), -1))
+            await self._delete_slots(session, sorted(doomed) if self.ascending else doomed)
+            held = await held_slots_among(session, self.name, doomed)
+            if held and wait != 0:
+                held = await self._wait(session, held, wait)
+            log.info("removed slots %s of %r; still held: %s", doomed, self.name, held)
+            return Removal(tuple(doomed), extra, tuple(held))
+
+        return self._run(remove)
+
+    def holders(self, *, beyond: int = 0) -> list[int]:
+        """Slot numbers currently held (`B` exists), in 1..C+beyond; ``beyond`` finds
+        holders of slots removed earlier."""
+        beyond = _count(beyond, "beyond")
+
+        async def holders(session: Session) -> list[int]:
+            c = await find_max(session, self.name)
+            return await held_slots(session, self.name, c + beyond)
+
+        return self._run(holders)
+
+    def wait_for_holders(
+        self, slots: Sequence[int], timeout: float | None = None, *, interval: float = 0.1
+    ) -> list[int]:
+        """Poll the `B` queues of `slots` until none exists or `timeout` passes; returns
+        the slots still held (empty: all relinquished)."""
+        timeout = check_timeout(timeout)
+        if interval <= 0:
+            raise ConfigurationError(f"interval must be > 0, got {interval}")
+        wanted = [_count(k, "slot", minimum=1) for k in slots]
+
+        async def waiter(session: Session) -> list[int]:
+            return await self._wait(session, wanted, timeout, interval)
+
+        return self._run(waiter)
+
+    async def _wait(
+        self, session: Session, slots: Sequence[int], timeout: float | None, interval: float = 0.1
+    ) -> list[int]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        held = list(slots)
+        while held:
+            held = await held_slots_among(session, self.name, held)
+            if not held or (deadline is not None and time.monotonic() >= deadline):
+                break
+            await asyncio.sleep(interval)
+        return held
+
+    def __repr__(self) -> str:
+        return f"SemaphoreAdmin({self.name!r})"
+
+
+async def held_slots_among(session: Session, name: str, ks: Sequence[int]) -> list[int]:
+    found = await session.probe([holder_queue(name, k) for k in ks])
+    return [k for k, exists in zip(ks, found, strict=True) if exists]

@@ -1,0 +1,193 @@
+"""Persistent semaphore, client side: acquire (the seed's 7 steps), verify, relinquish.
+
+A semaphore `N` with `C` slots is the durable queues `A[1..C]` (`N-k-A`); slot k is held
+while the exclusive queue `B[k]` (`N-k-B`) exists. Acquire, as the seed lays it out:
+
+1. for L from 1, probe `A[L]`;                         2. missing: acquire fails;
+3. probe `B[L]`;                                       4. exists: L += 1, go to 1;
+5. declare `B[L]` exclusive;                           6. RESOURCE_LOCKED: new channel,
+7. success: verify, return L (and a fencing token).       random skew, L = 1, go to 1.
+
+Steps 1-4 run as *pipelined* probes: a window of `A` and `B` probes goes out at once and
+the answers are read in order, so a search over k slots costs one round trip per window
+(windows grow 8, 64, 512, ...), not 2k round trips. Step 7's verification is the consume on
+`A[L]` that also watches for the slot's removal (404 there: the slot vanished, undo, retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from ..errors import (
+    AcquireRacesExceeded,
+    ConfigurationError,
+    QueueNotFound,
+    ResourceLocked,
+    SemaphoreNotFound,
+)
+from ..fencing import take_token
+from ..lease import Lease, LeaseState
+from ..mutex import ensure_fence_cached
+from ..names import holder_queue, release_key, slot_queue, validate_name
+from ..transport.broker import Broker, BrokerCore
+from ..transport.session import Session
+from ..waiting import Backoff, acquire_loop
+
+log = logging.getLogger("amqp_locks.semaphore")
+
+#: `B` queues drop every probe message, like `A` queues.
+HOLDER_ARGS = {"x-max-length": 0}
+FIRST_WINDOW = 8
+WINDOW_GROWTH = 8
+MAX_WINDOW = 4096
+
+
+def windows(start: int = 1):  # type: ignore[no-untyped-def]
+    """Slot ranges probed per round trip: [1..8], [9..72], [73..584], ..."""
+    size = FIRST_WINDOW
+    while True:
+        yield range(start, start + size)
+        start += size
+        size = min(size * WINDOW_GROWTH, MAX_WINDOW)
+
+
+class _Race(Exception):
+    """Step 6: another connection declared `B[L]` between our probe and our declare."""
+
+
+async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> LeaseState | None:
+    """Steps 5 and 7 for slot k: declare `B[k]`, watch `A[k]`/`B[k]`, take a fencing token.
+
+    Returns None when `A[k]` vanished meanwhile; raises :class:`_Race` on RESOURCE_LOCKED.
+    Whatever fails after the declare is undone (the `B` queue is deleted).
+    """
+    b = holder_queue(name, k)
+    a = slot_queue(name, k)
+    session.held.add(b)
+    state = LeaseState(
+        core=core,
+        session=session,
+        kind="slot",
+        name=name,
+        number=k,
+        held_queue=b,
+        watch_queues=(a, b),
+        must_exist=(a,),
+        notice_key=release_key(name, "semaphore"),
+    )
+    try:
+        try:
+            await session.declare(b, exclusive=True, arguments=HOLDER_ARGS)
+        except ResourceLocked:
+            session.held.discard(b)
+            raise _Race(b) from None
+        try:
+            await state.watch()  # consume on A[k]: the verification the seed recommends
+        except QueueNotFound:
+            log.info("slot %d of %r vanished during acquire", k, name)
+            await state.abandon()
+            return None
+        state.fencing_token = await take_token(session, name)
+    except _Race:
+        raise
+    except BaseException:
+        await asyncio.shield(state.abandon())
+        raise
+    return state
+
+
+async def try_acquire(
+    core: BrokerCore,
+    session: Session,
+    name: str,
+    *,
+    max_races: int,
+    race_skew: float,
+) -> LeaseState | None:
+    """One pass of the seed's algorithm; None when every slot is held."""
+    races = 0
+    while True:
+        try:
+            for window in windows():
+                ks = list(window)
+                found = await session.probe(
+                    [slot_queue(name, k) for k in ks] + [holder_queue(name, k) for k in ks]
+                )
+                a_exists, b_exists = found[: len(ks)], found[len(ks) :]
+                for i, k in enumerate(ks):
+                    if not a_exists[i]:  # step 2
+                        if k == 1:
+                            raise SemaphoreNotFound(
+                                f"semaphore {name!r} has no slots ({slot_queue(name, 1)!r} does "
+                                "not exist): create it with SemaphoreAdmin.create()"
+                            )
+                        return None
+                    if b_exists[i] or holder_queue(name, k) in session.held:  # step 4
+                        continue
+                    state = await _claim(core, session, name, k)  # steps 5, 7
+                    if state is not None:
+                        return state
+                    return None  # A[k] vanished: the semaphore shrank under us
+        except _Race as race:  # step 6
+            races += 1
+            if races > max_races:
+                raise AcquireRacesExceeded(
+                    f"semaphore {name!r}: lost {races} declare races in a row (last on "
+                    f"{race.args[0]!r}); raise max_races or reduce contention"
+                ) from None
+            await asyncio.sleep(random.uniform(0, race_skew))
+
+
+class PersistentSemaphore:
+    """Client of the persistent semaphore `name` (created by :class:`SemaphoreAdmin`).
+
+    ``max_races`` bounds the second-stage (RESOURCE_LOCKED) retries of one attempt,
+    ``race_skew`` is the largest random pause after such a race, ``backoff`` the fallback
+    polling while blocked (clean releases wake waiters at once).
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        name: str,
+        *,
+        max_races: int = 16,
+        race_skew: float = 0.02,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if max_races < 0:
+            raise ConfigurationError(f"max_races must be >= 0, got {max_races}")
+        if race_skew < 0:
+            raise ConfigurationError(f"race_skew must be >= 0, got {race_skew}")
+        self.broker = broker
+        self.name = validate_name(name)
+        self.max_races = max_races
+        self.race_skew = race_skew
+        self.backoff = backoff or Backoff()
+
+    async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
+        core = self.broker._core
+        await ensure_fence_cached(core, self.name, self.backoff)
+        return await acquire_loop(
+            core,
+            release_key(self.name, "semaphore"),
+            lambda s: try_acquire(
+                core, s, self.name, max_races=self.max_races, race_skew=self.race_skew
+            ),
+            blocking=blocking,
+            timeout=timeout,
+            backoff=self.backoff,
+        )
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
+        """Hold a slot: a :class:`Lease`, or None when not blocking / timed out.
+
+        Raises :class:`SemaphoreNotFound` when the semaphore has no slots.
+        """
+        state = self.broker._core.run(self._acquire(blocking, timeout))
+        return None if state is None else Lease(state)
+
+    def __repr__(self) -> str:
+        return f"PersistentSemaphore({self.name!r})"

@@ -1,0 +1,218 @@
+"""`Broker`: the connection every lock of a process shares, and the core both facades drive.
+
+:class:`BrokerCore` runs on the private I/O thread and hands out the current
+:class:`~amqp_locks.transport.session.Session`, opening a new one after a loss (leases of
+the old one are already marked lost). :class:`Broker` is the thread-safe sync facade;
+`amqp_locks.aio.Broker` is the asyncio one. Neither re-implements any protocol step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import socket
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+from yarl import URL
+
+from ..errors import ConfigurationError
+from .errors import censor
+from .iothread import IOThread
+from .session import Session
+
+log = logging.getLogger("amqp_locks.transport")
+
+T = TypeVar("T")
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+def resolve_url(url: str | None) -> URL:
+    """`url`, else `$AMQP_URL`, else the private development node (`amqp-locks broker`)."""
+    raw = url or os.environ.get("AMQP_URL")
+    if not raw:
+        from .. import devbroker
+
+        raw = devbroker.url()
+    try:
+        parsed = URL(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"invalid AMQP URL {raw!r}: {exc}") from exc
+    if parsed.scheme not in ("amqp", "amqps") or not parsed.host:
+        raise ConfigurationError(
+            f"invalid AMQP URL {censor(parsed)!r}: expected amqp://user:pass@host:port/vhost"
+        )
+    return parsed
+
+
+def default_connection_name(purpose: str = "") -> str:
+    """Connection names say host and pid, so status tools show who holds what."""
+    extra = f" {purpose}" if purpose else ""
+    return f"amqp-locks{extra} host={socket.gethostname()} pid={os.getpid()}"
+
+
+class BrokerCore:
+    """Connection management on the I/O loop; shared by the sync and asyncio facades."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        heartbeat: float = 10.0,
+        loss_timeout: float | None = None,
+        connect_timeout: float = 10.0,
+        connection_name: str | None = None,
+    ) -> None:
+        if heartbeat <= 0:
+            raise ConfigurationError(f"heartbeat must be > 0 seconds, got {heartbeat}")
+        if connect_timeout <= 0:
+            raise ConfigurationError(f"connect_timeout must be > 0, got {connect_timeout}")
+        self.url = resolve_url(url)
+        self.heartbeat = float(heartbeat)
+        # The broker declares us dead after two heartbeat periods of silence at the
+        # earliest (it checks every period, needs two checks without data). One period of
+        # silence from the broker (which sends every half period) is two missed frames:
+        # we give up first, with a full period of margin.
+        self.loss_timeout = float(loss_timeout if loss_timeout is not None else heartbeat)
+        if self.loss_timeout <= 0:
+            raise ConfigurationError(f"loss_timeout must be > 0, got {loss_timeout}")
+        self.connect_timeout = connect_timeout
+        self.connection_name = connection_name or default_connection_name()
+        self.io = IOThread()
+        self._session: Session | None = None
+        self._lock: asyncio.Lock | None = None
+        self._closed = False
+
+    async def session(self) -> Session:
+        """The live session, connecting (again) when there is none."""
+        if self._closed:
+            raise ConfigurationError("the Broker is closed")
+        current = self._session
+        if current is not None and current.alive:
+            return current
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            current = self._session
+            if current is not None and current.alive:
+                return current
+            session = Session(
+                self.url,
+                heartbeat=self.heartbeat,
+                loss_timeout=self.loss_timeout,
+                connection_name=self.connection_name,
+            )
+            await session.connect(self.connect_timeout)
+            self._session = session
+            return session
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self._closed:
+            coro.close()
+            raise ConfigurationError("the Broker is closed")
+        return self.io.submit(coro)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the I/O loop and wait for it (the sync facade's one entry point).
+
+        An interrupt (KeyboardInterrupt) in the caller cancels the coroutine, which undoes
+        any half-made grant before it finishes.
+        """
+        fut = self.submit(coro)
+        try:
+            return fut.result()
+        except BaseException:
+            if not fut.done():
+                fut.cancel()
+                concurrent.futures.wait([fut], timeout=5.0)
+            raise
+
+    async def _close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def close(self) -> None:
+        """Close the connection (every lease through it is released by the broker)."""
+        if self._closed:
+            return
+        if self.io.alive:
+            try:
+                self.io.submit(self._close()).result(10.0)
+            except Exception:
+                log.debug("error while closing the connection", exc_info=True)
+        self._closed = True
+        self.io.stop()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class Broker:
+    """A connection to RabbitMQ, owned by a private I/O thread. Thread-safe.
+
+    ``url`` defaults to ``$AMQP_URL``, then to the private development node. ``heartbeat``
+    (seconds) bounds how long a dead peer goes unnoticed; leases are marked lost after
+    ``loss_timeout`` (default: one heartbeat period) without a frame from the broker.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        heartbeat: float = 10.0,
+        *,
+        loss_timeout: float | None = None,
+        connect_timeout: float = 10.0,
+        connection_name: str | None = None,
+    ) -> None:
+        self._core = BrokerCore(
+            url,
+            heartbeat=heartbeat,
+            loss_timeout=loss_timeout,
+            connect_timeout=connect_timeout,
+            connection_name=connection_name,
+        )
+
+    @property
+    def url(self) -> str:
+        """The broker URL, password censored."""
+        return censor(self._core.url)
+
+    @property
+    def heartbeat(self) -> float:
+        return self._core.heartbeat
+
+    def connect(self) -> Broker:
+        """Open the connection now (it otherwise opens on first use); raises typed errors."""
+        self._core.run(self._core.session())
+        return self
+
+    def round_trip(self) -> None:
+        """One broker round trip (a passive declare of `amq.direct`'s twin queue check)."""
+
+        async def rt() -> None:
+            session = await self._core.session()
+            await session.call(None, lambda ch: ch.exchange_declare("amq.direct", passive=True))
+
+        self._core.run(rt())
+
+    def close(self) -> None:
+        self._core.close()
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Broker({self.url!r}, heartbeat={self.heartbeat})"

@@ -1,0 +1,81 @@
+"""Translate aiormq/pamqp failures into the library's typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiormq.exceptions as ex
+from yarl import URL
+
+from ..errors import (
+    AccessRefused,
+    AmqpLocksError,
+    AuthenticationFailed,
+    BrokerError,
+    BrokerUnreachable,
+    ConnectionLost,
+    PreconditionFailed,
+    QueueNotFound,
+    ResourceLocked,
+)
+
+
+def censor(url: URL) -> str:
+    """The URL without its password, for messages and logs."""
+    return str(url.with_password("******")) if url.password else str(url)
+
+
+def _text(exc: BaseException) -> str:
+    return " ".join(str(a) for a in exc.args if a is not None) or type(exc).__name__
+
+
+def channel_error(exc: BaseException, queue: str | None = None) -> AmqpLocksError:
+    """Map a channel-level error (the channel is gone, the connection is not)."""
+    what = f" (queue {queue!r})" if queue else ""
+    if isinstance(exc, AmqpLocksError):
+        return exc
+    if isinstance(exc, ex.ChannelNotFoundEntity):
+        return QueueNotFound(f"404 NOT_FOUND{what}: {_text(exc)}", queue)
+    if isinstance(exc, ex.ChannelLockedResource):
+        return ResourceLocked(
+            f"405 RESOURCE_LOCKED{what}: held exclusively by another connection", queue
+        )
+    if isinstance(exc, ex.ChannelPreconditionFailed):
+        return PreconditionFailed(
+            f"406 PRECONDITION_FAILED{what}: the queue exists with other arguments or flags "
+            f"than amqp-locks declares ({_text(exc)}); delete it or use another lock name",
+            queue,
+        )
+    if isinstance(exc, ex.ChannelAccessRefused):
+        return AccessRefused(
+            f"403 ACCESS_REFUSED{what}: the user lacks configure/write/read permission "
+            f"({_text(exc)})"
+        )
+    if isinstance(exc, ex.AMQPConnectionError | ConnectionError):
+        return ConnectionLost(f"connection to the broker lost: {_text(exc)}")
+    if isinstance(exc, ex.ChannelInvalidStateError):
+        return ConnectionLost(f"channel unusable: {_text(exc)}")
+    if isinstance(exc, ex.ChannelClosed):
+        return BrokerError(f"channel closed by the broker{what}: {_text(exc)}")
+    return BrokerError(f"{type(exc).__name__}{what}: {_text(exc)}")
+
+
+def connect_error(exc: BaseException, url: URL) -> AmqpLocksError:
+    """Map a failure to open the connection."""
+    where = censor(url)
+    if isinstance(exc, ex.ProbableAuthenticationError | ex.AuthenticationError):
+        return AuthenticationFailed(
+            f"broker {where} refused the credentials of user {url.user!r}: {_text(exc)}"
+        )
+    if isinstance(exc, ex.ConnectionNotAllowed) or (
+        isinstance(exc, ex.ConnectionClosed) and exc.args and exc.args[0] in (530, 403)
+    ):
+        return AccessRefused(
+            f"broker {where} refused access to vhost {url.path[1:] or '/'!r} for user "
+            f"{url.user!r}: {_text(exc)}"
+        )
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return BrokerUnreachable(f"broker {where} did not answer within the connect timeout")
+    if isinstance(exc, OSError | ex.AMQPConnectionError):
+        return BrokerUnreachable(f"cannot connect to broker {where}: {_text(exc)}")
+    return BrokerError(f"cannot connect to broker {where}: {type(exc).__name__}: {_text(exc)}")

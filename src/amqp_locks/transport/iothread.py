@@ -1,0 +1,79 @@
+"""The private I/O thread: one asyncio loop that owns the AMQP connection.
+
+Keeping the connection on its own thread is what lets heartbeats flow while the caller blocks
+for minutes (sync code) or starves its own event loop (async code). Every protocol step runs
+as a coroutine on this loop; the sync and asyncio facades only submit work to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger("amqp_locks.transport")
+
+T = TypeVar("T")
+_ids = itertools.count(1)
+
+
+class IOThread:
+    """A daemon thread running an asyncio loop until :meth:`stop`."""
+
+    def __init__(self, name: str = "amqp-locks-io") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{name}-{next(_ids)}", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    @property
+    def in_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self.loop.is_closed()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule `coro` on the I/O loop; the returned future is thread-safe."""
+        if self.in_thread:
+            coro.close()
+            raise RuntimeError("blocking call made from the amqp-locks I/O thread (deadlock)")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop after cancelling what still runs on it."""
+        if not self.alive:
+            return
+
+        async def _cancel_all() -> None:
+            current = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not current]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if not self.in_thread:
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(timeout)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                log.warning("I/O thread tasks did not finish within %.1fs", timeout)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if not self.in_thread:
+            self._thread.join(timeout)

@@ -1,0 +1,303 @@
+"""One incarnation of the AMQP connection, and the operations every lock is built from.
+
+A :class:`Session` lives on the I/O loop. It owns the aiormq connection, a pool of
+channels (a channel-breaking error costs only that channel), the pipelined existence probes,
+and the loss watchdog: when no byte has arrived from the broker for ``loss_timeout`` seconds
+(two missed heartbeats) every lease held through the session is marked lost *before* the
+transport is aborted, so the holder learns of the loss before the broker can re-grant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import aiormq
+import aiormq.exceptions as ex
+from aiormq.abc import AbstractChannel
+from pamqp.commands import Basic
+from yarl import URL
+
+from ..errors import AmqpLocksError, ConnectionLost, QueueNotFound, ResourceLocked
+from .errors import censor, channel_error, connect_error
+from .notices import NoticeHub
+
+log = logging.getLogger("amqp_locks.transport")
+
+LostCallback = Callable[[str], None]
+
+_CHANNEL_ERRORS = (ex.AMQPError, ConnectionError, ex.ChannelInvalidStateError, RuntimeError)
+
+
+class _TimedReader:
+    """A StreamReader proxy recording when bytes last arrived (for the loss watchdog)."""
+
+    def __init__(self, reader: asyncio.StreamReader, session: Session) -> None:
+        self._reader = reader
+        self._session = session
+
+    async def readexactly(self, n: int) -> bytes:
+        data = await self._reader.readexactly(n)
+        self._session.last_rx = time.monotonic()
+        return data
+
+    async def read(self, n: int = -1) -> bytes:
+        data = await self._reader.read(n)
+        self._session.last_rx = time.monotonic()
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
+
+
+class _TimedTransport(aiormq.connection.TCPTransportFactory):
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    async def create(self, url: URL, **kwargs: Any) -> tuple[Any, Any]:
+        reader, writer = await super().create(url, **kwargs)
+        self._session.transport_writer = writer
+        return _TimedReader(reader, self._session), writer
+
+
+class Session:
+    """One live AMQP connection; dies once, never reconnects (the Broker makes a new one)."""
+
+    def __init__(
+        self,
+        url: URL,
+        *,
+        heartbeat: float,
+        loss_timeout: float,
+        connection_name: str,
+    ) -> None:
+        self.url = url
+        self.heartbeat = heartbeat
+        self.loss_timeout = loss_timeout
+        self.connection_name = connection_name
+        self.last_rx = time.monotonic()
+        self.transport_writer: asyncio.StreamWriter | None = None
+        self.conn: aiormq.Connection | None = None
+        self.lost_reason: str | None = None
+        self.held: set[str] = set()
+        self.fences_known: set[str] = set()
+        self.notices = NoticeHub(self)
+        self._listeners: dict[int, LostCallback] = {}
+        self._next_listener = 0
+        self._idle: list[AbstractChannel] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    async def connect(self, timeout: float) -> None:
+        hb = max(1, round(self.heartbeat))
+        url = self.url.update_query(heartbeat=str(hb))
+        self.conn = aiormq.Connection(
+            url,
+            transport_factory=_TimedTransport(self),
+            client_properties={"connection_name": self.connection_name},
+        )
+        try:
+            await asyncio.wait_for(self.conn.connect(), timeout)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await self.conn.close()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise connect_error(exc, self.url) from exc
+        self.last_rx = time.monotonic()
+        self.conn.closing.add_done_callback(self._on_connection_closed)
+        self.spawn(self._watchdog())
+        log.debug("connected to %s as %r", censor(self.url), self.connection_name)
+
+    @property
+    def alive(self) -> bool:
+        return self.lost_reason is None and self.conn is not None and not self.conn.is_closed
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run a background task tied to this session (kept referenced until done)."""
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _watchdog(self) -> None:
+        """Declare the connection dead after `loss_timeout` of silence from the broker."""
+        step = max(0.05, min(1.0, self.loss_timeout / 10))
+        while self.alive:
+            await asyncio.sleep(step)
+            silent = time.monotonic() - self.last_rx
+            if silent > self.loss_timeout and self.alive:
+                self._lose(f"no frame from the broker for {silent:.1f}s (missed heartbeats)")
+                if self.transport_writer is not None:
+                    self.transport_writer.transport.abort()
+                return
+
+    def _on_connection_closed(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            reason = "connection closed"
+        else:
+            exc = fut.exception()
+            reason = f"connection closed: {exc}" if exc else "connection closed"
+        self._lose(reason)
+
+    def _lose(self, reason: str) -> None:
+        """Mark the session lost and tell every listener (leases) at once."""
+        if self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        log.warning("connection %r lost: %s", self.connection_name, reason)
+        listeners = list(self._listeners.values())
+        self._listeners.clear()
+        for cb in listeners:
+            try:
+                cb(reason)
+            except Exception:
+                log.exception("lost-listener failed")
+        self.notices.wake_all()
+
+    async def close(self) -> None:
+        if self.lost_reason is None:
+            self._lose("closed by the client")
+        for task in list(self._tasks):
+            task.cancel()
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.conn.close(), 5.0)
+
+    def add_listener(self, cb: LostCallback) -> int:
+        """Call `cb(reason)` when the session is lost; returns a handle for removal."""
+        if self.lost_reason is not None:
+            cb(self.lost_reason)
+            return -1
+        self._next_listener += 1
+        self._listeners[self._next_listener] = cb
+        return self._next_listener
+
+    def remove_listener(self, handle: int) -> None:
+        self._listeners.pop(handle, None)
+
+    def check(self) -> None:
+        if not self.alive:
+            raise ConnectionLost(f"connection to {censor(self.url)} lost: {self.lost_reason}")
+
+    # --- channels -----------------------------------------------------------------------
+
+    async def open_channel(self) -> AbstractChannel:
+        self.check()
+        assert self.conn is not None
+        try:
+            return await self.conn.channel(publisher_confirms=True)
+        except _CHANNEL_ERRORS as exc:
+            raise channel_error(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def channel(self) -> AsyncIterator[AbstractChannel]:
+        """A pooled channel; one broken by an error is dropped, never reused."""
+        ch = self._idle.pop() if self._idle else await self.open_channel()
+        while ch.is_closed:
+            ch = self._idle.pop() if self._idle else await self.open_channel()
+        try:
+            yield ch
+        finally:
+            if not ch.is_closed and self.alive:
+                self._idle.append(ch)
+
+    async def call(self, queue: str | None, op: Callable[[AbstractChannel], Any]) -> Any:
+        """Run one RPC on a pooled channel, translating errors to typed ones."""
+        async with self.channel() as ch:
+            try:
+                return await op(ch)
+            except AmqpLocksError:
+                raise
+            except _CHANNEL_ERRORS as exc:
+                if not self.alive:
+                    raise ConnectionLost(
+                        f"connection to {censor(self.url)} lost: {self.lost_reason}"
+                    ) from exc
+                raise channel_error(exc, queue) from exc
+
+    # --- queue operations ---------------------------------------------------------------
+
+    async def declare(
+        self,
+        queue: str,
+        *,
+        durable: bool = False,
+        exclusive: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> int:
+        """Declare `queue`; returns its message count."""
+        ok = await self.call(
+            queue,
+            lambda ch: ch.queue_declare(
+                queue, durable=durable, exclusive=exclusive, arguments=arguments
+            ),
+        )
+        return int(ok.message_count or 0)
+
+    async def delete(self, queue: str) -> None:
+        """Delete `queue` and wait for delete-ok (deleting a missing queue is not an error)."""
+        await self.call(queue, lambda ch: ch.queue_delete(queue))
+
+    async def exists_passive(self, queue: str) -> bool:
+        """Passive declare: True if the queue exists and this connection may use it."""
+        try:
+            await self.call(queue, lambda ch: ch.queue_declare(queue, passive=True))
+        except (QueueNotFound, ResourceLocked):
+            return False
+        return True
+
+    async def probe(self, queues: Sequence[str]) -> list[bool]:
+        """Existence of each queue by mandatory publish with confirms, all in one round trip.
+
+        A NO_ROUTE return (always sent before the ack) means the queue is absent. Probe
+        messages expire at once (and our queues have ``x-max-length: 0``): nothing is left.
+        """
+        if not queues:
+            return []
+        async with self.channel() as ch:
+
+            async def one(q: str) -> bool:
+                try:
+                    # A fresh properties object each time: aiormq writes the message id
+                    # into it, and returns are matched to publishes by that id.
+                    props = Basic.Properties(delivery_mode=1, expiration="0")
+                    await ch.basic_publish(b"", routing_key=q, mandatory=True, properties=props)
+                except ex.PublishError:
+                    return False
+                except ex.DeliveryError:
+                    return True  # nacked: the queue exists but refused the message
+                return True
+
+            try:
+                return list(await asyncio.gather(*(one(q) for q in queues)))
+            except AmqpLocksError:
+                raise
+            except _CHANNEL_ERRORS as exc:
+                if not self.alive:
+                    raise ConnectionLost(
+                        f"connection to {censor(self.url)} lost: {self.lost_reason}"
+                    ) from exc
+                raise channel_error(exc) from exc
+
+    async def publish(self, exchange: str, routing_key: str, body: bytes = b"") -> None:
+        """Publish with confirm (used for notices)."""
+        await self.call(
+            None,
+            lambda ch: ch.basic_publish(body, exchange=exchange, routing_key=routing_key),
+        )
+
+    def publish_soon(self, exchange: str, routing_key: str) -> None:
+        """Fire-and-forget publish: a lost notice only costs a waiter one poll interval."""
+
+        async def go() -> None:
+            with contextlib.suppress(AmqpLocksError):
+                await self.publish(exchange, routing_key)
+
+        if self.alive:
+            self.spawn(go())

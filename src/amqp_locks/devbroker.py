@@ -189,7 +189,8 @@ def _read_state(base_dir: Path) -> tuple[NodeInfo, int | None] | None:
         raw = json.loads((base_dir / "node.json").read_text())
         info = NodeInfo(raw["name"], int(raw["amqp_port"]), int(raw["dist_port"]), base_dir)
         pid = raw.get("pid")
-        return info, (int(pid) if pid is not None else None)
+        # pid is None while a start is in flight; the server's pid file then knows.
+        return info, (int(pid) if pid is not None else _pid_from_file(info))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -549,8 +550,6 @@ def _stop(base_dir: Path) -> bool:
     if state is None:
         return False
     info, pid = state
-    if pid is None:
-        pid = _pid_from_file(info)
     if not _is_our_beam(info, pid):
         _reap(base_dir)
         return False

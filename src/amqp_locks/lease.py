@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from .errors import AmqpLocksError, LeaseReleased
+from .errors import AmqpLocksError, LeaseReleased, QueueNotFound, ResourceLocked
+from .fencing import take_token
 from .transport.errors import channel_error
 
 if TYPE_CHECKING:
@@ -66,10 +67,11 @@ class LeaseState:
 
     # --- setting up the watch (runs as the last acquire step) -------------------------
 
-    async def watch(self) -> None:
-        """Consume from every watched queue; a 404 here means the slot vanished (raise)."""
+    async def watch(self, channel: AbstractChannel | None = None) -> None:
+        """Consume from every watched queue (on `channel`, a fresh one the lease will own);
+        a 404 here means the slot vanished (raises :class:`QueueNotFound`)."""
         self._listener = self.session.add_listener(self._on_session_lost)
-        ch = await self.session.open_channel()
+        ch = channel if channel is not None else await self.session.open_channel()
         self._watch = ch
         ch.on_consumer_cancel_callbacks.add(self._on_cancel)
         ch.closing.add_done_callback(self._on_watch_closed)
@@ -172,15 +174,11 @@ class LeaseState:
             session.held.discard(self.held_queue)
             return
         try:
-            jobs: list[Any] = [session.delete(self.held_queue)]
-            if watch is not None and not watch.is_closed:
-                jobs.append(watch.close())
-            results = await asyncio.gather(*jobs, return_exceptions=True)
-            for r in results:
-                if isinstance(r, AmqpLocksError):
-                    raise r
+            await session.delete(self.held_queue)
         finally:
             session.held.discard(self.held_queue)
+            if watch is not None and not watch.is_closed:
+                session.spawn(_close_quietly(watch))
         session.publish_soon("amq.direct", self.notice_key)
         log.debug(
             "released %s %d of %r after %.3fs",
@@ -198,9 +196,60 @@ class LeaseState:
             if self.session.alive:
                 await self.session.delete(self.held_queue)
         if self._watch is not None:
-            with contextlib.suppress(Exception):
-                await self._watch.close()
+            await _close_quietly(self._watch)
         self.session.held.discard(self.held_queue)
+
+
+async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing: bool) -> bool:
+    """The grant step of every exclusive-queue lock: declare the held queue exclusive,
+    watch, take a fencing token. True when granted; False when a watched queue vanished
+    meanwhile (undone). Raises :class:`ResourceLocked` when another connection holds it.
+    Whatever fails or is cancelled after the declare is undone (the queue is deleted).
+    """
+    session = state.session
+    watch_channel: AbstractChannel | None = None
+    try:
+        # The declare and opening the lease's watch channel overlap (one round trip).
+        declared, opened = await asyncio.gather(
+            session.declare(state.held_queue, exclusive=True, arguments=arguments),
+            session.open_channel(),
+            return_exceptions=True,
+        )
+        if not isinstance(opened, BaseException):
+            watch_channel = opened
+        for result in (declared, opened):
+            if isinstance(result, BaseException):
+                raise result
+        # The consume on the watched queues verifies they exist (the seed's "verify before
+        # returning success"); the fencing token is taken meanwhile on another channel.
+        jobs: list[Any] = [state.watch(watch_channel)]
+        if fencing:
+            jobs.append(take_token(session, state.name))
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        if isinstance(results[0], QueueNotFound):
+            await state.abandon()
+            return False
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        if fencing:
+            state.fencing_token = int(results[1])
+        return True
+    except ResourceLocked:
+        session.held.discard(state.held_queue)
+        if watch_channel is not None:
+            session.spawn(_close_quietly(watch_channel))
+        raise
+    except BaseException:
+        if state._watch is None and watch_channel is not None:
+            state._watch = watch_channel
+        await asyncio.shield(state.abandon())
+        raise
+
+
+async def _close_quietly(channel: AbstractChannel) -> None:
+    with contextlib.suppress(Exception):
+        await channel.close()
 
 
 def _run_callbacks(callbacks: list[Callable[[], Any]]) -> None:

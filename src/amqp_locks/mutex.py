@@ -17,8 +17,8 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, ResourceLocked
-from .fencing import ensure_fence, take_token
-from .lease import Lease, LeaseState
+from .fencing import ensure_fence
+from .lease import Lease, LeaseState, grant
 from .names import fence_queue, release_key, validate_name
 from .transport.broker import Broker, BrokerCore
 from .transport.session import Session
@@ -44,17 +44,11 @@ async def try_mutex(
         notice_key=release_key(name, "mutex"),
     )
     try:
-        try:
-            await session.declare(name, exclusive=True)
-        except ResourceLocked:
-            session.held.discard(name)
-            return None
-        await state.watch()
-        if fencing:
-            state.fencing_token = await take_token(session, name)
-    except BaseException:
-        await asyncio.shield(state.abandon())
-        raise
+        granted = await grant(state, None, fencing=fencing)
+    except ResourceLocked:
+        return None
+    if not granted:  # deleted by someone between our declare and our consume
+        return None
     return state
 
 

@@ -169,7 +169,8 @@ class SemaphoreAdmin:
                     f"semaphore {self.name!r} already exists with {c} slots; "
                     "use add_slots()/remove_slots() to change it"
                 )
-            await self._declare_slots(session, range(c + 1, slots + 1))
+            # Re-declaring existing slots is idempotent and checks their arguments (406).
+            await self._declare_slots(session, range(1, slots + 1))
             await self._overshoot(session, slots, self.overshoot)
             await ensure_fence(session, self.name)
             session.fences_known.add(fence_queue(self.name))

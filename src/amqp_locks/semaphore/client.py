@@ -23,12 +23,10 @@ import random
 from ..errors import (
     AcquireRacesExceeded,
     ConfigurationError,
-    QueueNotFound,
     ResourceLocked,
     SemaphoreNotFound,
 )
-from ..fencing import take_token
-from ..lease import Lease, LeaseState
+from ..lease import Lease, LeaseState, grant
 from ..mutex import ensure_fence_cached
 from ..names import holder_queue, release_key, slot_queue, validate_name
 from ..transport.broker import Broker, BrokerCore
@@ -61,7 +59,6 @@ async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> Lease
     """Steps 5 and 7 for slot k: declare `B[k]`, watch `A[k]`/`B[k]`, take a fencing token.
 
     Returns None when `A[k]` vanished meanwhile; raises :class:`_Race` on RESOURCE_LOCKED.
-    Whatever fails after the declare is undone (the `B` queue is deleted).
     """
     b = holder_queue(name, k)
     a = slot_queue(name, k)
@@ -78,23 +75,12 @@ async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> Lease
         notice_key=release_key(name, "semaphore"),
     )
     try:
-        try:
-            await session.declare(b, exclusive=True, arguments=HOLDER_ARGS)
-        except ResourceLocked:
-            session.held.discard(b)
-            raise _Race(b) from None
-        try:
-            await state.watch()  # consume on A[k]: the verification the seed recommends
-        except QueueNotFound:
-            log.info("slot %d of %r vanished during acquire", k, name)
-            await state.abandon()
-            return None
-        state.fencing_token = await take_token(session, name)
-    except _Race:
-        raise
-    except BaseException:
-        await asyncio.shield(state.abandon())
-        raise
+        granted = await grant(state, HOLDER_ARGS, fencing=True)
+    except ResourceLocked:
+        raise _Race(b) from None
+    if not granted:
+        log.info("slot %d of %r vanished during acquire", k, name)
+        return None
     return state
 
 

@@ -1,0 +1,55 @@
+"""Test fixtures: a real private RabbitMQ node (started once per session), brokers, names."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from yarl import URL
+
+from amqp_locks import Broker
+from amqp_locks import devbroker
+
+from .faultproxy import FaultProxy
+
+TEST_NODE = "amqplockstest"
+
+
+@pytest.fixture(scope="session")
+def node() -> Iterator[devbroker.NodeInfo]:
+    """The private broker node every integration test uses (started by the tests)."""
+    base = os.environ.get("AMQP_LOCKS_TEST_HOME")
+    base_dir = Path(base) / TEST_NODE if base else None
+    info = devbroker.start(name=TEST_NODE, base_dir=base_dir)
+    yield info
+    if os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
+        devbroker.stop(name=TEST_NODE, base_dir=base_dir)
+
+
+@pytest.fixture(scope="session")
+def amqp_url(node: devbroker.NodeInfo) -> str:
+    return node.url
+
+
+@pytest.fixture
+def broker(amqp_url: str) -> Iterator[Broker]:
+    b = Broker(amqp_url, heartbeat=10.0)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def name() -> str:
+    """A lock name unique to the test, so tests never see each other's queues."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def proxy(node: devbroker.NodeInfo) -> Iterator[FaultProxy]:
+    url = URL(node.url)
+    p = FaultProxy(url.host or "127.0.0.1", url.port or 5672)
+    yield p
+    p.close()

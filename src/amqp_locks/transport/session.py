@@ -29,8 +29,20 @@ from .notices import NoticeHub
 log = logging.getLogger("amqp_locks.transport")
 
 LostCallback = Callable[[str], None]
+CLOSED_BY_CLIENT = "closed by the client"
 
 _CHANNEL_ERRORS = (ex.AMQPError, ConnectionError, ex.ChannelInvalidStateError, RuntimeError)
+
+
+class _OwnCancelsFilter(logging.Filter):
+    """aiormq warns on every broker-side consumer cancel; for us those are expected
+    (our own release deletes the watched queue) and leases log the ones that matter."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Consumer %r cancelled by the broker")
+
+
+logging.getLogger("aiormq.channel").addFilter(_OwnCancelsFilter())
 
 
 class _TimedReader:
@@ -150,7 +162,8 @@ class Session:
         if self.lost_reason is not None:
             return
         self.lost_reason = reason
-        log.warning("connection %r lost: %s", self.connection_name, reason)
+        level = logging.DEBUG if reason == CLOSED_BY_CLIENT else logging.WARNING
+        log.log(level, "connection %r ended: %s", self.connection_name, reason)
         listeners = list(self._listeners.values())
         self._listeners.clear()
         for cb in listeners:
@@ -162,7 +175,7 @@ class Session:
 
     async def close(self) -> None:
         if self.lost_reason is None:
-            self._lose("closed by the client")
+            self._lose(CLOSED_BY_CLIENT)
         for task in list(self._tasks):
             task.cancel()
         if self.conn is not None:

@@ -1,0 +1,307 @@
+"""The persistent semaphore client on a real broker: the seed's steps and beyond."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from amqp_locks import (
+    Backoff,
+    Broker,
+    ConfigurationError,
+    Lease,
+    PersistentSemaphore,
+    SemaphoreAdmin,
+    SemaphoreNotFound,
+)
+from amqp_locks import devbroker
+from amqp_locks.names import holder_queue, slot_queue
+
+from . import workers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def sem3(broker: Broker, name: str) -> Iterator[PersistentSemaphore]:
+    admin = SemaphoreAdmin(broker, name)
+    admin.create(3)
+    yield PersistentSemaphore(broker, name)
+    admin.destroy()
+
+
+def test_acquire_fills_slots_in_order_then_fails(sem3: PersistentSemaphore) -> None:
+    leases = [sem3.acquire(blocking=False) for _ in range(3)]
+    assert [lease.number for lease in leases if lease] == [1, 2, 3]
+    assert sem3.acquire(blocking=False) is None  # step 2: A[4] missing -> failure
+    assert sem3.acquire(timeout=0.2) is None
+    leases[1].release()  # type: ignore[union-attr]
+    again = sem3.acquire(blocking=False)
+    assert again is not None and again.number == 2
+    for lease in [*leases, again]:
+        assert lease is not None
+        lease.release()
+
+
+def test_two_acquires_in_one_process_get_distinct_slots(broker: Broker, name: str) -> None:
+    SemaphoreAdmin(broker, name).create(2)
+    sem = PersistentSemaphore(broker, name)
+    results: list[Lease | None] = []
+    barrier = threading.Barrier(4)
+
+    def grab() -> None:
+        barrier.wait()
+        results.append(sem.acquire(blocking=False))
+
+    threads = [threading.Thread(target=grab) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    got = sorted(r.number for r in results if r is not None)
+    assert got == [1, 2]  # the connection owns B queues; the session's held-set decides
+
+
+def test_fencing_tokens_strictly_increase(sem3: PersistentSemaphore) -> None:
+    tokens = []
+    for _ in range(20):
+        lease = sem3.acquire()
+        assert lease is not None
+        tokens.append(lease.fencing_token)
+        lease.release()
+    assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False))
+    assert tokens[0] >= 1
+
+
+def test_verify_and_context_manager(sem3: PersistentSemaphore) -> None:
+    with sem3.acquire() as lease:  # type: ignore[union-attr]
+        assert lease.verify()
+        assert lease.held and not lease.lost.is_set()
+    assert lease.released
+    assert lease.lost_reason is None  # a clean release is not a loss
+
+
+def test_missing_semaphore_is_a_clear_error(broker: Broker, name: str) -> None:
+    with pytest.raises(SemaphoreNotFound, match=slot_queue(name, 1)):
+        PersistentSemaphore(broker, name).acquire(blocking=False)
+
+
+def test_bad_arguments(broker: Broker, name: str) -> None:
+    with pytest.raises(ConfigurationError):
+        PersistentSemaphore(broker, name, max_races=-1)
+    SemaphoreAdmin(broker, name).create(1)
+    with pytest.raises(ConfigurationError, match="timeout"):
+        PersistentSemaphore(broker, name).acquire(timeout=-1)
+
+
+def test_waiter_is_woken_by_the_release_notice(amqp_url: str, broker: Broker, name: str) -> None:
+    """With fallback polling set to 30 s, only the push notice can wake the waiter in time."""
+    SemaphoreAdmin(broker, name).create(1)
+    holder = PersistentSemaphore(broker, name).acquire()
+    assert holder is not None
+    got: list[Lease | None] = []
+    with Broker(amqp_url) as other:
+        slow = PersistentSemaphore(other, name, backoff=Backoff(initial=30, maximum=30))
+        waiting = threading.Thread(target=lambda: got.append(slow.acquire(timeout=60)))
+        waiting.start()
+        # the waiter's notice binding exists once it is waiting; poll the broker for it
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _bound(other):
+            time.sleep(0.01)
+        holder.release()
+        waiting.join(15)
+        assert not waiting.is_alive(), "waiter was not woken by the release notice"
+        assert got and got[0] is not None and got[0].number == 1
+        got[0].release()
+
+
+def _bound(broker: Broker) -> bool:
+    async def check() -> bool:
+        session = await broker._core.session()
+        return bool(session.notices._bound)
+
+    return broker._core.run(check())
+
+
+def test_removed_slot_marks_lease_lost_and_gets_no_new_holder(
+    broker: Broker, amqp_url: str, name: str
+) -> None:
+    admin = SemaphoreAdmin(broker, name)
+    admin.create(2)
+    with Broker(amqp_url) as other:
+        sem = PersistentSemaphore(other, name)
+        first, second = sem.acquire(), sem.acquire()
+        assert first is not None and second is not None and second.number == 2
+        called = threading.Event()
+        second.on_lost(lambda lease: called.set())
+        admin.remove_slots(1)
+        assert second.lost.wait(10), "holder of a removed slot was not told"
+        assert called.wait(10)
+        assert "removed" in (second.lost_reason or "")
+        assert not second.verify()
+        first.release()
+        # slot 1 is free again, slot 2 no longer exists: nobody gets 2
+        again = [sem.acquire(blocking=False), sem.acquire(blocking=False)]
+        assert [lease.number for lease in again if lease] == [1]
+        second.release()
+        assert admin.holders(beyond=2) == [1]
+
+
+def test_deleted_holder_queue_marks_lease_lost(node, broker: Broker, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Only an operator can delete another connection's exclusive queue (rabbitmqctl)."""
+    SemaphoreAdmin(broker, name).create(1)
+    with Broker(node.url) as other:
+        lease = PersistentSemaphore(other, name).acquire()
+        assert lease is not None
+        devbroker.rabbitmqctl(node, "delete_queue", holder_queue(name, 1))
+        assert lease.lost.wait(10)
+        assert "deleted" in (lease.lost_reason or "")
+
+
+def test_blocked_caller_keeps_its_lease_through_heartbeats(amqp_url: str, name: str) -> None:
+    """The I/O thread heartbeats while the caller blocks for > 3 heartbeat intervals."""
+    with Broker(amqp_url, heartbeat=1) as b:
+        SemaphoreAdmin(b, name).create(1)
+        lease = PersistentSemaphore(b, name).acquire()
+        assert lease is not None
+        time.sleep(3.5)  # the scenario itself: a caller busy for 3.5 heartbeat periods
+        assert not lease.lost.is_set()
+        assert lease.verify()
+        lease.release()
+
+
+def test_cut_connection_marks_leases_lost(proxy, name: str, broker: Broker) -> None:  # type: ignore[no-untyped-def]
+    SemaphoreAdmin(broker, name).create(2)
+    with Broker(proxy.url(), heartbeat=5) as b:
+        sem = PersistentSemaphore(b, name)
+        leases = [sem.acquire(), sem.acquire()]
+        proxy.reset()
+        for lease in leases:
+            assert lease is not None
+            assert lease.lost.wait(10)
+            assert "connection" in (lease.lost_reason or "")
+        # the broker drops the B queues of the dead connection: the slots come back
+        again = PersistentSemaphore(broker, name)
+        got = [again.acquire(timeout=10), again.acquire(timeout=10)]
+        assert sorted(g.number for g in got if g) == [1, 2]
+        # and the old Broker reconnects for new work
+        assert SemaphoreAdmin(b, name).max_slots() == 2
+
+
+def test_silent_partition_is_detected_before_the_broker_regrants(
+    proxy, name: str, broker: Broker
+) -> None:  # type: ignore[no-untyped-def]
+    """Blackhole the connection: the client must mark the lease lost (missed heartbeats)
+    before the broker deletes its B queue and another client can take the slot."""
+    SemaphoreAdmin(broker, name).create(1)
+    with Broker(proxy.url(), heartbeat=2) as b:
+        lease = PersistentSemaphore(b, name).acquire()
+        assert lease is not None
+        proxy.blackhole()
+        lost_at: list[float] = []
+        lease.on_lost(lambda _: lost_at.append(time.monotonic()))
+        start = time.monotonic()
+        rival = PersistentSemaphore(broker, name).acquire(timeout=60)
+        regranted_at = time.monotonic()
+        assert rival is not None
+        assert lease.lost.is_set()
+        assert lost_at and lost_at[0] < regranted_at
+        print(f"detected after {lost_at[0] - start:.2f}s, re-granted after "
+              f"{regranted_at - start:.2f}s")
+        rival.release()
+        proxy.heal()
+
+
+def test_threads_contending_never_exceed_slots(broker: Broker, name: str) -> None:
+    slots, threads_n, rounds = 3, 8, 15
+    SemaphoreAdmin(broker, name).create(slots)
+    lock = threading.Lock()
+    occupancy = [0] * (slots + 1)
+    counters = [0, 0, 0, 0]
+
+    def work() -> None:
+        sem = PersistentSemaphore(broker, name, max_races=1000)
+        for _ in range(rounds):
+            lease = sem.acquire(timeout=60)
+            assert lease is not None
+            with lock:
+                counters[0] += 1
+                counters[3] += 1
+                counters[1] = max(counters[1], counters[0])
+                if counters[0] > slots or occupancy[lease.number]:
+                    counters[2] += 1
+                occupancy[lease.number] += 1
+            time.sleep(0.001)
+            with lock:
+                counters[0] -= 1
+                occupancy[lease.number] -= 1
+            lease.release()
+
+    ts = [threading.Thread(target=work) for _ in range(threads_n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert counters[3] == threads_n * rounds
+    assert counters[2] == 0, f"{counters[2]} overlaps"
+    assert 1 <= counters[1] <= slots
+
+
+def test_processes_contending_never_exceed_slots(amqp_url: str, broker: Broker, name: str) -> None:
+    slots, procs_n, rounds = 3, 6, 15
+    SemaphoreAdmin(broker, name).create(slots)
+    ctx = multiprocessing.get_context("spawn")
+    lock = ctx.Lock()
+    occupancy = ctx.Array("i", slots + 1, lock=False)
+    counters = ctx.Array("i", 4, lock=False)
+    procs = [
+        ctx.Process(
+            target=workers.contend,
+            args=(amqp_url, name, slots, rounds, lock, occupancy, counters),
+        )
+        for _ in range(procs_n)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0] * procs_n
+    assert counters[3] == procs_n * rounds
+    assert counters[2] == 0, f"{counters[2]} overlaps"
+    assert counters[1] <= slots
+    assert SemaphoreAdmin(broker, name).holders() == []  # nothing leaked
+
+
+def _spawn_holder(url: str, name: str, kind: str) -> tuple[subprocess.Popen[str], int, int]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.workers", url, name, kind],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline().split()
+    assert line[:1] == ["HELD"], line
+    return p, int(line[1]), int(line[2])
+
+
+def test_kill_9_of_a_holder_frees_its_slot(amqp_url: str, broker: Broker, name: str) -> None:
+    SemaphoreAdmin(broker, name).create(1)
+    proc, slot, token = _spawn_holder(amqp_url, name, "semaphore")
+    assert slot == 1
+    sem = PersistentSemaphore(broker, name)
+    assert sem.acquire(blocking=False) is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    lease = sem.acquire(timeout=30)  # the broker saw the socket close: B[1] is gone
+    assert lease is not None and lease.number == 1
+    assert lease.fencing_token > token
+    lease.release()

@@ -1,0 +1,55 @@
+"""Code run in other processes by the tests (spawned, so each has its own Broker/thread)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from amqp_locks import Broker, Mutex, PersistentSemaphore
+
+
+def contend(
+    url: str,
+    name: str,
+    slots: int,
+    rounds: int,
+    lock: Any,
+    occupancy: Any,
+    counters: Any,
+) -> None:
+    """Acquire/release `rounds` times; count every overlap seen in shared memory.
+
+    counters: [current holders, max seen, violations, grants]
+    """
+    with Broker(url) as broker:
+        sem = PersistentSemaphore(broker, name, max_races=1000)
+        for _ in range(rounds):
+            lease = sem.acquire(timeout=120)
+            assert lease is not None, "acquire timed out"
+            with lock:
+                counters[0] += 1
+                counters[3] += 1
+                counters[1] = max(counters[1], counters[0])
+                if counters[0] > slots or occupancy[lease.number] != 0:
+                    counters[2] += 1
+                occupancy[lease.number] += 1
+            time.sleep(0.001)  # the "work" done while holding
+            with lock:
+                counters[0] -= 1
+                occupancy[lease.number] -= 1
+            lease.release()
+
+
+def hold(url: str, name: str, kind: str) -> None:
+    """Acquire, report `HELD slot token`, then hold until killed."""
+    broker = Broker(url)
+    lock = PersistentSemaphore(broker, name) if kind == "semaphore" else Mutex(broker, name)
+    lease = lock.acquire(timeout=60)
+    assert lease is not None
+    print(f"HELD {lease.number} {lease.fencing_token}", flush=True)
+    sys.stdin.read()  # until the test closes our stdin or kills us
+
+
+if __name__ == "__main__":
+    hold(sys.argv[1], sys.argv[2], sys.argv[3])

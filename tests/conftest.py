@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from yarl import URL
 
-from amqp_locks import Broker
-from amqp_locks import devbroker
+from amqp_locks import Broker, devbroker
 
 from .faultproxy import FaultProxy
 

@@ -45,7 +45,9 @@ class FaultProxy:
         for a, b in pairs:
             for s in (a, b):
                 with contextlib.suppress(OSError):
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    s.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                    )
                     s.close()
 
     @property

@@ -65,9 +65,7 @@ def test_release_keys_fit_and_differ_by_kind() -> None:
     assert release_key("a", "mutex") != release_key("a", "semaphore")
 
 
-names = st.text(
-    alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=40
-)
+names = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=40)
 
 
 def _queues(name: str) -> set[str]:

@@ -40,7 +40,10 @@ def test_create_max_add_remove_destroy(broker: Broker, name: str) -> None:
     assert admin.max_slots() == 0
     assert admin.create(3) == 3
     assert [queue_exists(broker, slot_queue(name, k)) for k in range(1, 5)] == [
-        True, True, True, False,
+        True,
+        True,
+        True,
+        False,
     ]
     assert admin.max_slots() == 3
     assert admin.create(3) == 3  # idempotent for the same count
@@ -157,9 +160,7 @@ def test_bad_counts_are_refused(broker: Broker, name: str) -> None:
         admin.add_slots(1)
 
 
-def test_admin_waits_for_the_mutex_and_times_out(
-    broker: Broker, amqp_url: str, name: str
-) -> None:
+def test_admin_waits_for_the_mutex_and_times_out(broker: Broker, amqp_url: str, name: str) -> None:
     with Broker(amqp_url) as other:
         held = Mutex(other, name, fencing=False).acquire()
         assert held is not None

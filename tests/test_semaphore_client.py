@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
@@ -22,8 +23,8 @@ from amqp_locks import (
     PersistentSemaphore,
     SemaphoreAdmin,
     SemaphoreNotFound,
+    devbroker,
 )
-from amqp_locks import devbroker
 from amqp_locks.names import holder_queue, slot_queue
 
 from . import workers
@@ -78,7 +79,7 @@ def test_fencing_tokens_strictly_increase(sem3: PersistentSemaphore) -> None:
         assert lease is not None
         tokens.append(lease.fencing_token)
         lease.release()
-    assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(tokens))
     assert tokens[0] >= 1
 
 
@@ -215,8 +216,10 @@ def test_silent_partition_is_detected_before_the_broker_regrants(
         assert rival is not None
         assert lease.lost.is_set()
         assert lost_at and lost_at[0] < regranted_at
-        print(f"detected after {lost_at[0] - start:.2f}s, re-granted after "
-              f"{regranted_at - start:.2f}s")
+        print(
+            f"detected after {lost_at[0] - start:.2f}s, re-granted after "
+            f"{regranted_at - start:.2f}s"
+        )
         rival.release()
         proxy.heal()
 
@@ -285,7 +288,11 @@ def _spawn_holder(url: str, name: str, kind: str) -> tuple[subprocess.Popen[str]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     p = subprocess.Popen(
         [sys.executable, "-m", "tests.workers", url, name, kind],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
     )
     assert p.stdout is not None
     line = p.stdout.readline().split()

@@ -34,7 +34,8 @@ from .transport.session import Session
 
 log = logging.getLogger("amqp_locks.fencing")
 
-FENCE_BODY = b"amqp-locks fence"
+#: The fence message's body is its base: tokens are ``base + x-delivery-count + 1``.
+FENCE_BODY = b"0"
 
 
 class FenceMissing(LockError):
@@ -71,10 +72,35 @@ async def ensure_fence(session: Session, name: str) -> bool:
     return True
 
 
+async def repair_fence(session: Session, name: str, base: int) -> bool:
+    """Put a fence message with `base` back if the fence queue lost its message (someone
+    purged it). `base` must exceed every token already handed out (read it from the
+    protected resource): the old count died with the old message. Call under the admin
+    mutex. True if a message was missing and was replaced."""
+    queue = fence_queue(name)
+    await session.declare(queue, durable=True, arguments=fence_arguments(session))
+    try:
+        await _take_pushed(session, queue, 2.0)
+    except FenceMissing:
+        await session.publish("", queue, str(base).encode())
+        log.warning("fence queue %r had no message: replaced with base %d", queue, base)
+        return True
+    return False
+
+
 def _count(message: DeliveredMessage) -> int:
+    """The message's base (its body, set by :func:`repair_fence`) plus its delivery count."""
     headers = (message.header.properties.headers or {}) if message.header else {}
     value = headers.get("x-delivery-count", 0)
-    return int(value) if isinstance(value, int) else 0
+    count = int(value) if isinstance(value, int) else 0
+    body = message.body.strip()
+    return count + (int(body) if body.isdigit() else 0)
+
+
+def _tag(message: DeliveredMessage) -> int:
+    tag = getattr(message.delivery, "delivery_tag", None)
+    assert isinstance(tag, int)
+    return tag
 
 
 async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
@@ -91,13 +117,13 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
         if not isinstance(message.delivery, Basic.GetOk):
             return None
         count = _count(message)
-        await ch.basic_reject(message.delivery.delivery_tag, requeue=True)
+        await ch.basic_reject(_tag(message), requeue=True)
         return count
 
     count: int | None = await session.call(queue, get_and_return)
-    if count is not None:
-        return count + 1
-    return await _take_pushed(session, queue, timeout)
+    if count is None:
+        count = await _take_pushed(session, queue, timeout)
+    return count + 1
 
 
 async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
@@ -117,11 +143,11 @@ async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
         except TimeoutError:
             raise FenceMissing(
                 f"no fence message arrived from {queue!r} within {timeout:.0f}s; if the queue "
-                "was purged, run SemaphoreAdmin.repair_fence()"
+                "was purged, run SemaphoreAdmin.repair_fence(base)"
             ) from None
         count = _count(message)
-        await ch.basic_reject(message.delivery.delivery_tag, requeue=True)
-        return count + 1
+        await ch.basic_reject(_tag(message), requeue=True)
+        return count
     except QueueNotFound:
         raise
     finally:

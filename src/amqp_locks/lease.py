@@ -233,7 +233,9 @@ async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing:
             if isinstance(result, BaseException):
                 raise result
         if fencing:
-            state.fencing_token = int(results[1])
+            token = results[1]
+            assert isinstance(token, int)
+            state.fencing_token = token
         return True
     except ResourceLocked:
         session.held.discard(state.held_queue)

@@ -20,7 +20,7 @@ from .errors import AdminLockTimeout, ResourceLocked
 from .fencing import ensure_fence
 from .lease import Lease, LeaseState, grant
 from .names import fence_queue, release_key, validate_name
-from .transport.broker import Broker, BrokerCore
+from .transport.broker import BrokerCore, BrokerLike
 from .transport.session import Session
 from .waiting import Backoff, acquire_loop
 
@@ -100,7 +100,7 @@ class Mutex:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerLike,
         name: str,
         *,
         fencing: bool = True,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import ConfigurationError, LockError
-from ..fencing import ensure_fence
+from ..fencing import ensure_fence, repair_fence
 from ..mutex import held_mutex
 from ..names import (
     MAX_SLOT_DIGITS,
@@ -31,7 +31,7 @@ from ..names import (
     slot_queue,
     validate_name,
 )
-from ..transport.broker import Broker, BrokerCore
+from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, check_timeout
 from .client import windows
@@ -94,7 +94,7 @@ class SemaphoreAdmin:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerLike,
         name: str,
         *,
         mutex_timeout: float | None = 30.0,
@@ -278,6 +278,18 @@ class SemaphoreAdmin:
                 break
             await asyncio.sleep(interval)
         return held
+
+    def repair_fence(self, base: int) -> bool:
+        """Replace a lost fence message (queue purged by hand) with one whose tokens start
+        above `base`; `base` must be at least the highest token already handed out.
+        Returns whether a message was missing."""
+        if isinstance(base, bool) or not isinstance(base, int) or base < 0:
+            raise ConfigurationError(f"base must be an int >= 0, got {base!r}")
+
+        async def repair(session: Session) -> bool:
+            return await repair_fence(session, self.name, base)
+
+        return self._run(repair)
 
     def __repr__(self) -> str:
         return f"SemaphoreAdmin({self.name!r})"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Iterator
 
 from ..errors import (
     AcquireRacesExceeded,
@@ -29,7 +30,7 @@ from ..errors import (
 from ..lease import Lease, LeaseState, grant
 from ..mutex import ensure_fence_cached
 from ..names import holder_queue, release_key, slot_queue, validate_name
-from ..transport.broker import Broker, BrokerCore
+from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, acquire_loop
 
@@ -42,7 +43,7 @@ WINDOW_GROWTH = 8
 MAX_WINDOW = 4096
 
 
-def windows(start: int = 1):  # type: ignore[no-untyped-def]
+def windows(start: int = 1) -> Iterator[range]:
     """Slot ranges probed per round trip: [1..8], [9..72], [73..584], ..."""
     size = FIRST_WINDOW
     while True:
@@ -136,7 +137,7 @@ class PersistentSemaphore:
 
     def __init__(
         self,
-        broker: Broker,
+        broker: BrokerLike,
         name: str,
         *,
         max_races: int = 16,

@@ -15,7 +15,7 @@ import os
 import socket
 from collections.abc import Coroutine
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from yarl import URL
 
@@ -150,6 +150,12 @@ class BrokerCore:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+class BrokerLike(Protocol):
+    """What the lock classes need of a broker: its core (both facades have one)."""
+
+    _core: BrokerCore
 
 
 class Broker:

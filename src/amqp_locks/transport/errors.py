@@ -67,12 +67,17 @@ def connect_error(exc: BaseException, url: URL) -> AmqpLocksError:
         return AuthenticationFailed(
             f"broker {where} refused the credentials of user {url.user!r}: {_text(exc)}"
         )
-    if isinstance(exc, ex.ConnectionNotAllowed) or (
-        isinstance(exc, ex.ConnectionClosed) and exc.args and exc.args[0] in (530, 403)
+    refused_open = isinstance(exc, ex.InvalidFrameError) and "Connection.Close" in _text(exc)
+    if (
+        refused_open
+        or isinstance(exc, ex.ConnectionNotAllowed)
+        or (isinstance(exc, ex.ConnectionClosed) and exc.args and exc.args[0] in (530, 403))
     ):
+        # Connection.Open answered by Connection.Close: 530 NOT_ALLOWED (no such vhost,
+        # or no permission on it).
         return AccessRefused(
             f"broker {where} refused access to vhost {url.path[1:] or '/'!r} for user "
-            f"{url.user!r}: {_text(exc)}"
+            f"{url.user!r} (the vhost does not exist or the user has no permissions on it)"
         )
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return BrokerUnreachable(f"broker {where} did not answer within the connect timeout")

@@ -280,7 +280,7 @@ class Session:
                     # A fresh properties object each time: aiormq writes the message id
                     # into it, and returns are matched to publishes by that id.
                     props = Basic.Properties(delivery_mode=1, expiration="0")
-                    await ch.basic_publish(
+                    await ch.basic_publish(  # type: ignore[call-arg]
                         b"", routing_key=q, mandatory=True, properties=props, wait=False
                     )
                 except ex.PublishError:

@@ -1,0 +1,243 @@
+"""The asyncio facade: the same objects as :mod:`amqp_locks`, with awaitable methods.
+
+The protocol still runs on the Broker's private I/O thread; these classes only await its
+results (``asyncio.wrap_future``), so a busy or blocked user event loop never stops the
+heartbeats. Cancelling an awaiting ``acquire`` cancels the attempt, and a half-made grant is
+undone on the I/O thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from .. import mutex as _mutex
+from ..lease import LeaseState
+from ..semaphore import admin as _admin
+from ..semaphore import client as _client
+from ..transport.broker import BrokerCore
+from ..waiting import Backoff
+
+T = TypeVar("T")
+
+__all__ = ["Broker", "Lease", "Mutex", "PersistentSemaphore", "SemaphoreAdmin"]
+
+
+class Broker:
+    """asyncio twin of :class:`amqp_locks.Broker` (same arguments)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        heartbeat: float = 10.0,
+        *,
+        loss_timeout: float | None = None,
+        connect_timeout: float = 10.0,
+        connection_name: str | None = None,
+    ) -> None:
+        self._core = BrokerCore(
+            url,
+            heartbeat=heartbeat,
+            loss_timeout=loss_timeout,
+            connect_timeout=connect_timeout,
+            connection_name=connection_name,
+        )
+
+    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(self._core.submit(coro))
+
+    async def connect(self) -> Broker:
+        await self._run(self._core.session())
+        return self
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._core.close)
+
+    async def __aenter__(self) -> Broker:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class Lease:
+    """asyncio twin of :class:`amqp_locks.Lease`."""
+
+    def __init__(self, state: LeaseState, broker: Broker) -> None:
+        self._state = state
+        self._broker = broker
+
+    number = property(lambda self: self._state.number)
+    fencing_token = property(lambda self: self._state.fencing_token)
+    name = property(lambda self: self._state.name)
+    lost_reason = property(lambda self: self._state.lost_reason)
+    released = property(lambda self: self._state.released)
+
+    @property
+    def lost(self) -> bool:
+        return self._state.lost_event.is_set()
+
+    @property
+    def held(self) -> bool:
+        return not self._state.released and self._state.lost_reason is None
+
+    async def wait_lost(self) -> str:
+        """Return (with the reason) once the lease is lost; cancel to stop waiting."""
+        if self._state.lost_reason is None:
+            event = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            self._state._async_waiters.append((loop, event))
+            try:
+                if self._state.lost_reason is None:
+                    await event.wait()
+            finally:
+                self._state._async_waiters.remove((loop, event))
+        return self._state.lost_reason or ""
+
+    def on_lost(self, callback: Callable[[Lease], Any]) -> None:
+        """Call ``callback(lease)`` (on a helper thread) once the lease is lost."""
+        self._state.add_callback(lambda: callback(self))
+
+    async def verify(self) -> bool:
+        return await self._broker._run(self._state.verify())
+
+    async def release(self) -> None:
+        await self._broker._run(self._state.release())
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release()
+
+
+class _Acquirable:
+    """`await x.acquire()` and `async with x.acquire() as lease` both work."""
+
+    _broker: Broker
+
+    def _start(
+        self, blocking: bool, timeout: float | None
+    ) -> Coroutine[Any, Any, LeaseState | None]:
+        raise NotImplementedError
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> _AcquireCall:
+        return _AcquireCall(self, blocking, timeout)
+
+
+class _AcquireCall:
+    def __init__(self, owner: _Acquirable, blocking: bool, timeout: float | None) -> None:
+        self._owner = owner
+        self._blocking = blocking
+        self._timeout = timeout
+        self._lease: Lease | None = None
+
+    async def _go(self) -> Lease | None:
+        broker = self._owner._broker
+        state = await broker._run(self._owner._start(self._blocking, self._timeout))
+        return None if state is None else Lease(state, broker)
+
+    def __await__(self) -> Any:
+        return self._go().__await__()
+
+    async def __aenter__(self) -> Lease:
+        from ..errors import LockError
+
+        self._lease = await self._go()
+        if self._lease is None:
+            raise LockError("lock not obtained within the timeout")
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._lease is not None:
+            await self._lease.release()
+
+
+class PersistentSemaphore(_Acquirable):
+    """asyncio twin of :class:`amqp_locks.PersistentSemaphore`."""
+
+    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
+        self._broker = broker
+        self._sync = _client.PersistentSemaphore(broker, name, **options)
+
+    @property
+    def name(self) -> str:
+        return self._sync.name
+
+    def _start(
+        self, blocking: bool, timeout: float | None
+    ) -> Coroutine[Any, Any, LeaseState | None]:
+        return self._sync._acquire(blocking, timeout)
+
+
+class Mutex(_Acquirable):
+    """asyncio twin of :class:`amqp_locks.Mutex`."""
+
+    def __init__(
+        self, broker: Broker, name: str, *, fencing: bool = True, backoff: Backoff | None = None
+    ) -> None:
+        self._broker = broker
+        self._sync = _mutex.Mutex(broker, name, fencing=fencing, backoff=backoff)
+
+    @property
+    def name(self) -> str:
+        return self._sync.name
+
+    def _start(
+        self, blocking: bool, timeout: float | None
+    ) -> Coroutine[Any, Any, LeaseState | None]:
+        return self._sync._acquire(blocking, timeout)
+
+
+class SemaphoreAdmin:
+    """asyncio twin of :class:`amqp_locks.SemaphoreAdmin`: the same methods, awaitable.
+
+    Each call runs the sync implementation on a worker thread, which itself only waits on
+    the Broker's I/O thread.
+    """
+
+    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
+        self._sync = _admin.SemaphoreAdmin(broker, name, **options)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kw))
+
+    async def create(self, slots: int) -> int:
+        return await self._call(self._sync.create, slots)
+
+    async def destroy(self, *, purge_fence: bool = False) -> _admin.Removal:
+        return await self._call(self._sync.destroy, purge_fence=purge_fence)
+
+    async def max_slots(self) -> int:
+        return await self._call(self._sync.max_slots)
+
+    async def add_slots(self, count: int) -> int:
+        return await self._call(self._sync.add_slots, count)
+
+    async def remove_slots(self, count: int, *, wait: float | None = 0) -> _admin.Removal:
+        return await self._call(self._sync.remove_slots, count, wait=wait)
+
+    async def holders(self, *, beyond: int = 0) -> list[int]:
+        return await self._call(self._sync.holders, beyond=beyond)
+
+    async def wait_for_holders(
+        self, slots: Sequence[int], timeout: float | None = None, *, interval: float = 0.1
+    ) -> list[int]:
+        return await self._call(self._sync.wait_for_holders, slots, timeout, interval=interval)

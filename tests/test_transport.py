@@ -1,0 +1,131 @@
+"""Transport on a real broker: typed errors for bad input, probes, fencing across restarts."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+import pytest
+
+from amqp_locks import (
+    AccessRefused,
+    AuthenticationFailed,
+    Broker,
+    BrokerUnreachable,
+    ConfigurationError,
+    InvalidName,
+    Mutex,
+    PersistentSemaphore,
+    SemaphoreAdmin,
+    devbroker,
+)
+from amqp_locks.names import fence_queue, slot_queue
+
+
+def test_unreachable_broker_is_a_typed_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    with Broker(url, connect_timeout=5) as b, pytest.raises(BrokerUnreachable, match=str(port)):
+        b.connect()
+
+
+def test_wrong_credentials(node: devbroker.NodeInfo) -> None:
+    url = f"amqp://guest:wrong@127.0.0.1:{node.amqp_port}/"
+    with Broker(url) as b, pytest.raises(AuthenticationFailed, match="guest") as info:
+        b.connect()
+    assert "wrong" not in str(info.value)  # the password is never printed
+
+
+def test_no_permission_on_vhost(node: devbroker.NodeInfo) -> None:
+    user, password, vhost = f"u{uuid.uuid4().hex[:8]}", "pw", f"v{uuid.uuid4().hex[:8]}"
+    devbroker.rabbitmqctl(node, "add_vhost", vhost)
+    devbroker.rabbitmqctl(node, "add_user", user, password)
+    try:
+        url = f"amqp://{user}:{password}@127.0.0.1:{node.amqp_port}/{vhost}"
+        with Broker(url) as b, pytest.raises(AccessRefused, match=vhost):
+            b.connect()
+        # allowed on the vhost, but may not configure queues: 403 on the declare
+        devbroker.rabbitmqctl(node, "set_permissions", "-p", vhost, user, "^$", ".*", ".*")
+        with Broker(url) as b, pytest.raises(AccessRefused, match="403"):
+            SemaphoreAdmin(b, "locked-out", mutex_timeout=5).create(1)
+    finally:
+        devbroker.rabbitmqctl(node, "delete_user", user)
+        devbroker.rabbitmqctl(node, "delete_vhost", vhost)
+
+
+def test_bad_urls_and_settings() -> None:
+    with pytest.raises(ConfigurationError, match="invalid AMQP URL"):
+        Broker("http://example.org/")
+    with pytest.raises(ConfigurationError, match="heartbeat"):
+        Broker("amqp://127.0.0.1/", heartbeat=0)
+
+
+def test_bad_names_are_refused_before_any_io(broker: Broker) -> None:
+    for bad in ("", "x-1-A", "x" * 300):
+        with pytest.raises(InvalidName):
+            PersistentSemaphore(broker, bad)
+        with pytest.raises(InvalidName):
+            SemaphoreAdmin(broker, bad)
+        with pytest.raises(InvalidName):
+            Mutex(broker, bad)
+
+
+def test_probes_are_pipelined_and_ordered(broker: Broker, name: str) -> None:
+    SemaphoreAdmin(broker, name).create(5)
+
+    async def probe() -> list[bool]:
+        session = await broker._core.session()
+        return await session.probe([slot_queue(name, k) for k in range(1, 301)])
+
+    found = broker._core.run(probe())
+    assert found == [True] * 5 + [False] * 295
+
+
+def test_probes_leave_no_message_behind(
+    broker: Broker, name: str, node: devbroker.NodeInfo
+) -> None:
+    SemaphoreAdmin(broker, name).create(1)
+
+    async def probe() -> None:
+        session = await broker._core.session()
+        await session.probe([slot_queue(name, 1)] * 50)
+
+    broker._core.run(probe())
+    out = devbroker.rabbitmqctl(node, "list_queues", "name", "messages", "--no-table-headers")
+    row = [line.split() for line in out.splitlines() if line.startswith(slot_queue(name, 1))]
+    assert row == [[slot_queue(name, 1), "0"]]
+
+
+def test_fence_queue_is_quorum_and_holds_one_message(
+    broker: Broker, name: str, node: devbroker.NodeInfo
+) -> None:
+    SemaphoreAdmin(broker, name).create(1)
+    SemaphoreAdmin(broker, name).create(1)  # idempotent: still one fence message
+    out = devbroker.rabbitmqctl(node, "list_queues", "name", "type", "--no-table-headers")
+    row = [line.split() for line in out.splitlines() if line.startswith(fence_queue(name))]
+    assert row == [[fence_queue(name), "quorum"]]
+
+    async def ready() -> int:
+        # declare-ok counts quorum messages exactly (list_queues' stats lag by seconds)
+        session = await broker._core.session()
+        ok = await session.call(None, lambda ch: ch.queue_declare(fence_queue(name), passive=True))
+        return int(ok.message_count)
+
+    assert broker._core.run(ready()) == 1
+
+
+def test_repair_fence_keeps_tokens_rising(
+    broker: Broker, name: str, node: devbroker.NodeInfo
+) -> None:
+    admin = SemaphoreAdmin(broker, name)
+    admin.create(1)
+    sem = PersistentSemaphore(broker, name)
+    with sem.acquire() as lease:  # type: ignore[union-attr]
+        last = lease.fencing_token
+    assert admin.repair_fence(base=1000) is False  # nothing missing: nothing done
+    devbroker.rabbitmqctl(node, "purge_queue", fence_queue(name))
+    assert admin.repair_fence(base=1000) is True
+    with sem.acquire() as lease:  # type: ignore[union-attr]
+        assert lease.fencing_token > 1000 > last

@@ -18,8 +18,9 @@ from typing import Any
 
 import aiormq
 import aiormq.exceptions as ex
-from aiormq.abc import AbstractChannel
+from aiormq.abc import AbstractChannel, ChannelFrame
 from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 from yarl import URL
 
 from ..errors import AmqpLocksError, ConnectionLost, QueueNotFound, ResourceLocked
@@ -274,23 +275,8 @@ class Session:
         if not queues:
             return []
         async with self.channel() as ch:
-
-            async def one(q: str) -> bool:
-                try:
-                    # A fresh properties object each time: aiormq writes the message id
-                    # into it, and returns are matched to publishes by that id.
-                    props = Basic.Properties(delivery_mode=1, expiration="0")
-                    await ch.basic_publish(  # type: ignore[call-arg]
-                        b"", routing_key=q, mandatory=True, properties=props, wait=False
-                    )
-                except ex.PublishError:
-                    return False
-                except ex.DeliveryError:
-                    return True  # nacked: the queue exists but refused the message
-                return True
-
             try:
-                return list(await asyncio.gather(*(one(q) for q in queues)))
+                return await _bulk_probe(ch, queues)
             except AmqpLocksError:
                 raise
             except _CHANNEL_ERRORS as exc:
@@ -316,3 +302,63 @@ class Session:
 
         if self.alive:
             self.spawn(go())
+
+
+async def _bulk_probe(ch: AbstractChannel, queues: Sequence[str]) -> list[bool]:
+    """Write every probe publish in one buffer, then await all the confirms.
+
+    aiormq's `basic_publish` costs ~0.2 ms of client CPU per message (a write-queue round
+    and a future per frame set); a search over 1000 slots sends 2000 probes. Here the
+    publishes are registered in the channel's own confirm bookkeeping (`confirmations`,
+    `message_id_delivery_tag`, exactly what `basic_publish` does) and marshalled together.
+    """
+    if not hasattr(ch, "confirmations") or not hasattr(ch, "message_id_delivery_tag"):
+        return await _probe_one_by_one(ch, queues)  # pragma: no cover - other aiormq
+    chan: Any = ch
+    pending: list[tuple[asyncio.Future[Any], str]] = []
+    frames: list[Any] = []
+    async with chan.lock:
+        for q in queues:
+            chan.delivery_tag += 1
+            tag = chan.delivery_tag
+            message_id = f"amqp-locks-probe-{id(ch):x}-{tag}"
+            fut: asyncio.Future[Any] = chan.create_future()
+            chan.confirmations[tag] = fut
+            chan.message_id_delivery_tag[message_id] = tag
+            props = Basic.Properties(delivery_mode=1, expiration="0", message_id=message_id)
+            frames.append(Basic.Publish(routing_key=q, mandatory=True))
+            frames.append(ContentHeader(properties=props, body_size=0))
+            pending.append((fut, message_id))
+        await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
+    try:
+        results = await asyncio.gather(*(f for f, _ in pending), return_exceptions=True)
+    finally:
+        for _, message_id in pending:
+            chan.message_id_delivery_tag.pop(message_id, None)
+    found: list[bool] = []
+    for r in results:
+        if isinstance(r, ex.PublishError):
+            found.append(False)
+        elif isinstance(r, ex.DeliveryError):
+            found.append(True)  # nacked: the queue exists but refused the message
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            found.append(True)
+    return found
+
+
+async def _probe_one_by_one(ch: AbstractChannel, queues: Sequence[str]) -> list[bool]:
+    async def one(q: str) -> bool:
+        # A fresh properties object each time: aiormq writes the message id into it,
+        # and returns are matched to publishes by that id.
+        props = Basic.Properties(delivery_mode=1, expiration="0")
+        try:
+            await ch.basic_publish(b"", routing_key=q, mandatory=True, properties=props)
+        except ex.PublishError:
+            return False
+        except ex.DeliveryError:
+            return True
+        return True
+
+    return list(await asyncio.gather(*(one(q) for q in queues)))

@@ -1,0 +1,1 @@
+"""Benchmarks of amqp-locks against a private RabbitMQ node (`python -m benchmarks.run`)."""

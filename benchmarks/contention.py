@@ -1,0 +1,240 @@
+"""Many processes contending for few slots: throughput, fairness and release-to-grant handoff.
+
+Each worker is a separate process (``spawn``) with its own Broker, looping acquire ->
+release for a fixed time. Workers record, on ``time.monotonic()`` (one system-wide clock on
+Linux, so comparable across processes), when ``acquire()`` returned and when they were about
+to call ``release()``, with the slot number and fencing token. Tokens rise strictly with
+every grant, so per slot the grants are ordered by token and each release is paired with
+the next grant of the same slot: the handoff is that grant's time minus the release's.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import statistics
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from amqp_locks import Broker, PersistentSemaphore, SemaphoreAdmin
+
+from .cpu import CpuMeter
+from .latency import unique_name
+from .stats import ms, summarize_reps
+
+#: (kind, slot, token, time): kind "A" = acquire returned, "R" = about to release.
+Event = tuple[str, int, int, float]
+
+
+@dataclass(frozen=True)
+class Plan:
+    processes: int
+    slots: int
+    seconds: float
+    hold: float  # seconds a worker holds each grant (0: release at once)
+
+
+def _worker(
+    idx: int,
+    url: str,
+    name: str,
+    plan: Plan,
+    ready: Any,
+    go: Any,
+    start_at: Any,
+    results: Any,
+) -> None:
+    """One contender; sends (idx, events, error, cpu) to ``results`` whatever happens."""
+    # aiormq warns when an RPC is cancelled, which is what a timed-out acquire does.
+    logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
+    events: list[Event] = []
+    error: str | None = None
+    cpu0 = time.process_time()
+    broker = Broker(url, connection_name=f"amqp-locks bench worker {idx}")
+    try:
+        broker.connect()
+        sem = PersistentSemaphore(broker, name)
+        lease = sem.acquire()  # warm-up: the fence check, pooled channels
+        if lease is not None:
+            lease.release()
+        ready.put(idx)
+        if not go.wait(120):
+            raise RuntimeError("never told to start")
+        deadline = start_at.value + plan.seconds
+        cpu0 = time.process_time()
+        while (remaining := deadline - time.monotonic()) > 0:
+            lease = sem.acquire(timeout=remaining)
+            if lease is None:
+                break
+            events.append(("A", lease.number, lease.fencing_token, time.monotonic()))
+            if plan.hold:
+                time.sleep(plan.hold)
+            events.append(("R", lease.number, lease.fencing_token, time.monotonic()))
+            lease.release()
+    except Exception:
+        error = traceback.format_exc()
+    finally:
+        results.put((idx, events, error, time.process_time() - cpu0))
+        broker.close()
+
+
+def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
+    """One timed contention run on a fresh semaphore: raw events and CPU seconds spent."""
+    ctx = mp.get_context("spawn")
+    name = unique_name("contention")
+    with Broker(url) as admin_broker:
+        admin = SemaphoreAdmin(admin_broker, name)
+        admin.create(plan.slots)
+        ready, results = ctx.Queue(), ctx.Queue()
+        go = ctx.Event()
+        start_at = ctx.Value("d", 0.0)
+        procs = [
+            ctx.Process(
+                target=_worker,
+                args=(i, url, name, plan, ready, go, start_at, results),
+                daemon=True,
+            )
+            for i in range(plan.processes)
+        ]
+        for p in procs:
+            p.start()
+        per_worker: dict[int, list[Event]] = {}
+        worker_cpu = 0.0
+        broker_cpu = float("nan")
+        errors: list[str] = []
+        meter = CpuMeter({"broker": broker_pid})
+        try:
+            _await_ready(ready, procs, 120.0)
+            meter.start()
+            start_at.value = time.monotonic() + 0.05
+            go.set()
+            end = time.monotonic() + plan.seconds + 60
+            received = 0
+            while received < len(procs):
+                idx, events, error, cpu = results.get(timeout=max(1.0, end - time.monotonic()))
+                received += 1
+                worker_cpu += cpu
+                per_worker[idx] = events  # what a failed worker did before failing counts
+                if error:
+                    errors.append(f"worker {idx}: {error.strip().splitlines()[-1]}")
+            broker_cpu = meter.stop()["broker"]
+        except queue.Empty:
+            errors.append(f"{len(procs) - len(per_worker)} workers never reported")
+        finally:
+            for p in procs:
+                p.join(10)
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+            admin.destroy(purge_fence=True)
+    if not any(per_worker.values()):
+        raise RuntimeError("contention run produced no grants:\n" + "\n".join(errors))
+    return {
+        "events": per_worker,
+        "cpu": {"workers": worker_cpu, "broker": broker_cpu},
+        "errors": errors,
+    }
+
+
+def _await_ready(ready: Any, procs: list[Any], timeout: float) -> None:
+    """Wait for every worker's "ready"; fail fast if one dies first (e.g. import error)."""
+    deadline = time.monotonic() + timeout
+    pending = len(procs)
+    while pending:
+        try:
+            ready.get(timeout=0.5)
+            pending -= 1
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode is not None]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"{pending} workers not ready; exit codes {dead}") from None
+
+
+def handoffs(per_worker: dict[int, list[Event]]) -> tuple[list[float], int]:
+    """Release -> next grant of the same slot (seconds), and how many went to the releaser."""
+    by_slot: dict[int, list[tuple[int, str, float, int]]] = defaultdict(list)
+    for worker, events in per_worker.items():
+        for kind, slot, token, t in events:
+            by_slot[slot].append((token, kind, t, worker))
+    out: list[float] = []
+    to_self = 0
+    for events in by_slot.values():
+        # Per token the grant ("A") precedes its release ("R").
+        events.sort(key=lambda e: (e[0], e[1] != "A"))
+        pending: tuple[float, int] | None = None
+        for _token, kind, t, worker in events:
+            if kind == "R":
+                pending = (t, worker)
+            elif pending is not None:
+                out.append(t - pending[0])
+                to_self += worker == pending[1]
+                pending = None
+    return out, to_self
+
+
+def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
+    """Medians over runs of throughput and fairness; handoff percentiles over runs."""
+    rates: list[float] = []
+    fairness: list[dict[str, float]] = []
+    hand_reps: list[list[float]] = []
+    self_share: list[float] = []
+    grants_last: list[int] = []
+    cpu_worker: list[float] = []
+    cpu_broker: list[float] = []
+    for run in runs:
+        per_worker = run["events"]
+        grants = [
+            sum(1 for e in per_worker.get(i, []) if e[0] == "A") for i in range(plan.processes)
+        ]
+        total = sum(grants)
+        rates.append(total / plan.seconds)
+        if total:
+            cpu_worker.append(run["cpu"]["workers"] / total)
+            cpu_broker.append(run["cpu"]["broker"] / total)
+        mean = statistics.fmean(grants)
+        fairness.append(
+            {
+                "min": min(grants),
+                "max": max(grants),
+                "stddev": statistics.pstdev(grants),
+                "cv": statistics.pstdev(grants) / mean if mean else float("nan"),
+                "jain": total**2 / (plan.processes * sum(g * g for g in grants))
+                if total
+                else float("nan"),
+            }
+        )
+        hand, to_self = handoffs(per_worker)
+        hand_reps.append(hand)
+        self_share.append(to_self / len(hand) if hand else float("nan"))
+        grants_last = grants
+    med = statistics.median
+    return {
+        "plan": {
+            "processes": plan.processes,
+            "slots": plan.slots,
+            "seconds": plan.seconds,
+            "hold_ms": plan.hold * 1000,
+        },
+        "runs": len(runs),
+        "acquisitions_per_s": round(med(rates), 1),
+        "acquisitions_per_s_runs": [round(r, 1) for r in rates],
+        "grants_per_process": {
+            k: round(med([f[k] for f in fairness]), 3)
+            for k in ("min", "max", "stddev", "cv", "jain")
+        },
+        "grants_per_process_last_run": grants_last,
+        "handoff": summarize_reps(hand_reps),
+        "handoff_to_releaser_share": round(med(self_share), 3),
+        "handoff_samples_ms": [ms(x) for r in hand_reps for x in r],
+        "handoff_p50_ms_runs": summarize_reps(hand_reps)["p50_reps_ms"],
+        "cpu_per_grant_ms": {
+            "workers": ms(med(cpu_worker)) if cpu_worker else None,
+            "broker": ms(med(cpu_broker)) if cpu_broker else None,
+        },
+        "worker_errors": [e for run in runs for e in run.get("errors", [])],
+        "ms_per_grant_per_slot": ms(plan.slots / med(rates)) if med(rates) else None,
+    }

@@ -1,0 +1,56 @@
+"""Percentiles and the "median over repetitions" summaries every table reports.
+
+A single run's p99 is noisy on a shared 2-core machine; each measurement is therefore
+repeated and we report the median of the per-repetition p50s and p99s (and keep them all).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation (numpy's default method)."""
+    if not samples:
+        return math.nan
+    xs = sorted(samples)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def ms(seconds: float) -> float:
+    """Seconds to milliseconds, rounded to microseconds (enough for every figure we print)."""
+    return round(seconds * 1000.0, 3)
+
+
+def summarize_reps(reps: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Summary of repeated latency samples (seconds in, milliseconds out).
+
+    ``p50_ms``/``p99_ms`` are medians over the repetitions; ``*_reps`` show the spread.
+    """
+    reps = [r for r in reps if r]
+    if not reps:
+        return {"n": 0, "reps": 0, "p50_ms": math.nan, "p99_ms": math.nan}
+    p50s = [percentile(r, 50) for r in reps]
+    p99s = [percentile(r, 99) for r in reps]
+    pooled = [x for r in reps for x in r]
+    return {
+        "n": len(pooled),
+        "reps": len(reps),
+        "p50_ms": ms(statistics.median(p50s)),
+        "p99_ms": ms(statistics.median(p99s)),
+        "p50_reps_ms": [ms(x) for x in p50s],
+        "p99_reps_ms": [ms(x) for x in p99s],
+        "mean_ms": ms(statistics.fmean(pooled)),
+        "min_ms": ms(min(pooled)),
+        "max_ms": ms(max(pooled)),
+    }
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan

@@ -1,0 +1,377 @@
+"""Plots (matplotlib, Agg) and docs/benchmarks.md, rendered from the results JSON alone.
+
+Rendering never measures, so the doc can be regenerated (``--render-only``) after editing
+``template.md`` without another run; every number in the doc comes from the JSON.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import string
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+TEMPLATE = Path(__file__).with_name("template.md")
+PLOTS = {
+    "floors": "bench-uncontended.png",
+    "search": "bench-latency-vs-slots.png",
+    "handoff": "bench-handoff-cdf.png",
+    "fairness": "bench-grants-per-process.png",
+}
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    lines[1] = "|:---|" + "|".join("---:" for _ in header[1:]) + "|"
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ plots
+
+
+def _plot_floors(r: dict[str, Any], path: Path) -> None:
+    fl, uc = r["floors"], r["uncontended"]
+    items = [
+        ("loopback TCP round trip", fl["loopback_tcp"]),
+        ("broker round trip", fl["broker_round_trip"]),
+        ("semaphore C=1: acquire", uc["semaphore_c1"]["acquire"]),
+        ("semaphore C=1: release", uc["semaphore_c1"]["release"]),
+        ("mutex: acquire", uc["mutex"]["acquire"]),
+        ("mutex: release", uc["mutex"]["release"]),
+    ]
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    ys = range(len(items))[::-1]
+    p50 = [s["p50_ms"] for _, s in items]
+    p99 = [s["p99_ms"] for _, s in items]
+    ax.barh(list(ys), p99, color="#c6dbef", label="p99")
+    ax.barh(list(ys), p50, color="#2171b5", label="p50")
+    ax.set_yticks(list(ys), [label for label, _ in items])
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms, log scale)")
+    ax.set_title("Floors and uncontended operations")
+    ax.legend(loc="lower right")
+    ax.grid(axis="x", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_search(r: dict[str, Any], path: Path) -> None:
+    rows = r["search"]
+    rtt = r["floors"]["broker_round_trip"]["p50_ms"]
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    c1 = [row for row in rows if row["capacity"] == rows[0]["capacity"]]
+    for position, color in (("last", "#cb181d"), ("first", "#2171b5")):
+        sel = c1 + [x for x in rows if x["free_slot"] == position and x not in c1]
+        sel.sort(key=lambda x: x["capacity"])
+        cs = [x["capacity"] for x in sel]
+        for key, style, alpha in (("p50", "o-", 1.0), ("p99", "o--", 0.5)):
+            ys = [x[f"{key}_ms"] for x in sel]
+            label = f"free slot {position}: {key}"
+            ax.plot(cs, ys, style, color=color, alpha=alpha, label=label)
+    ax.axhline(rtt, color="grey", linestyle=":", label=f"broker round trip p50 ({rtt:.2f} ms)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("slots C (C-1 held by another connection)")
+    ax.set_ylabel("acquire latency (ms, log)")
+    ax.set_title("Acquire latency vs number of slots")
+    ax.grid(which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_handoff(r: dict[str, Any], path: Path) -> None:
+    c = r["contention"]
+    xs = sorted(x for x in c["handoff_samples_ms"] if x > 0)
+    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    if xs:
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", color="#238b45")
+        for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
+            v = c["handoff"][key]
+            ax.axvline(v, color="grey", linestyle=":")
+            ax.text(v, q, f" p{int(q * 100)} {v:.1f} ms", fontsize=8, va="bottom")
+        ax.set_xscale("log")
+    plan = c["plan"]
+    ax.set_xlabel("release -> next grant of the same slot (ms, log)")
+    ax.set_ylabel("fraction of handoffs")
+    ax.set_title(
+        f"Handoff CDF: {plan['processes']} processes, {plan['slots']} slots, "
+        f"{c['runs']} x {plan['seconds']:.0f} s"
+    )
+    ax.grid(which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_fairness(r: dict[str, Any], path: Path) -> None:
+    c = r["contention"]
+    grants = c["grants_per_process_last_run"]
+    fig, ax = plt.subplots(figsize=(7.0, 3.2))
+    ax.bar(range(1, len(grants) + 1), grants, color="#6a51a3")
+    if grants:
+        mean = sum(grants) / len(grants)
+        ax.axhline(mean, color="grey", linestyle=":", label=f"mean {mean:.0f}")
+        ax.legend()
+    ax.set_xlabel("process")
+    ax.set_ylabel("grants")
+    ax.set_title(f"Grants per process (last run of {c['runs']})")
+    ax.set_xticks(range(1, len(grants) + 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------- doc
+
+
+def _code_version(env: dict[str, Any]) -> str:
+    """Which library code was measured: the repo's src/ (maybe modified) or a snapshot."""
+    if not env.get("amqp_locks_from_repo", True):
+        where = env.get("amqp_locks_path")
+        return f"{env['amqp_locks']} (from `{where}`; repo at git {env['git_commit']})"
+    dirty = ", src/ has uncommitted changes" if env["git_dirty"] else ""
+    return f"{env['amqp_locks']} (git {env['git_commit']}{dirty})"
+
+
+def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
+    env, fl, uc, c = r["environment"], r["floors"], r["uncontended"], r["contention"]
+    rtt = fl["broker_round_trip"]
+    loop = fl["loopback_tcp"]
+    rmq = env["rabbitmq"]
+    machine = _table(
+        ["", ""],
+        [
+            ["CPU", f"{env['cpu_model']}, {env['nproc']} cores (nproc)"],
+            ["RAM", f"{env['ram_gib']} GiB"],
+            ["OS", env["kernel"]],
+            [
+                "Load average (1/5/15 min) before / after",
+                f"{env['loadavg_before']} / {env.get('loadavg_after', 'n/a')}",
+            ],
+            [
+                "Cores busy during the run: this run (client, workers, broker) / other work",
+                f"{env.get('own_load_cores', 'n/a')} / {env.get('other_load_cores', 'n/a')}",
+            ],
+            ["Python", env["python"]],
+            ["RabbitMQ", f"{rmq['product']} {rmq['version']} on {rmq['platform']}"],
+            ["aiormq / pamqp", f"{env['aiormq']} / {env['pamqp']}"],
+            ["amqp-locks", _code_version(env)],
+            ["Date, duration", f"{env['date']}, {env.get('duration_s', 'n/a')} s"],
+        ],
+    )
+
+    def row(label: str, s: dict[str, Any], x_rtt: bool = True) -> list[str]:
+        ratio = [f"{s['p50_ms'] / rtt['p50_ms']:.1f}x", f"{s['p99_ms'] / rtt['p50_ms']:.1f}x"]
+        return [
+            label,
+            _f(s["p50_ms"], 3),
+            _f(s["p99_ms"], 3),
+            *(ratio if x_rtt else ["", ""]),
+            f"{s['n']} ({s['reps']} reps)",
+        ]
+
+    header = ["operation", "p50 ms", "p99 ms", "p50 / RTT", "p99 / RTT", "samples"]
+    floors_table = _table(
+        header,
+        [
+            row("loopback TCP round trip (Python, 2 processes)", loop),
+            row("broker round trip (`Broker.round_trip()`)", rtt),
+            row("semaphore C=1: `acquire()`", uc["semaphore_c1"]["acquire"]),
+            row("semaphore C=1: `release()`", uc["semaphore_c1"]["release"]),
+            row("mutex: `acquire()`", uc["mutex"]["acquire"]),
+            row("mutex: `release()`", uc["mutex"]["release"]),
+        ],
+    )
+    prim_table = _table(
+        ["step", "p50 ms", "p99 ms", "p50 / RTT"],
+        [
+            [label, _f(p["p50_ms"], 3), _f(p["p99_ms"], 3), f"{p['p50_x_rtt']}x"]
+            for label, p in r.get("primitives", {}).items()
+        ],
+    )
+    cpu_uc = uc["semaphore_c1"]["cpu_per_cycle_ms"]
+    cpu_mx = uc["mutex"]["cpu_per_cycle_ms"]
+
+    search_rows = []
+    for s in r["search"]:
+        cpu = s["cpu_per_acquire_ms"]
+        search_rows.append(
+            [
+                str(s["capacity"]),
+                f"{s['free_slot']} ({s['slot']})",
+                _f(s["p50_ms"]),
+                _f(s["p99_ms"]),
+                f"{s['p50_x_c1']}x",
+                f"{s['p99_x_c1']}x",
+                f"{s['p50_x_rtt']}x",
+                str(s["probes_sent"]),
+                f"{_f(cpu['client'])} / {_f(cpu['broker'])} / {_f(cpu['holders'])}",
+                _f(s["cpu_per_probe_us"], 0),
+                f"{s['n']} ({s['reps']})",
+            ]
+        )
+    search_table = _table(
+        [
+            "C",
+            "free slot",
+            "p50 ms",
+            "p99 ms",
+            "p50 / C=1",
+            "p99 / C=1",
+            "p50 / RTT",
+            "probes sent",
+            "CPU ms client / broker / holders",
+            "CPU us per probe",
+            "n (reps)",
+        ],
+        search_rows,
+    )
+    worst = max(r["search"], key=lambda s: s["capacity"] * (s["free_slot"] == "last"))
+    g = c["grants_per_process"]
+    plan = c["plan"]
+    contention_table = _table(
+        ["metric", "value"],
+        [
+            [
+                "acquisitions / s (total, median of runs)",
+                f"{c['acquisitions_per_s']:.0f} (runs: {c['acquisitions_per_s_runs']})",
+            ],
+            ["grants per process: min / max", f"{g['min']:.0f} / {g['max']:.0f}"],
+            [
+                "grants per process: stddev (coefficient of variation)",
+                f"{g['stddev']:.1f} ({g['cv']:.2f})",
+            ],
+            ["Jain fairness index (1 = equal)", f"{g['jain']:.3f}"],
+            [
+                "handoff p50 / p99 (ms)",
+                f"{_f(c['handoff']['p50_ms'])} / {_f(c['handoff']['p99_ms'])}",
+            ],
+            ["handoff p50 / broker round trip", f"{c['handoff']['p50_ms'] / rtt['p50_ms']:.1f}x"],
+            ["handoffs measured", str(c["handoff"]["n"])],
+            [
+                "worker errors (the run goes on without that worker)",
+                f"{len(c.get('worker_errors', []))}"
+                + "".join(f"<br>`{e[:120]}`" for e in c.get("worker_errors", [])[:3]),
+            ],
+            [
+                "CPU per grant: all workers / broker (ms)",
+                f"{_f(c['cpu_per_grant_ms']['workers'])} / {_f(c['cpu_per_grant_ms']['broker'])}",
+            ],
+            [
+                "share of handoffs won by the releasing process itself",
+                f"{c['handoff_to_releaser_share']:.0%}",
+            ],
+        ],
+    )
+    sem_acq = uc["semaphore_c1"]["acquire"]
+    mx_acq = uc["mutex"]["acquire"]
+    same_c = [s for s in r["search"] if s["capacity"] == worst["capacity"]]
+    best = next((s for s in same_c if s["free_slot"] == "first"), worst)
+
+    def head(label: str, s: dict[str, Any]) -> list[str]:
+        return [label, _f(s["p50_ms"]), _f(s["p99_ms"]), f"{s['p50_ms'] / rtt['p50_ms']:.1f}x"]
+
+    headline = _table(
+        ["measurement", "p50 ms", "p99 ms", "p50 / RTT"],
+        [
+            head("broker round trip (RTT)", rtt),
+            head("semaphore acquire, C=1, uncontended", sem_acq),
+            head("semaphore release", uc["semaphore_c1"]["release"]),
+            head("mutex acquire, uncontended", mx_acq),
+            head(f"semaphore acquire, C={worst['capacity']}, only the last slot free", worst),
+            head(f"semaphore acquire, C={best['capacity']}, only the first slot free", best),
+            head(
+                f"handoff release -> next grant, {plan['processes']} processes / "
+                f"{plan['slots']} slots",
+                c["handoff"],
+            ),
+            [
+                f"throughput, {plan['processes']} processes / {plan['slots']} slots",
+                f"{c['acquisitions_per_s']:.0f} acquisitions/s",
+                "",
+                "",
+            ],
+        ],
+    )
+    cycle_cpu = cpu_uc["client"] + cpu_uc["broker"]
+    grant_cpu = (c["cpu_per_grant_ms"]["workers"] or 0) + (c["cpu_per_grant_ms"]["broker"] or 0)
+    return {
+        "headline_table": headline,
+        "holders_kind": r.get("search_holders", "leases"),
+        "nproc": str(env["nproc"]),
+        "worst_existing": str(2 * worst["capacity"]),
+        "worst_overshoot": f"{worst['probes_sent'] / (2 * worst['capacity']):.1f}",
+        "handoff_x_rtt": f"{c['handoff']['p50_ms'] / rtt['p50_ms']:.0f}",
+        "grant_cpu": _f(grant_cpu, 1),
+        "cycle_cpu": _f(cycle_cpu, 1),
+        "herd_ratio": f"{grant_cpu / cycle_cpu:.1f}" if cycle_cpu else "n/a",
+        "cpu_bound_rate": f"{env['nproc'] * 1000 / grant_cpu:.0f}" if grant_cpu else "n/a",
+        "command": env["command"],
+        "machine_table": machine,
+        "floors_table": floors_table,
+        "prim_table": prim_table,
+        "search_table": search_table,
+        "contention_table": contention_table,
+        "img_floors": f"{img_rel}/{PLOTS['floors']}",
+        "img_search": f"{img_rel}/{PLOTS['search']}",
+        "img_handoff": f"{img_rel}/{PLOTS['handoff']}",
+        "img_fairness": f"{img_rel}/{PLOTS['fairness']}",
+        "rtt_p50": _f(rtt["p50_ms"], 3),
+        "rtt_p99": _f(rtt["p99_ms"], 3),
+        "loop_p50": _f(loop["p50_ms"], 3),
+        "rtt_x_loop": f"{rtt['p50_ms'] / loop['p50_ms']:.1f}",
+        "sem_acq_p50": _f(sem_acq["p50_ms"]),
+        "sem_acq_x": f"{sem_acq['p50_x_rtt']}",
+        "sem_rel_p50": _f(uc["semaphore_c1"]["release"]["p50_ms"]),
+        "sem_rel_x": f"{uc['semaphore_c1']['release']['p50_x_rtt']}",
+        "mx_acq_p50": _f(mx_acq["p50_ms"]),
+        "mx_acq_x": f"{mx_acq['p50_x_rtt']}",
+        "sem_cycle_cpu": f"{_f(cpu_uc['client'])} ms client + {_f(cpu_uc['broker'])} ms broker",
+        "mx_cycle_cpu": f"{_f(cpu_mx['client'])} ms client + {_f(cpu_mx['broker'])} ms broker",
+        "worst_c": str(worst["capacity"]),
+        "worst_p50": _f(worst["p50_ms"], 1),
+        "worst_x_c1": f"{worst['p50_x_c1']}",
+        "worst_probes": str(worst["probes_sent"]),
+        "worst_cpu_probe": _f(worst["cpu_per_probe_us"], 0),
+        "procs": str(plan["processes"]),
+        "slots": str(plan["slots"]),
+        "seconds": f"{plan['seconds']:.0f}",
+        "runs": str(c["runs"]),
+        "rate": f"{c['acquisitions_per_s']:.0f}",
+        "handoff_p50": _f(c["handoff"]["p50_ms"]),
+        "handoff_p99": _f(c["handoff"]["p99_ms"]),
+        "self_share": f"{c['handoff_to_releaser_share']:.0%}",
+        "jain": f"{g['jain']:.3f}",
+    }
+
+
+def render(results: dict[str, Any], doc: Path, img_dir: Path) -> None:
+    """Write the four PNGs into ``img_dir`` and the markdown report to ``doc``."""
+    img_dir.mkdir(parents=True, exist_ok=True)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    _plot_floors(results, img_dir / PLOTS["floors"])
+    _plot_search(results, img_dir / PLOTS["search"])
+    _plot_handoff(results, img_dir / PLOTS["handoff"])
+    _plot_fairness(results, img_dir / PLOTS["fairness"])
+    img_rel = Path(os.path.relpath(img_dir, doc.parent)).as_posix()
+    text = string.Template(TEMPLATE.read_text()).substitute(_values(results, img_rel))
+    if results.get("quick"):
+        text = "> **Smoke run (`--quick`)**: few samples; not the published figures.\n\n" + text
+    doc.write_text(text)

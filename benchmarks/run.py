@@ -1,0 +1,290 @@
+"""Run every benchmark against a private RabbitMQ node and write JSON, plots and the doc.
+
+    python -m benchmarks.run            # full run (~4 min): benchmarks/results/latest.json,
+                                        # docs/benchmarks.md, docs/img/bench-*.png
+    python -m benchmarks.run --quick    # smoke run (<60 s) into benchmarks/results/quick/
+    python -m benchmarks.run --render-only benchmarks/results/latest.json
+
+The node (``amqplocksbench``, separate from the tests' ``amqplockstest``) is started by
+the run and stopped at the end unless it was already running; ``--url`` uses another broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    __package__ = "benchmarks"
+
+import amqp_locks
+from amqp_locks import Broker, devbroker
+from benchmarks import contention, floors, latency, primitives, report
+from benchmarks.cpu import beam_pid, own_cpu, process_cpu, system_busy
+from benchmarks.latency import Budget
+from benchmarks.stats import summarize_reps
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE = "amqplocksbench"
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _config(quick: bool) -> dict[str, Any]:
+    """Sample counts and time caps: full stays under ~5 min on 2 cores, quick under 60 s."""
+    if quick:
+        return {
+            "loopback": (300, 3),
+            "broker_rtt": (200, 3),
+            "primitives": (30, 2),
+            "uncontended": Budget(reps=3, max_samples=40, seconds=1.0),
+            "capacities": [1, 10, 100],
+            "sweep": lambda c: Budget(reps=2, max_samples=20, seconds=0.5, warmup=1),
+            "contention": contention.Plan(processes=16, slots=4, seconds=3.0, hold=0.0),
+            "contention_runs": 1,
+        }
+    return {
+        "loopback": (2000, 5),
+        "broker_rtt": (1000, 5),
+        "primitives": (100, 3),
+        "uncontended": Budget(reps=5, max_samples=200, seconds=1.5),
+        "capacities": [1, 10, 100, 1000],
+        # A C=1000 worst-case acquire takes seconds: fewer, longer repetitions there.
+        "sweep": lambda c: (
+            Budget(reps=5, max_samples=200, seconds=1.5, warmup=2)
+            if c < 1000
+            else Budget(reps=3, max_samples=8, seconds=6.0, warmup=1)
+        ),
+        "contention": contention.Plan(processes=16, slots=4, seconds=10.0, hold=0.0),
+        "contention_runs": 3,
+    }
+
+
+# ---------------------------------------------------------------------- environment
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _cpu_model() -> str:
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _ram_gib() -> float:
+    for line in _read("/proc/meminfo").splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 1024 / 1024, 1)
+    return float("nan")
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+        )
+        return out.stdout.strip()
+    except OSError:
+        return ""
+
+
+def _server_properties(url: str) -> dict[str, str]:
+    """RabbitMQ's own account of itself, from the connection handshake."""
+    with Broker(url) as broker:
+        core = broker._core
+        session = core.run(core.session())
+        props = session.conn.server_properties if session.conn is not None else {}
+
+    def text(key: str) -> str:
+        value = props.get(key, "")
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    return {"product": text("product"), "version": text("version"), "platform": text("platform")}
+
+
+def _environment(url: str, command: str) -> dict[str, Any]:
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "nproc": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "ram_gib": _ram_gib(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "aiormq": _version("aiormq"),
+        "pamqp": _version("pamqp"),
+        "amqp_locks": _version("amqp-locks"),
+        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--", "src")),
+        "amqp_locks_path": str(Path(amqp_locks.__file__).resolve().parent),
+        "amqp_locks_from_repo": Path(amqp_locks.__file__).resolve().parent
+        == ROOT / "src" / "amqp_locks",
+        "rabbitmq": _server_properties(url),
+    }
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def measure(url: str, pid_file: Path | None, quick: bool, command: str) -> dict[str, Any]:
+    cfg = _config(quick)
+    broker_pid = beam_pid(pid_file)
+    results: dict[str, Any] = {"quick": quick, "environment": _environment(url, command)}
+    started = time.monotonic()
+    busy0, own0, beam0 = system_busy(), own_cpu(), process_cpu(broker_pid)
+
+    _log("floors: loopback TCP and broker round trips")
+    loop = summarize_reps(floors.loopback_rtt(*cfg["loopback"]))
+    rtt = summarize_reps(floors.broker_rtt(url, *cfg["broker_rtt"]))
+    results["floors"] = {"loopback_tcp": loop, "broker_round_trip": rtt}
+    rtt_ms = rtt["p50_ms"]
+    _log(f"  loopback p50={loop['p50_ms']:.3f} ms, broker p50={rtt_ms:.3f} ms")
+
+    _log("primitive steps of an acquire")
+    results["primitives"] = primitives.primitives(url, *cfg["primitives"], rtt_ms)
+    for label, s in results["primitives"].items():
+        _log(f"  {label}: p50={s['p50_ms']:.3f} ms")
+
+    _log("uncontended acquire/release (semaphore C=1, mutex)")
+    pids = {"client": os.getpid(), "broker": broker_pid}
+    results["uncontended"] = latency.uncontended(url, cfg["uncontended"], rtt_ms, pids)
+    for label, s in results["uncontended"].items():
+        _log(
+            f"  {label}: acquire p50={s['acquire']['p50_ms']:.2f} ms "
+            f"release p50={s['release']['p50_ms']:.2f} ms"
+        )
+
+    _log("acquire latency vs number of slots (all but one held)")
+    results["search_holders"] = latency.HOLDERS_KIND
+    results["search"] = latency.search_sweep(
+        url, cfg["capacities"], cfg["sweep"], broker_pid, rtt_ms, _log
+    )
+
+    plan: contention.Plan = cfg["contention"]
+    runs = []
+    for i in range(cfg["contention_runs"]):
+        _log(f"contention run {i + 1}/{cfg['contention_runs']}: {plan}")
+        runs.append(contention.run_once(url, plan, broker_pid))
+    results["contention"] = contention.summarize(runs, plan)
+    c = results["contention"]
+    for err in c["worker_errors"]:
+        _log(f"  WARNING: {err}")
+    _log(
+        f"  {c['acquisitions_per_s']:.0f} acquisitions/s, handoff p50="
+        f"{c['handoff']['p50_ms']:.2f} ms p99={c['handoff']['p99_ms']:.2f} ms"
+    )
+
+    wall = time.monotonic() - started
+    ours = (own_cpu() - own0) + (process_cpu(broker_pid) - beam0)
+    env = results["environment"]
+    env["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    env["duration_s"] = round(wall, 1)
+    # Cores kept busy by other work on the machine meanwhile (not this run, not the broker).
+    env["other_load_cores"] = round(max(0.0, (system_busy() - busy0) - ours) / wall, 2)
+    env["own_load_cores"] = round(ours / wall, 2)
+    return results
+
+
+def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    if args.quick:
+        base = ROOT / "benchmarks" / "results" / "quick"
+        defaults = (base / "results.json", base / "benchmarks.md", base / "img")
+    else:
+        defaults = (
+            ROOT / "benchmarks" / "results" / "latest.json",
+            ROOT / "docs" / "benchmarks.md",
+            ROOT / "docs" / "img",
+        )
+    return (args.json or defaults[0], args.doc or defaults[1], args.img_dir or defaults[2])
+
+
+def _with_broker(args: argparse.Namespace, body: Callable[[str, Path | None], None]) -> None:
+    """Run ``body(url, pid_file)`` against ``--url`` or our private node (stopped after)."""
+    if args.url:
+        body(args.url, None)
+        return
+    was_running = devbroker.status(name=args.node) is not None
+    _log(f"{'using running' if was_running else 'starting'} private node {args.node!r}")
+    info = devbroker.start(name=args.node)
+    try:
+        body(info.url, info.pid_file)
+    finally:
+        if not was_running:
+            _log(f"stopping private node {args.node!r}")
+            devbroker.stop(name=args.node)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smoke run (< 60 s)")
+    parser.add_argument("--url", help="benchmark this broker instead of a private node")
+    parser.add_argument("--node", default=NODE, help="private node name (default: %(default)s)")
+    parser.add_argument("--json", type=Path, help="results file")
+    parser.add_argument("--doc", type=Path, help="markdown report")
+    parser.add_argument("--img-dir", type=Path, help="directory for the PNG plots")
+    parser.add_argument(
+        "--render-only", type=Path, metavar="JSON", help="re-render docs from a results file"
+    )
+    args = parser.parse_args(argv)
+    # aiormq warns when a channel close is cut short by a connection close; harmless here.
+    logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
+    json_path, doc_path, img_dir = _paths(args)
+
+    if args.render_only:
+        results = json.loads(args.render_only.read_text())
+        report.render(results, doc_path, img_dir)
+        _log(f"rendered {doc_path} and plots in {img_dir}")
+        return 0
+
+    command = "python -m benchmarks.run" + (" --quick" if args.quick else "")
+    if argv is None and len(sys.argv) > 1:
+        command = "python -m benchmarks.run " + shlex.join(sys.argv[1:])
+
+    def body(url: str, pid_file: Path | None) -> None:
+        results = measure(url, pid_file, args.quick, command)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = json_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(results, indent=1) + "\n")
+        tmp.replace(json_path)
+        _log(f"wrote {json_path}")
+        report.render(results, doc_path, img_dir)
+        _log(f"wrote {doc_path} and plots in {img_dir}")
+
+    _with_broker(args, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

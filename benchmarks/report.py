@@ -32,9 +32,10 @@ def _f(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
-    lines[1] = "|:---|" + "|".join("---:" for _ in header[1:]) + "|"
+def _table(header: list[str], rows: list[list[str]], numeric: bool = True) -> str:
+    """A markdown table; the first column left-aligned, the rest right if ``numeric``."""
+    rest = "---:" if numeric else ":---"
+    lines = ["| " + " | ".join(header) + " |", "|:---|" + "|".join(rest for _ in header[1:]) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -175,6 +176,7 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
             ["amqp-locks", _code_version(env)],
             ["Date, duration", f"{env['date']}, {env.get('duration_s', 'n/a')} s"],
         ],
+        numeric=False,
     )
 
     def row(label: str, s: dict[str, Any], x_rtt: bool = True) -> list[str]:
@@ -313,6 +315,7 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
     cycle_cpu = cpu_uc["client"] + cpu_uc["broker"]
     grant_cpu = (c["cpu_per_grant_ms"]["workers"] or 0) + (c["cpu_per_grant_ms"]["broker"] or 0)
     return {
+        "json_path": str(r.get("json_path", "benchmarks/results/latest.json")),
         "headline_table": headline,
         "holders_kind": r.get("search_holders", "leases"),
         "nproc": str(env["nproc"]),

@@ -217,6 +217,14 @@ def measure(url: str, pid_file: Path | None, quick: bool, command: str) -> dict[
     return results
 
 
+def _rel(path: Path) -> str:
+    """``path`` relative to the repository when inside it (for the report)."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
     if args.quick:
         base = ROOT / "benchmarks" / "results" / "quick"
@@ -268,12 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"rendered {doc_path} and plots in {img_dir}")
         return 0
 
-    command = "python -m benchmarks.run" + (" --quick" if args.quick else "")
-    if argv is None and len(sys.argv) > 1:
-        command = "python -m benchmarks.run " + shlex.join(sys.argv[1:])
+    given = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "benchmarks.run", *given])
+    if os.environ.get("PYTHONPATH"):  # e.g. measuring a snapshot of the library
+        command = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} {command}"
 
     def body(url: str, pid_file: Path | None) -> None:
         results = measure(url, pid_file, args.quick, command)
+        results["json_path"] = _rel(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = json_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(results, indent=1) + "\n")

@@ -26,7 +26,8 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from .errors import AmqpLocksError, LeaseReleased, QueueNotFound, ResourceLocked
-from .fencing import take_token
+from .fencing import ensure_fence, take_token
+from .names import fence_queue
 from .transport.errors import channel_error
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class LeaseState:
         """Consume from every watched queue (on `channel`, a fresh one the lease will own);
         a 404 here means the slot vanished (raises :class:`QueueNotFound`)."""
         self._listener = self.session.add_listener(self._on_session_lost)
+        self.session.leases.add(self)
         ch = channel if channel is not None else await self.session.open_channel()
         self._watch = ch
         ch.on_consumer_cancel_callbacks.add(self._on_cancel)
@@ -169,6 +171,7 @@ class LeaseState:
         self.released = True
         session = self.session
         session.remove_listener(self._listener)
+        session.leases.discard(self)
         watch, self._watch = self._watch, None
         if not session.alive:
             session.held.discard(self.held_queue)
@@ -192,6 +195,7 @@ class LeaseState:
         """Undo a half-made grant (acquire failed or was cancelled after the declare)."""
         self.released = True
         self.session.remove_listener(self._listener)
+        self.session.leases.discard(self)
         with contextlib.suppress(Exception):
             if self.session.alive:
                 await self.session.delete(self.held_queue)
@@ -224,7 +228,7 @@ async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing:
         # returning success"); the fencing token is taken meanwhile on another channel.
         jobs: list[Any] = [state.watch(watch_channel)]
         if fencing:
-            jobs.append(take_token(session, state.name))
+            jobs.append(_fence_token(state))
         results = await asyncio.gather(*jobs, return_exceptions=True)
         if isinstance(results[0], QueueNotFound):
             await state.abandon()
@@ -247,6 +251,32 @@ async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing:
             state._watch = watch_channel
         await asyncio.shield(state.abandon())
         raise
+
+
+#: How long a holder waits for the admin mutex to create a missing fence queue.
+FENCE_CREATE_TIMEOUT = 10.0
+
+
+async def _fence_token(state: LeaseState) -> int:
+    """Take a fencing token, creating the fence queue if the lock has none yet."""
+    session, name = state.session, state.name
+    if state.kind == "mutex" and fence_queue(name) not in session.fences_known:
+        # Holding mutex N is holding the lock's administration mutex: no other creator
+        # can race us, so the fence gets exactly one message.
+        await ensure_fence(session, name)
+        session.fences_known.add(fence_queue(name))
+    try:
+        return await take_token(session, name)
+    except QueueNotFound:
+        if state.kind == "mutex":
+            raise
+    # A semaphore whose fence is missing (made by another tool, or purged by hand).
+    from .mutex import held_mutex
+    from .waiting import Backoff
+
+    async with held_mutex(state.core, name, FENCE_CREATE_TIMEOUT, Backoff()):
+        await ensure_fence(session, name)
+    return await take_token(session, name)
 
 
 async def _close_quietly(channel: AbstractChannel) -> None:

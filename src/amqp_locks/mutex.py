@@ -16,10 +16,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from .errors import AdminLockTimeout, ResourceLocked
-from .fencing import ensure_fence
+from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
 from .lease import Lease, LeaseState, grant
-from .names import fence_queue, release_key, validate_name
+from .names import release_key, validate_name
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.session import Session
 from .waiting import Backoff, acquire_loop
@@ -46,6 +45,13 @@ async def try_mutex(
     try:
         granted = await grant(state, None, fencing=fencing)
     except ResourceLocked:
+        if await session.exists_passive(name):
+            # We may use it, so it is not another connection's exclusive queue.
+            raise PreconditionFailed(
+                f"queue {name!r} exists but is not exclusive, so it can never be locked; "
+                "delete it or choose another lock name",
+                name,
+            ) from None
         return None
     if not granted:  # deleted by someone between our declare and our consume
         return None
@@ -119,8 +125,6 @@ class Mutex:
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
         core = self.broker._core
-        if self.fencing:
-            await ensure_fence_cached(core, self.name, self.backoff)
         return await acquire_mutex(
             core,
             self.name,
@@ -132,15 +136,3 @@ class Mutex:
 
     def __repr__(self) -> str:
         return f"Mutex({self.name!r})"
-
-
-async def ensure_fence_cached(core: BrokerCore, name: str, backoff: Backoff) -> None:
-    """Make sure lock `name` has its fence queue (checked once per connection)."""
-    session = await core.session()
-    if fence_queue(name) in session.fences_known:
-        return
-    if not await session.exists_passive(fence_queue(name)):
-        # Creating the fence needs the lock's administration mutex, i.e. this very mutex.
-        async with held_mutex(core, name, 30.0, backoff):
-            await ensure_fence(session, name)
-    session.fences_known.add(fence_queue(name))

@@ -3,12 +3,14 @@ notice (push), re-check on a bounded back-off (crashed holders publish no notice
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ConnectionLost
 from .transport.broker import BrokerCore
 from .transport.session import Session
 
@@ -40,7 +42,7 @@ def check_timeout(timeout: float | None) -> float | None:
 async def acquire_loop(
     core: BrokerCore,
     key: str,
-    attempt: Callable[[Session], Awaitable[T | None]],
+    attempt: Callable[[Session], Coroutine[Any, Any, T | None]],
     *,
     blocking: bool,
     timeout: float | None,
@@ -55,20 +57,43 @@ async def acquire_loop(
     timeout = check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     session = await core.session()
-    granted = await attempt(session)
+    granted = await _within(attempt(session), deadline)
     if granted is not None or not blocking or timeout == 0:
         return granted
     delay = backoff.initial
     while True:
-        session = await core.session()
+        session = await core.session()  # a new one if the last was lost
         async with session.notices.subscribe(key) as sub:
             while session.alive:
                 sub.clear()
-                granted = await attempt(session)
+                try:
+                    granted = await _within(attempt(session), deadline)
+                except ConnectionLost:
+                    break  # reconnect and go on waiting
                 if granted is not None:
                     return granted
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
                 wait = delay if remaining is None else min(delay, remaining)
-                delay = backoff.initial if await sub.wait(wait) else min(delay * 2, backoff.maximum)
+                woken = await sub.wait(wait)
+                delay = backoff.initial if woken else min(delay * 2, backoff.maximum)
+
+
+async def _within(coro: Coroutine[Any, Any, T | None], deadline: float | None) -> T | None:
+    """Run one attempt, cancelling it at the deadline (its grant step undoes itself).
+
+    A grant that completes as the deadline passes is returned, never dropped: dropping it
+    would leave a held queue nobody releases.
+    """
+    if deadline is None:
+        return await coro
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
+    if not done:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if task.cancelled() or task.exception() is not None:
+            return None
+    return task.result()

@@ -210,6 +210,9 @@ class SemaphoreAdmin:
             if c == 0:
                 raise LockError(f"semaphore {self.name!r} does not exist; create() it first")
             await self._overshoot(session, c, self.overshoot)
+            # Re-declaring the top slot with our arguments refuses (406) to mix classic and
+            # quorum slots in one semaphore.
+            await self._declare_slots(session, [c])
             if c + count > MAX_SLOTS:
                 raise ConfigurationError(f"at most {MAX_SLOTS} slots, asked for {c + count}")
             await self._declare_slots(session, range(c + 1, c + count + 1))
@@ -232,7 +235,9 @@ class SemaphoreAdmin:
             c = await find_max(session, self.name)
             extra = await self._overshoot(session, c, self.overshoot)
             doomed = list(range(c, max(0, c - count), -1))
-            await self._delete_slots(session, sorted(doomed) if self.ascending else doomed)
+            if self.ascending:
+                doomed.reverse()
+            await self._delete_slots(session, doomed)
             held = await held_slots_among(session, self.name, doomed)
             if held and wait != 0:
                 held = await self._wait(session, held, wait)

@@ -28,7 +28,6 @@ from ..errors import (
     SemaphoreNotFound,
 )
 from ..lease import Lease, LeaseState, grant
-from ..mutex import ensure_fence_cached
 from ..names import holder_queue, release_key, slot_queue, validate_name
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
@@ -156,7 +155,6 @@ class PersistentSemaphore:
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
         core = self.broker._core
-        await ensure_fence_cached(core, self.name, self.backoff)
         return await acquire_loop(
             core,
             release_key(self.name, "semaphore"),

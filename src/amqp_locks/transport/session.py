@@ -98,6 +98,8 @@ class Session:
         self.lost_reason: str | None = None
         self.held: set[str] = set()
         self.fences_known: set[str] = set()
+        #: LeaseStates held through this session (released cleanly on Broker.close()).
+        self.leases: set[Any] = set()
         self.notices = NoticeHub(self)
         self._listeners: dict[int, LostCallback] = {}
         self._next_listener = 0
@@ -175,6 +177,11 @@ class Session:
         self.notices.wake_all()
 
     async def close(self) -> None:
+        """Release every lease cleanly (waiters get their notices), then close."""
+        if self.alive:
+            for lease in list(self.leases):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(lease.release(), 5.0)
         if self.lost_reason is None:
             self._lose(CLOSED_BY_CLIENT)
         for task in list(self._tasks):
@@ -217,9 +224,14 @@ class Session:
             ch = self._idle.pop() if self._idle else await self.open_channel()
         try:
             yield ch
-        finally:
+        except BaseException:
+            # Errors and cancellations may leave replies in flight on this channel
+            # (confirms of cancelled probes): never hand it to someone else.
             if not ch.is_closed and self.alive:
-                self._idle.append(ch)
+                self.spawn(_close_channel(ch))
+            raise
+        if not ch.is_closed and self.alive:
+            self._idle.append(ch)
 
     async def call(self, queue: str | None, op: Callable[[AbstractChannel], Any]) -> Any:
         """Run one RPC on a pooled channel, translating errors to typed ones."""
@@ -362,3 +374,8 @@ async def _probe_one_by_one(ch: AbstractChannel, queues: Sequence[str]) -> list[
         return True
 
     return list(await asyncio.gather(*(one(q) for q in queues)))
+
+
+async def _close_channel(ch: AbstractChannel) -> None:
+    with contextlib.suppress(Exception):
+        await ch.close()

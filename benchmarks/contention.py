@@ -11,8 +11,10 @@ the next grant of the same slot: the handoff is that grant's time minus the rele
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 import queue
+import re
 import statistics
 import time
 import traceback
@@ -28,6 +30,24 @@ from .stats import ms, summarize_reps
 
 #: (kind, slot, token, time): kind "A" = acquire returned, "R" = about to release.
 Event = tuple[str, int, int, float]
+
+
+class _WarningTally(logging.Handler):
+    """Counts the library's (and aiormq's) warnings in a worker, by message shape.
+
+    Under contention these are findings (connections lost, protocol errors); counting them
+    puts them in the report instead of scrolling past on stderr.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = re.sub(r"0x[0-9a-f]+", "0x..", record.getMessage().splitlines()[0])
+        text = re.sub(r"\d+(\.\d+)?", "N", text)[:160]
+        key = f"{record.name}: {text}"
+        self.counts[key] = self.counts.get(key, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -48,12 +68,14 @@ def _worker(
     start_at: Any,
     results: Any,
 ) -> None:
-    """One contender; sends (idx, events, error, cpu) to ``results`` whatever happens."""
-    # aiormq warns when an RPC is cancelled, which is what a timed-out acquire does.
-    logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
-    events: list[Event] = []
+    """One contender. Streams ("grant", idx, (acquired, released)) to ``results`` as it goes,
+    so a worker that hangs loses nothing already measured, and ends with
+    ("done", idx, error, cpu seconds, warning counts) whatever happens."""
+    warnings = _WarningTally()
+    logging.getLogger().addHandler(warnings)
     error: str | None = None
     cpu0 = time.process_time()
+    deadline = 0.0
     broker = Broker(url, connection_name=f"amqp-locks bench worker {idx}")
     try:
         broker.connect()
@@ -70,16 +92,23 @@ def _worker(
             lease = sem.acquire(timeout=remaining)
             if lease is None:
                 break
-            events.append(("A", lease.number, lease.fencing_token, time.monotonic()))
+            acquired = ("A", lease.number, lease.fencing_token, time.monotonic())
             if plan.hold:
                 time.sleep(plan.hold)
-            events.append(("R", lease.number, lease.fencing_token, time.monotonic()))
+            released = ("R", lease.number, lease.fencing_token, time.monotonic())
             lease.release()
-    except Exception:
-        error = traceback.format_exc()
+            results.put(("grant", idx, (acquired, released)))
+    except BaseException as exc:  # concurrent.futures.CancelledError is not an Exception
+        when = time.monotonic() - deadline if deadline else float("nan")
+        what = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        error = f"{what} (at {when:+.1f} s from the end of the run)"
     finally:
-        results.put((idx, events, error, time.process_time() - cpu0))
+        results.put(("done", idx, error, time.process_time() - cpu0, warnings.counts))
         broker.close()
+
+
+#: How long after the end of a run a worker may take to return from its last acquire.
+GRACE = 15.0
 
 
 def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
@@ -102,8 +131,10 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
         ]
         for p in procs:
             p.start()
-        per_worker: dict[int, list[Event]] = {}
+        per_worker: dict[int, list[Event]] = {i: [] for i in range(plan.processes)}
+        done: set[int] = set()
         worker_cpu = 0.0
+        warned: dict[str, int] = {}
         broker_cpu = float("nan")
         errors: list[str] = []
         meter = CpuMeter({"broker": broker_pid})
@@ -112,21 +143,38 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
             meter.start()
             start_at.value = time.monotonic() + 0.05
             go.set()
-            end = time.monotonic() + plan.seconds + 60
-            received = 0
-            while received < len(procs):
-                idx, events, error, cpu = results.get(timeout=max(1.0, end - time.monotonic()))
-                received += 1
+            end = start_at.value + plan.seconds
+            while len(done) < len(procs) and time.monotonic() < end + GRACE:
+                if math.isnan(broker_cpu) and time.monotonic() >= end:
+                    broker_cpu = meter.stop()["broker"]
+                try:
+                    msg = results.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                if msg[0] == "grant":
+                    per_worker[msg[1]].extend(msg[2])
+                    continue
+                _, idx, error, cpu, counts = msg
+                done.add(idx)
                 worker_cpu += cpu
-                per_worker[idx] = events  # what a failed worker did before failing counts
+                for text, n in counts.items():
+                    warned[text] = warned.get(text, 0) + n
                 if error:
-                    errors.append(f"worker {idx}: {error.strip().splitlines()[-1]}")
-            broker_cpu = meter.stop()["broker"]
-        except queue.Empty:
-            errors.append(f"{len(procs) - len(per_worker)} workers never reported")
+                    errors.append(f"worker {idx}: {error}")
+            if math.isnan(broker_cpu):
+                broker_cpu = meter.stop()["broker"]
+            for idx in sorted(set(range(plan.processes)) - done):
+                errors.append(
+                    f"worker {idx}: still inside acquire(timeout=...) {GRACE:.0f} s after the "
+                    "end of the run (terminated; its CPU time is not counted)"
+                )
         finally:
+            # Give the workers a few seconds to close their connections, then stop the
+            # stragglers; everything they measured is already here.
+            stop_by = time.monotonic() + 5.0
             for p in procs:
-                p.join(10)
+                p.join(max(0.1, stop_by - time.monotonic()))
+            for p in procs:
                 if p.is_alive():
                     p.terminate()
                     p.join(5)
@@ -137,6 +185,7 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
         "events": per_worker,
         "cpu": {"workers": worker_cpu, "broker": broker_cpu},
         "errors": errors,
+        "warnings": warned,
     }
 
 
@@ -174,6 +223,14 @@ def handoffs(per_worker: dict[int, list[Event]]) -> tuple[list[float], int]:
                 to_self += worker == pending[1]
                 pending = None
     return out, to_self
+
+
+def _merge(tallies: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for tally in tallies:
+        for msg, n in tally.items():
+            out[msg] = out.get(msg, 0) + n
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
@@ -236,5 +293,6 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
             "broker": ms(med(cpu_broker)) if cpu_broker else None,
         },
         "worker_errors": [e for run in runs for e in run.get("errors", [])],
+        "worker_warnings": _merge([run.get("warnings", {}) for run in runs]),
         "ms_per_grant_per_slot": ms(plan.slots / med(rates)) if med(rates) else None,
     }

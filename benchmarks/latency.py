@@ -39,14 +39,29 @@ def unique_name(kind: str) -> str:
     return f"bench-{kind}-{uuid.uuid4().hex[:8]}"
 
 
-def probes_sent(slot: int, capacity: int) -> int:
-    """Probes the ascending search publishes to find free ``slot``: whole windows go out."""
-    sent = 0
+def windows_sent(slot: int, capacity: int) -> list[range]:
+    """The windows the ascending search sends to find free ``slot``: whole windows go out
+    at once, so the last one may reach far beyond ``capacity``."""
+    sent: list[range] = []
     for window in windows():
-        sent += 2 * len(window)
+        sent.append(window)
         if slot in window or window.start > capacity:
             return sent
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def probed_slots(slot: int, capacity: int) -> range:
+    return range(1, windows_sent(slot, capacity)[-1].stop)
+
+
+def probes_sent(slot: int, capacity: int) -> int:
+    return 2 * len(probed_slots(slot, capacity))
+
+
+def held_probes(slot: int, capacity: int) -> int:
+    """Probes that hit a held slot's queues, i.e. are delivered to its holder's consumers."""
+    probed = probed_slots(slot, capacity)
+    return 2 * sum(1 for k in probed if k <= capacity and k != slot)
 
 
 @dataclass
@@ -275,14 +290,14 @@ def _search_cell(
     stats = summarize_reps(cell.samples)
     probes = probes_sent(free, capacity)
     cpu = {k: ms(v / cell.count) for k, v in cell.cpu.items()}
-    client_broker = cpu["client"] + cpu["broker"]
     return {
         "capacity": capacity,
         "slot": free,
         **stats,
         "probes_sent": probes,
+        "held_probes": held_probes(free, capacity),
+        "windows": [f"{w.start}-{w.stop - 1}" for w in windows_sent(free, capacity)],
         "cpu_per_acquire_ms": cpu,
-        "cpu_per_probe_us": round(1000 * client_broker / probes, 1),
         "setup_s": round(setup, 2),
         "samples_ms": [ms(x) for r in cell.samples for x in r],
     }
@@ -291,7 +306,7 @@ def _search_cell(
 def search_sweep(
     url: str,
     capacities: list[int],
-    budget_for: Callable[[int], Budget],
+    budget_for: Callable[[int, int], Budget],
     broker_pid: int | None,
     rtt_ms: float,
     log: Callable[[str], None],
@@ -308,7 +323,7 @@ def search_sweep(
             try:
                 for position, free in positions.items():
                     row = _search_cell(
-                        url, name, sem, capacity, free, budget_for(capacity), broker_pid
+                        url, name, sem, capacity, free, budget_for(capacity, free), broker_pid
                     )
                     row["free_slot"] = position
                     row["p50_x_rtt"] = round(row["p50_ms"] / rtt_ms, 1)
@@ -321,9 +336,20 @@ def search_sweep(
                 admin.destroy(purge_fence=True)
     # C=1 has one slot, first and last alike: it is the reference of both series.
     ref = next(r for r in rows if r["capacity"] == capacities[0])
+    ref_cpu = ref["cpu_per_acquire_ms"]["client"] + ref["cpu_per_acquire_ms"]["broker"]
     for r in rows:
         r["p50_x_c1"] = round(r["p50_ms"] / ref["p50_ms"], 1)
         r["p99_x_c1"] = round(r["p99_ms"] / ref["p99_ms"], 1)
+        # What each probe beyond C=1's 16 costs client + broker, and each held-slot probe
+        # costs the holders (their consumers receive and discard it).
+        cpu = r["cpu_per_acquire_ms"]
+        extra = r["probes_sent"] - ref["probes_sent"]
+        r["marginal_cpu_per_probe_us"] = (
+            round(1000 * (cpu["client"] + cpu["broker"] - ref_cpu) / extra, 1) if extra else None
+        )
+        r["holder_cpu_per_held_probe_us"] = (
+            round(1000 * cpu["holders"] / r["held_probes"], 1) if r["held_probes"] > 20 else None
+        )
     return rows
 
 

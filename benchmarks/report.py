@@ -32,6 +32,18 @@ def _f(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}f}"
 
 
+def _div(a: float, b: float | None) -> float:
+    """a / b, NaN when b is 0, None or NaN (e.g. no broker CPU for an external broker)."""
+    if b is None or b == 0 or math.isnan(b):
+        return math.nan
+    return a / b
+
+
+def _pct(a: float, b: float) -> str:
+    q = _div(a, b)
+    return "n/a" if math.isnan(q) else f"{q:.0%}"
+
+
 def _table(header: list[str], rows: list[list[str]], numeric: bool = True) -> str:
     """A markdown table; the first column left-aligned, the rest right if ``numeric``."""
     rest = "---:" if numeric else ":---"
@@ -142,6 +154,28 @@ def _plot_fairness(r: dict[str, Any], path: Path) -> None:
 # ------------------------------------------------------------------------------- doc
 
 
+def _errors_note(errors: list[str], warnings: dict[str, int]) -> str:
+    """Say plainly when workers failed or the library warned: those are findings."""
+    parts = []
+    if errors:
+        shown = "\n".join(f"- `{e[:200]}`" for e in errors[:5])
+        parts.append(
+            f"**{len(errors)} worker(s) failed**; the grants they made before failing are "
+            f"counted, nothing after. Errors (time relative to the end of the run):\n\n{shown}"
+        )
+    else:
+        parts.append("No worker failed.")
+    if warnings:
+        shown = "\n".join(f"| {n} | `{msg}` |" for msg, n in list(warnings.items())[:8])
+        parts.append(
+            "Warnings logged in the workers (numbers and addresses folded):\n\n"
+            f"| count | logger: message |\n|---:|:---|\n{shown}"
+        )
+    else:
+        parts.append("The workers logged no warnings.")
+    return "\n\n".join(parts)
+
+
 def _code_version(env: dict[str, Any]) -> str:
     """Which library code was measured: the repo's src/ (maybe modified) or a snapshot."""
     if not env.get("amqp_locks_from_repo", True):
@@ -225,7 +259,8 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
                 f"{s['p50_x_rtt']}x",
                 str(s["probes_sent"]),
                 f"{_f(cpu['client'])} / {_f(cpu['broker'])} / {_f(cpu['holders'])}",
-                _f(s["cpu_per_probe_us"], 0),
+                _f(s.get("marginal_cpu_per_probe_us"), 0),
+                _f(s.get("holder_cpu_per_held_probe_us"), 0),
                 f"{s['n']} ({s['reps']})",
             ]
         )
@@ -240,7 +275,8 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
             "p50 / RTT",
             "probes sent",
             "CPU ms client / broker / holders",
-            "CPU us per probe",
+            "client + broker CPU us per extra probe",
+            "holders CPU us per held-slot probe",
             "n (reps)",
         ],
         search_rows,
@@ -268,9 +304,8 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
             ["handoff p50 / broker round trip", f"{c['handoff']['p50_ms'] / rtt['p50_ms']:.1f}x"],
             ["handoffs measured", str(c["handoff"]["n"])],
             [
-                "worker errors (the run goes on without that worker)",
-                f"{len(c.get('worker_errors', []))}"
-                + "".join(f"<br>`{e[:120]}`" for e in c.get("worker_errors", [])[:3]),
+                "worker errors (listed below the table)",
+                str(len(c.get("worker_errors", []))),
             ],
             [
                 "CPU per grant: all workers / broker (ms)",
@@ -284,6 +319,7 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
     )
     sem_acq = uc["semaphore_c1"]["acquire"]
     mx_acq = uc["mutex"]["acquire"]
+    worst_cpu = worst["cpu_per_acquire_ms"]
     same_c = [s for s in r["search"] if s["capacity"] == worst["capacity"]]
     best = next((s for s in same_c if s["free_slot"] == "first"), worst)
 
@@ -352,7 +388,16 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
         "worst_p50": _f(worst["p50_ms"], 1),
         "worst_x_c1": f"{worst['p50_x_c1']}",
         "worst_probes": str(worst["probes_sent"]),
-        "worst_cpu_probe": _f(worst["cpu_per_probe_us"], 0),
+        "worst_windows": ", ".join(worst.get("windows", [])) or "n/a",
+        "errors_note": _errors_note(c.get("worker_errors", []), c.get("worker_warnings", {})),
+        "worst_cpu_probe": _f(worst.get("marginal_cpu_per_probe_us"), 0),
+        "worst_client_share": _pct(worst_cpu["client"], worst_cpu["client"] + worst_cpu["broker"]),
+        "worst_holders_ms": _f(worst_cpu["holders"], 0),
+        "worst_holder_probe": _f(worst.get("holder_cpu_per_held_probe_us"), 0),
+        "broker_cycle_cpu": _f(cpu_uc["broker"], 1),
+        "broker_ceiling": f"{env['nproc'] * 1000 / cpu_uc['broker']:.0f}"
+        if cpu_uc["broker"]
+        else "n/a",
         "procs": str(plan["processes"]),
         "slots": str(plan["slots"]),
         "seconds": f"{plan['seconds']:.0f}",

@@ -57,7 +57,7 @@ def _config(quick: bool) -> dict[str, Any]:
             "primitives": (30, 2),
             "uncontended": Budget(reps=3, max_samples=40, seconds=1.0),
             "capacities": [1, 10, 100],
-            "sweep": lambda c: Budget(reps=2, max_samples=20, seconds=0.5, warmup=1),
+            "sweep": lambda c, slot: Budget(reps=2, max_samples=20, seconds=0.5, warmup=1),
             "contention": contention.Plan(processes=16, slots=4, seconds=3.0, hold=0.0),
             "contention_runs": 1,
         }
@@ -67,10 +67,10 @@ def _config(quick: bool) -> dict[str, Any]:
         "primitives": (100, 3),
         "uncontended": Budget(reps=5, max_samples=200, seconds=1.5),
         "capacities": [1, 10, 100, 1000],
-        # A C=1000 worst-case acquire takes seconds: fewer, longer repetitions there.
-        "sweep": lambda c: (
+        # A worst-case acquire at C=1000 takes about a second: fewer, longer repetitions.
+        "sweep": lambda c, slot: (
             Budget(reps=5, max_samples=200, seconds=1.5, warmup=2)
-            if c < 1000
+            if slot < 1000
             else Budget(reps=3, max_samples=8, seconds=6.0, warmup=1)
         ),
         "contention": contention.Plan(processes=16, slots=4, seconds=10.0, hold=0.0),
@@ -200,7 +200,9 @@ def measure(url: str, pid_file: Path | None, quick: bool, command: str) -> dict[
     results["contention"] = contention.summarize(runs, plan)
     c = results["contention"]
     for err in c["worker_errors"]:
-        _log(f"  WARNING: {err}")
+        _log(f"  WORKER ERROR: {err}")
+    for msg, n in c["worker_warnings"].items():
+        _log(f"  library warning x{n}: {msg}")
     _log(
         f"  {c['acquisitions_per_s']:.0f} acquisitions/s, handoff p50="
         f"{c['handoff']['p50_ms']:.2f} ms p99={c['handoff']['p99_ms']:.2f} ms"

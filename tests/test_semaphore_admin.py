@@ -64,7 +64,7 @@ def test_create_max_add_remove_destroy(broker: Broker, name: str) -> None:
 
 def test_max_counts_past_the_first_window(broker: Broker, name: str) -> None:
     admin = SemaphoreAdmin(broker, name)
-    admin.create(75)  # windows of 8 and 64: the max lies in the third window
+    admin.create(75)  # windows of 8, 16, 32, 64: the max lies in the fourth window
     assert admin.max_slots() == 75
     admin.destroy()
 

@@ -38,6 +38,10 @@ log = logging.getLogger("amqp_locks.lease")
 
 LostCallback = Callable[["Lease"], Any]
 
+#: Seconds a watch consumer keeps one probe message unacked (see `LeaseState.watch`);
+#: far below RabbitMQ's default consumer_timeout of 30 minutes.
+PARK_REFRESH = 300.0
+
 
 @dataclass(eq=False)
 class LeaseState:
@@ -78,15 +82,28 @@ class LeaseState:
         ch.on_consumer_cancel_callbacks.add(self._on_cancel)
         ch.closing.add_done_callback(self._on_watch_closed)
 
-        async def discard(_: DeliveredMessage) -> None:
-            return None  # probes routed to a watched queue while we consume it
+        # Probes routed to a watched queue would be pushed to this consumer, costing the
+        # holder and the broker for every probe of every searcher. With prefetch 1 and
+        # the first delivery left unacked ("parked") the consumer is never ready, so
+        # later probes are dropped by `x-max-length: 0` instead. The parked message is
+        # acked every PARK_REFRESH seconds, well inside the broker's consumer_timeout.
+        await ch.basic_qos(prefetch_count=1)
+
+        async def park(message: DeliveredMessage) -> None:
+            tag = getattr(message.delivery, "delivery_tag", None)
+            if isinstance(tag, int):
+                asyncio.get_running_loop().call_later(PARK_REFRESH, self._unpark, ch, tag)
 
         for q in self.watch_queues:
             try:
-                ok = await ch.basic_consume(q, discard, no_ack=True)
+                ok = await ch.basic_consume(q, park, no_ack=False)
             except Exception as exc:
                 raise channel_error(exc, q) from exc
             self._tags[str(ok.consumer_tag)] = q
+
+    def _unpark(self, ch: AbstractChannel, tag: int) -> None:
+        if not ch.is_closed and not self.released:
+            self.session.spawn(_ack_quietly(ch, tag))
 
     def _on_cancel(self, frame: Basic.Cancel) -> None:
         queue = self._tags.get(str(frame.consumer_tag), "?")
@@ -277,6 +294,11 @@ async def _fence_token(state: LeaseState) -> int:
     async with held_mutex(state.core, name, FENCE_CREATE_TIMEOUT, Backoff()):
         await ensure_fence(session, name)
     return await take_token(session, name)
+
+
+async def _ack_quietly(ch: AbstractChannel, tag: int) -> None:
+    with contextlib.suppress(Exception):
+        await ch.basic_ack(tag)
 
 
 async def _close_quietly(channel: AbstractChannel) -> None:

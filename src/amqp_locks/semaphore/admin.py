@@ -34,7 +34,7 @@ from ..names import (
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, check_timeout
-from .client import windows
+from .client import first_window, windows
 
 log = logging.getLogger("amqp_locks.semaphore.admin")
 
@@ -61,11 +61,12 @@ def _count(x: int, what: str, minimum: int = 0) -> int:
 
 async def find_max(session: Session, name: str) -> int:
     """The highest k such that `A[1..k]` all route (0: no semaphore)."""
-    for window in windows():
+    for window in windows(first_window(session, name)):
         ks = list(window)
         found = await session.probe([slot_queue(name, k) for k in ks])
         for k, exists in zip(ks, found, strict=True):
             if not exists:
+                session.size_hints[name] = k - 1
                 return k - 1
     raise AssertionError("unreachable")  # pragma: no cover
 

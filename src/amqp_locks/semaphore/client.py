@@ -10,8 +10,9 @@ while the exclusive queue `B[k]` (`N-k-B`) exists. Acquire, as the seed lays it 
 
 Steps 1-4 run as *pipelined* probes: a window of `A` and `B` probes goes out at once and
 the answers are read in order, so a search over k slots costs one round trip per window
-(windows grow 8, 64, 512, ...), not 2k round trips. Step 7's verification is the consume on
-`A[L]` that also watches for the slot's removal (404 there: the slot vanished, undo, retry).
+(windows double, starting from the size last seen), not 2k round trips. Step 7's
+verification is the consume on `A[L]` that also watches for the slot's removal (404 there:
+the slot vanished, undo, retry).
 """
 
 from __future__ import annotations
@@ -38,17 +39,28 @@ log = logging.getLogger("amqp_locks.semaphore")
 #: `B` queues drop every probe message, like `A` queues.
 HOLDER_ARGS = {"x-max-length": 0}
 FIRST_WINDOW = 8
-WINDOW_GROWTH = 8
-MAX_WINDOW = 4096
+MAX_WINDOW = 2048
 
 
-def windows(start: int = 1) -> Iterator[range]:
-    """Slot ranges probed per round trip: [1..8], [9..72], [73..584], ..."""
-    size = FIRST_WINDOW
+def windows(first: int = FIRST_WINDOW) -> Iterator[range]:
+    """Slot ranges probed per round trip: [1..first], then windows doubling in size.
+
+    Doubling keeps the probes sent past the semaphore's end below the number needed
+    (a window of 8x growth probed 4,680 slots to find the end of a 1,000-slot semaphore).
+    ``first`` comes from the session's hint of the semaphore's size, so a client that has
+    seen the semaphore before covers it in one round trip.
+    """
+    start, size = 1, max(1, min(first, MAX_WINDOW))
     while True:
         yield range(start, start + size)
         start += size
-        size = min(size * WINDOW_GROWTH, MAX_WINDOW)
+        size = min(size * 2, MAX_WINDOW)
+
+
+def first_window(session: Session, name: str) -> int:
+    """Probe up to one past the last size seen (so the end shows in the same round trip)."""
+    hint = session.size_hints.get(name)
+    return FIRST_WINDOW if hint is None else max(FIRST_WINDOW, hint + 1)
 
 
 class _Race(Exception):
@@ -96,7 +108,7 @@ async def try_acquire(
     races = 0
     while True:
         try:
-            for window in windows():
+            for window in windows(first_window(session, name)):
                 ks = list(window)
                 found = await session.probe(
                     [slot_queue(name, k) for k in ks] + [holder_queue(name, k) for k in ks]
@@ -104,6 +116,7 @@ async def try_acquire(
                 a_exists, b_exists = found[: len(ks)], found[len(ks) :]
                 for i, k in enumerate(ks):
                     if not a_exists[i]:  # step 2
+                        session.size_hints[name] = k - 1
                         if k == 1:
                             raise SemaphoreNotFound(
                                 f"semaphore {name!r} has no slots ({slot_queue(name, 1)!r} does "

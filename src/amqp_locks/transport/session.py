@@ -98,6 +98,8 @@ class Session:
         self.lost_reason: str | None = None
         self.held: set[str] = set()
         self.fences_known: set[str] = set()
+        #: Last size seen per semaphore: where the next slot search's first window ends.
+        self.size_hints: dict[str, int] = {}
         #: LeaseStates held through this session (released cleanly on Broker.close()).
         self.leases: set[Any] = set()
         self.notices = NoticeHub(self)

@@ -56,6 +56,8 @@ class Plan:
     slots: int
     seconds: float
     hold: float  # seconds a worker holds each grant (0: release at once)
+    #: How long after the end of a run a worker may take to return from its last acquire.
+    grace: float = 15.0
 
 
 def _worker(
@@ -103,12 +105,10 @@ def _worker(
         what = traceback.format_exception_only(type(exc), exc)[-1].strip()
         error = f"{what} (at {when:+.1f} s from the end of the run)"
     finally:
-        results.put(("done", idx, error, time.process_time() - cpu0, warnings.counts))
+        # How late the last acquire(timeout=...) returned after the run's end (its timeout).
+        late = time.monotonic() - deadline if deadline else float("nan")
+        results.put(("done", idx, error, time.process_time() - cpu0, warnings.counts, late))
         broker.close()
-
-
-#: How long after the end of a run a worker may take to return from its last acquire.
-GRACE = 15.0
 
 
 def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
@@ -135,6 +135,7 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
         done: set[int] = set()
         worker_cpu = 0.0
         warned: dict[str, int] = {}
+        overruns: list[float] = []
         broker_cpu = float("nan")
         errors: list[str] = []
         meter = CpuMeter({"broker": broker_pid})
@@ -144,7 +145,7 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
             start_at.value = time.monotonic() + 0.05
             go.set()
             end = start_at.value + plan.seconds
-            while len(done) < len(procs) and time.monotonic() < end + GRACE:
+            while len(done) < len(procs) and time.monotonic() < end + plan.grace:
                 if math.isnan(broker_cpu) and time.monotonic() >= end:
                     broker_cpu = meter.stop()["broker"]
                 try:
@@ -154,8 +155,9 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
                 if msg[0] == "grant":
                     per_worker[msg[1]].extend(msg[2])
                     continue
-                _, idx, error, cpu, counts = msg
+                _, idx, error, cpu, counts, late = msg
                 done.add(idx)
+                overruns.append(late)
                 worker_cpu += cpu
                 for text, n in counts.items():
                     warned[text] = warned.get(text, 0) + n
@@ -164,8 +166,9 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
             if math.isnan(broker_cpu):
                 broker_cpu = meter.stop()["broker"]
             for idx in sorted(set(range(plan.processes)) - done):
+                overruns.append(math.inf)
                 errors.append(
-                    f"worker {idx}: still inside acquire(timeout=...) {GRACE:.0f} s after the "
+                    f"worker {idx}: still inside acquire(timeout=...) {plan.grace:.0f} s after the "
                     "end of the run (terminated; its CPU time is not counted)"
                 )
         finally:
@@ -186,6 +189,7 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
         "cpu": {"workers": worker_cpu, "broker": broker_cpu},
         "errors": errors,
         "warnings": warned,
+        "timeout_overruns": overruns,
     }
 
 
@@ -223,6 +227,18 @@ def handoffs(per_worker: dict[int, list[Event]]) -> tuple[list[float], int]:
                 to_self += worker == pending[1]
                 pending = None
     return out, to_self
+
+
+def _overrun(lates: list[float]) -> dict[str, Any]:
+    """How late workers' final ``acquire(timeout=...)`` returned after the timeout."""
+    finite = [x for x in lates if math.isfinite(x)]
+    return {
+        "workers": len(lates),
+        "p50_ms": ms(statistics.median(finite)) if finite else None,
+        "max_ms": ms(max(finite)) if finite else None,
+        "over_1s": sum(1 for x in lates if x > 1.0),
+        "never_returned": sum(1 for x in lates if math.isinf(x)),
+    }
 
 
 def _merge(tallies: list[dict[str, int]]) -> dict[str, int]:
@@ -275,6 +291,7 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
             "slots": plan.slots,
             "seconds": plan.seconds,
             "hold_ms": plan.hold * 1000,
+            "grace_s": plan.grace,
         },
         "runs": len(runs),
         "acquisitions_per_s": round(med(rates), 1),
@@ -294,5 +311,6 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
         },
         "worker_errors": [e for run in runs for e in run.get("errors", [])],
         "worker_warnings": _merge([run.get("warnings", {}) for run in runs]),
+        "timeout_overrun": _overrun([x for run in runs for x in run.get("timeout_overruns", [])]),
         "ms_per_grant_per_slot": ms(plan.slots / med(rates)) if med(rates) else None,
     }

@@ -154,6 +154,73 @@ def _plot_fairness(r: dict[str, Any], path: Path) -> None:
 # ------------------------------------------------------------------------------- doc
 
 
+def _search_notes(rows: list[dict[str, Any]], worst: dict[str, Any], best: dict[str, Any]) -> str:
+    """Bullets explaining the sweep, chosen by what the data shows (the window policy is
+    the library's and changes; the text must follow it)."""
+    c = worst["capacity"]
+    existing = 2 * c
+    sent = worst["probes_sent"]
+    slots = ", ".join(str(n // 2) for n in worst.get("windows", []))
+    first = (
+        f"- **Probes sent.** To reach slot {c} the client sent {sent} probes (windows of "
+        f"{slots} slots) to the {existing} `A`/`B` queues that exist. "
+    )
+    if sent > 1.2 * existing:
+        first += (
+            "Windows go out whole, so the last one reaches far past the end of the "
+            "semaphore; capping windows at the size last seen would send "
+            f"{sent / existing:.1f}x fewer probes here."
+        )
+    else:
+        first += "The window policy keeps the probes past the end of the semaphore few."
+    cpu = worst["cpu_per_acquire_ms"]
+    per_probe = worst.get("holder_cpu_per_held_probe_us")
+    if per_probe is not None and per_probe >= 10:
+        holders = (
+            "- **Held slots cost their holders CPU.** A holder consumes from its `A[k]` and "
+            "`B[k]` to notice their deletion, so probes of a held slot are delivered to that "
+            f"holder and discarded there: {_f(per_probe, 0)} us of holder CPU per such probe, "
+            f"{_f(cpu['holders'], 0)} ms across the holders for one worst-case acquire at "
+            f"C = {c}. Searching is not free for the processes that already hold their slot."
+        )
+    else:
+        holders = (
+            f"- **Holders are barely touched.** The {worst['held_probes']} probes of held "
+            f"slots cost the holders {_f(cpu['holders'], 1)} ms of CPU in all per worst-case "
+            f"acquire at C = {c}, although each holder consumes from its `A[k]` and `B[k]`."
+        )
+    ref = rows[0]
+    if best is worst:
+        last = "- Only the worst case was measured at this C."
+    elif best["probes_sent"] > 4 * ref["probes_sent"]:
+        last = (
+            f"- **Free slot first.** Even when slot 1 is free, the client sent "
+            f"{best['probes_sent']} probes at C = {c} (windows of "
+            f"{', '.join(str(n // 2) for n in best.get('windows', []))} slots): its first "
+            "window covers the whole semaphore as last seen. One round trip, but "
+            f"{_f(best['p50_ms'])} ms at p50 against {_f(ref['p50_ms'])} ms at C = 1."
+        )
+    else:
+        last = (
+            f"- **Free slot first.** One window ({best['probes_sent']} probes) finds it "
+            f"whatever C is: {_f(best['p50_ms'])} ms at p50 at C = {c}, against "
+            f"{_f(ref['p50_ms'])} ms at C = 1."
+        )
+    return "\n".join([first, holders, last])
+
+
+def _overrun_row(o: dict[str, Any] | None, grace: float) -> list[str]:
+    label = "last `acquire(timeout=...)` of each worker: returned after its timeout by"
+    if not o:
+        return [label, "n/a"]
+    return [
+        label,
+        f"p50 {_f(o['p50_ms'], 1)} ms, max {_f(o['max_ms'], 0)} ms; "
+        f"{o['over_1s']} of {o['workers']} more than 1 s late, "
+        f"{o['never_returned']} not within {grace:.0f} s",
+    ]
+
+
 def _errors_note(errors: list[str], warnings: dict[str, int]) -> str:
     """Say plainly when workers failed or the library warned: those are findings."""
     parts = []
@@ -303,6 +370,7 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
             ],
             ["handoff p50 / broker round trip", f"{c['handoff']['p50_ms'] / rtt['p50_ms']:.1f}x"],
             ["handoffs measured", str(c["handoff"]["n"])],
+            _overrun_row(c.get("timeout_overrun"), plan.get("grace_s", 15.0)),
             [
                 "worker errors (listed below the table)",
                 str(len(c.get("worker_errors", []))),
@@ -355,8 +423,6 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
         "headline_table": headline,
         "holders_kind": r.get("search_holders", "leases"),
         "nproc": str(env["nproc"]),
-        "worst_existing": str(2 * worst["capacity"]),
-        "worst_overshoot": f"{worst['probes_sent'] / (2 * worst['capacity']):.1f}",
         "handoff_x_rtt": f"{c['handoff']['p50_ms'] / rtt['p50_ms']:.0f}",
         "grant_cpu": _f(grant_cpu, 1),
         "cycle_cpu": _f(cycle_cpu, 1),
@@ -388,7 +454,8 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
         "worst_p50": _f(worst["p50_ms"], 1),
         "worst_x_c1": f"{worst['p50_x_c1']}",
         "worst_probes": str(worst["probes_sent"]),
-        "worst_windows": ", ".join(worst.get("windows", [])) or "n/a",
+        "worst_rts": _f(worst.get("probe_round_trips"), 0),
+        "search_notes": _search_notes(r["search"], worst, best),
         "errors_note": _errors_note(c.get("worker_errors", []), c.get("worker_warnings", {})),
         "worst_cpu_probe": _f(worst.get("marginal_cpu_per_probe_us"), 0),
         "worst_client_share": _pct(worst_cpu["client"], worst_cpu["client"] + worst_cpu["broker"]),
@@ -406,6 +473,8 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
         "handoff_p50": _f(c["handoff"]["p50_ms"]),
         "handoff_p99": _f(c["handoff"]["p99_ms"]),
         "self_share": f"{c['handoff_to_releaser_share']:.0%}",
+        "contenders": str(plan["processes"] - plan["slots"] + 1),
+        "fair_share": f"{1 / (plan['processes'] - plan['slots'] + 1):.0%}",
         "jain": f"{g['jain']:.3f}",
     }
 

@@ -52,13 +52,13 @@ def _config(quick: bool) -> dict[str, Any]:
     """Sample counts and time caps: full stays under ~5 min on 2 cores, quick under 60 s."""
     if quick:
         return {
-            "loopback": (300, 3),
-            "broker_rtt": (200, 3),
-            "primitives": (30, 2),
-            "uncontended": Budget(reps=3, max_samples=40, seconds=1.0),
+            "loopback": (300, 2),
+            "broker_rtt": (200, 2),
+            "primitives": (20, 2),
+            "uncontended": Budget(reps=2, max_samples=30, seconds=0.75),
             "capacities": [1, 10, 100],
-            "sweep": lambda c, slot: Budget(reps=2, max_samples=20, seconds=0.5, warmup=1),
-            "contention": contention.Plan(processes=16, slots=4, seconds=3.0, hold=0.0),
+            "sweep": lambda c, slot: Budget(reps=2, max_samples=15, seconds=0.4, warmup=1),
+            "contention": contention.Plan(processes=16, slots=4, seconds=3.0, hold=0.0, grace=5.0),
             "contention_runs": 1,
         }
     return {

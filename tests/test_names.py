@@ -13,10 +13,10 @@ from amqp_locks.names import (
     check_slot_number,
     fence_queue,
     holder_queue,
-    release_key,
     slot_queue,
     token_queue,
     validate_name,
+    wakeup_queue,
 )
 
 
@@ -29,7 +29,17 @@ def test_queue_names_follow_the_seed() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["", "images-1-A", "images-12-B", "x-fence", "db.semaphore", "amq.foo", "a\nb", "a\x00"],
+    [
+        "",
+        "images-1-A",
+        "images-12-B",
+        "x-fence",
+        "x-sem-waiters",
+        "db.semaphore",
+        "amq.foo",
+        "a\nb",
+        "a\x00",
+    ],
 )
 def test_refuses_names_that_could_collide_or_are_invalid(bad: str) -> None:
     with pytest.raises(InvalidName):
@@ -42,7 +52,7 @@ def test_refuses_non_str() -> None:
 
 
 def test_length_limit_counts_utf8_bytes_once_suffixed() -> None:
-    budget = MAX_QUEUE_NAME_BYTES - len(f"-{'9' * MAX_SLOT_DIGITS}-A")
+    budget = MAX_QUEUE_NAME_BYTES - len("-mutex-waiters")
     assert validate_name("x" * budget)
     with pytest.raises(InvalidName, match="bytes"):
         validate_name("x" * (budget + 1))
@@ -50,7 +60,7 @@ def test_length_limit_counts_utf8_bytes_once_suffixed() -> None:
     with pytest.raises(InvalidName):
         validate_name("€" * (budget // 3 + 1))
     longest = slot_queue("x" * budget, 10**MAX_SLOT_DIGITS - 1)
-    assert len(longest.encode()) == MAX_QUEUE_NAME_BYTES
+    assert len(longest.encode()) <= MAX_QUEUE_NAME_BYTES
 
 
 @pytest.mark.parametrize("k", [0, -1, 10**MAX_SLOT_DIGITS, True, 1.0])
@@ -59,10 +69,12 @@ def test_slot_numbers_are_checked(k: object) -> None:
         check_slot_number(k)  # type: ignore[arg-type]
 
 
-def test_release_keys_fit_and_differ_by_kind() -> None:
-    long = "n" * 240
-    assert len(release_key(long, "semaphore").encode()) <= MAX_QUEUE_NAME_BYTES
-    assert release_key("a", "mutex") != release_key("a", "semaphore")
+def test_wakeup_queues_fit_and_differ_by_kind() -> None:
+    budget = MAX_QUEUE_NAME_BYTES - len("-mutex-waiters")
+    longest = "n" * budget
+    assert validate_name(longest)
+    assert len(wakeup_queue(longest, "mutex").encode()) == MAX_QUEUE_NAME_BYTES
+    assert wakeup_queue("a", "mutex") != wakeup_queue("a", "sem")
 
 
 names = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=40)
@@ -70,6 +82,7 @@ names = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_s
 
 def _queues(name: str) -> set[str]:
     qs = {name, fence_queue(name), token_queue(name)}
+    qs |= {wakeup_queue(name, "sem"), wakeup_queue(name, "mutex")}
     for k in (1, 2, 10, 99):
         qs |= {slot_queue(name, k), holder_queue(name, k)}
     return qs

@@ -199,7 +199,7 @@ class LeaseState:
             session.held.discard(self.held_queue)
             if watch is not None and not watch.is_closed:
                 session.spawn(_close_quietly(watch))
-        session.publish_soon("amq.direct", self.notice_key)
+        session.notify_soon(self.notice_key)
         log.debug(
             "released %s %d of %r after %.3fs",
             self.kind,

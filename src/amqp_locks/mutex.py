@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
 from .lease import Lease, LeaseState, grant
-from .names import release_key, validate_name
+from .names import validate_name, wakeup_queue
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.session import Session
 from .waiting import Backoff, acquire_loop
@@ -40,7 +40,7 @@ async def try_mutex(
         held_queue=name,
         watch_queues=(name,),
         must_exist=(),
-        notice_key=release_key(name, "mutex"),
+        notice_key=wakeup_queue(name, "mutex"),
     )
     try:
         granted = await grant(state, None, fencing=fencing)
@@ -69,7 +69,7 @@ async def acquire_mutex(
 ) -> LeaseState | None:
     return await acquire_loop(
         core,
-        release_key(name, "mutex"),
+        wakeup_queue(name, "mutex"),
         lambda s: try_mutex(core, s, name, fencing=fencing),
         blocking=blocking,
         timeout=timeout,

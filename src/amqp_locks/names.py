@@ -1,13 +1,13 @@
 """Queue names of every lock, and the validation that keeps locks from colliding.
 
 A persistent semaphore `N` owns the queues `N` (admin mutex), `N-k-A` (slots), `N-k-B`
-(holders) and `N-fence` (fencing counter); a token semaphore owns `N.semaphore`. A name that
+(holders), `N-fence` (fencing counter) and the wake-up queues `N-sem-waiters` and
+`N-mutex-waiters`; a token semaphore owns `N.semaphore`. A name that
 ends like one of those suffixes could alias another lock's queue, so it is refused.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from .errors import ConfigurationError, InvalidName
@@ -15,9 +15,9 @@ from .errors import ConfigurationError, InvalidName
 MAX_QUEUE_NAME_BYTES = 255
 #: The largest slot number whose queue names we promise to fit (`N-1000000-A`).
 MAX_SLOT_DIGITS = 7
-_LONGEST_SUFFIX = len("-") + MAX_SLOT_DIGITS + len("-A")
+_LONGEST_SUFFIX = max(len("-") + MAX_SLOT_DIGITS + len("-A"), len("-mutex-waiters"))
 
-_RESERVED = re.compile(r"(-\d+-[AB]|-fence|\.semaphore)$")
+_RESERVED = re.compile(r"(-\d+-[AB]|-fence|-waiters|\.semaphore)$")
 
 
 def validate_name(name: str) -> str:
@@ -66,13 +66,9 @@ def token_queue(name: str) -> str:
     return f"{name}.semaphore"
 
 
-def release_key(name: str, kind: str) -> str:
-    """Routing key on `amq.direct` of the notice published when lock `name` of `kind`
-    ("semaphore", "mutex", "token") frees a slot; hashed when it would exceed 255 bytes."""
-    key = f"amqp-locks.{kind}.released.{name}"
-    if len(key.encode("utf-8")) <= MAX_QUEUE_NAME_BYTES:
-        return key
-    return f"amqp-locks.{kind}.released.sha1." + hashlib.sha1(name.encode("utf-8")).hexdigest()
+def wakeup_queue(name: str, kind: str) -> str:
+    """The queue whose notices wake one waiter of lock `name` ("sem" or "mutex")."""
+    return f"{name}-{kind}-waiters"
 
 
 def check_slot_number(k: int) -> int:

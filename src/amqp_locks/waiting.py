@@ -1,5 +1,6 @@
 """The waiting loop shared by every lock that is acquired by trying: wake on a release
-notice (push), re-check on a bounded back-off (crashed holders publish no notice)."""
+notice (push, one waiter per freed slot), re-check on a bounded back-off (crashed holders
+publish no notice)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 from .errors import ConfigurationError, ConnectionLost
 from .transport.broker import BrokerCore
 from .transport.session import Session
+from .transport.wakeups import subscribe
 
 T = TypeVar("T")
 
@@ -41,7 +43,7 @@ def check_timeout(timeout: float | None) -> float | None:
 
 async def acquire_loop(
     core: BrokerCore,
-    key: str,
+    wakeups: str,
     attempt: Callable[[Session], Coroutine[Any, Any, T | None]],
     *,
     blocking: bool,
@@ -50,8 +52,8 @@ async def acquire_loop(
 ) -> T | None:
     """Call `attempt` until it returns a grant, the timeout passes, or (non-blocking) once.
 
-    Waiters bind to the lock's release key *before* re-trying, so a release between the
-    failed try and the wait still wakes them. A lost connection is re-opened and waiting
+    Waiters subscribe to the lock's wake-up queue *before* re-trying, so a release between
+    the failed try and the wait still wakes one of them. A lost connection is re-opened and waiting
     goes on; a broker that stays unreachable raises.
     """
     timeout = check_timeout(timeout)
@@ -63,13 +65,14 @@ async def acquire_loop(
     delay = backoff.initial
     while True:
         session = await core.session()  # a new one if the last was lost
-        async with session.notices.subscribe(key) as sub:
+        async with subscribe(session, wakeups) as sub:
             while session.alive:
-                sub.clear()
+                notice = sub.take()
                 try:
                     granted = await _within(attempt(session), deadline)
                 except ConnectionLost:
                     break  # reconnect and go on waiting
+                await sub.answered(notice)
                 if granted is not None:
                     return granted
                 remaining = None if deadline is None else deadline - time.monotonic()

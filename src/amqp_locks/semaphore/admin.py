@@ -27,9 +27,9 @@ from ..names import (
     MAX_SLOT_DIGITS,
     fence_queue,
     holder_queue,
-    release_key,
     slot_queue,
     validate_name,
+    wakeup_queue,
 )
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
@@ -149,8 +149,8 @@ class SemaphoreAdmin:
         for k in ks:
             await session.declare(slot_queue(self.name, k), durable=True, arguments=args)
 
-    def _notify(self, session: Session) -> None:
-        session.publish_soon("amq.direct", release_key(self.name, "semaphore"))
+    def _notify(self, session: Session, slots: int) -> None:
+        session.notify_soon(wakeup_queue(self.name, "sem"), copies=min(slots, 64))
 
     # --- the seed's actions -------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class SemaphoreAdmin:
             await self._overshoot(session, slots, self.overshoot)
             await ensure_fence(session, self.name)
             session.fences_known.add(fence_queue(self.name))
-            self._notify(session)
+            self._notify(session, slots)
             log.info("created semaphore %r with %d slots", self.name, slots)
             return slots
 
@@ -217,7 +217,7 @@ class SemaphoreAdmin:
             if c + count > MAX_SLOTS:
                 raise ConfigurationError(f"at most {MAX_SLOTS} slots, asked for {c + count}")
             await self._declare_slots(session, range(c + 1, c + count + 1))
-            self._notify(session)
+            self._notify(session, count)
             log.info("added %d slots to %r: now %d", count, self.name, c + count)
             return c + count
 

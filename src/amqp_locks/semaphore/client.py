@@ -29,7 +29,7 @@ from ..errors import (
     SemaphoreNotFound,
 )
 from ..lease import Lease, LeaseState, grant
-from ..names import holder_queue, release_key, slot_queue, validate_name
+from ..names import holder_queue, slot_queue, validate_name, wakeup_queue
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, acquire_loop
@@ -84,7 +84,7 @@ async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> Lease
         held_queue=b,
         watch_queues=(a, b),
         must_exist=(a,),
-        notice_key=release_key(name, "semaphore"),
+        notice_key=wakeup_queue(name, "sem"),
     )
     try:
         granted = await grant(state, HOLDER_ARGS, fencing=True)
@@ -170,7 +170,7 @@ class PersistentSemaphore:
         core = self.broker._core
         return await acquire_loop(
             core,
-            release_key(self.name, "semaphore"),
+            wakeup_queue(self.name, "sem"),
             lambda s: try_acquire(
                 core, s, self.name, max_races=self.max_races, race_skew=self.race_skew
             ),

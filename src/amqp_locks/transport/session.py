@@ -25,7 +25,6 @@ from yarl import URL
 
 from ..errors import AmqpLocksError, ConnectionLost, QueueNotFound, ResourceLocked
 from .errors import censor, channel_error, connect_error
-from .notices import NoticeHub
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -102,7 +101,8 @@ class Session:
         self.size_hints: dict[str, int] = {}
         #: LeaseStates held through this session (released cleanly on Broker.close()).
         self.leases: set[Any] = set()
-        self.notices = NoticeHub(self)
+        #: Waiters sleeping on wake-up queues (woken when the session dies).
+        self.waiters: set[Any] = set()
         self._listeners: dict[int, LostCallback] = {}
         self._next_listener = 0
         self._idle: list[AbstractChannel] = []
@@ -176,7 +176,8 @@ class Session:
                 cb(reason)
             except Exception:
                 log.exception("lost-listener failed")
-        self.notices.wake_all()
+        for waiter in list(self.waiters):
+            waiter.event.set()
 
     async def close(self) -> None:
         """Release every lease cleanly (waiters get their notices), then close."""
@@ -307,12 +308,16 @@ class Session:
             lambda ch: ch.basic_publish(body, exchange=exchange, routing_key=routing_key),
         )
 
-    def publish_soon(self, exchange: str, routing_key: str) -> None:
-        """Fire-and-forget publish: a lost notice only costs a waiter one poll interval."""
+    def notify_soon(self, wakeup_queue: str, copies: int = 1) -> None:
+        """Fire-and-forget wake-up notices (one per freed slot) to a lock's wake-up queue.
+
+        Nobody waiting means no queue, and the notice is simply dropped; a lost notice
+        costs a waiter at most one back-off interval.
+        """
 
         async def go() -> None:
             with contextlib.suppress(AmqpLocksError):
-                await self.publish(exchange, routing_key)
+                await asyncio.gather(*(self.publish("", wakeup_queue) for _ in range(copies)))
 
         if self.alive:
             self.spawn(go())

@@ -1,0 +1,104 @@
+"""Push wake-ups that hand a freed slot to *one* waiter, not to all of them.
+
+Every lock has a wake-up queue (`N-sem-waiters`, `N-mutex-waiters`): non-durable,
+auto-deleted when its last waiter leaves, expiring if nobody ever consumed it. A holder that
+releases cleanly publishes one notice to it. Each waiting process consumes it with
+prefetch 1 and manual ack, so the broker hands each notice to exactly one waiter (round
+robin): that waiter retries at once and acks the notice after its attempt; the others keep
+sleeping. A waiter that leaves with a notice in hand (it timed out, or got a slot anyway)
+closes its channel and the broker gives the notice to the next waiter. A crashed holder
+publishes nothing: waiters also re-check on a bounded back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from aiormq.abc import AbstractChannel, DeliveredMessage
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger("amqp_locks.transport")
+
+#: Arguments every waiter declares the wake-up queue with (they must agree: 406 otherwise).
+#: A queue declared but never consumed (waiter crashed in between) expires after 10 min.
+WAKEUP_ARGS: dict[str, Any] = {"x-expires": 600_000}
+
+
+class Waiter:
+    """One waiting acquire's subscription to its lock's wake-up queue."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self._channel: AbstractChannel | None = None
+        self._tag: int | None = None
+        #: True once the broker confirmed our consumer (tests and status tools read it).
+        self.ready = False
+
+    async def _on_notice(self, message: DeliveredMessage) -> None:
+        tag = getattr(message.delivery, "delivery_tag", None)
+        if isinstance(tag, int):
+            self._tag = tag
+        self.event.set()
+
+    def take(self) -> int | None:
+        """Before an attempt: the notice (if any) this attempt answers."""
+        self.event.clear()
+        tag, self._tag = self._tag, None
+        return tag
+
+    async def answered(self, tag: int | None) -> None:
+        """After the attempt: ack the notice so the next one can be delivered to us."""
+        ch = self._channel
+        if tag is not None and ch is not None and not ch.is_closed:
+            with contextlib.suppress(Exception):
+                await ch.basic_ack(tag)
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Sleep until a notice (True) or the timeout (False)."""
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+@contextlib.asynccontextmanager
+async def subscribe(session: Session, queue: str) -> AsyncIterator[Waiter]:
+    """Consume `queue` for the duration of the block; degrade to polling if we cannot."""
+    waiter = Waiter()
+    session.waiters.add(waiter)
+    try:
+        try:
+            ch = await session.open_channel()
+            waiter._channel = ch
+            await ch.basic_qos(prefetch_count=1)
+            for _ in range(3):  # the last waiter leaving may auto-delete it in between
+                await ch.queue_declare(queue, auto_delete=True, arguments=WAKEUP_ARGS)
+                try:
+                    await ch.basic_consume(queue, waiter._on_notice, no_ack=False)
+                    waiter.ready = True
+                    break
+                except Exception:
+                    if ch.is_closed:
+                        ch = await session.open_channel()
+                        waiter._channel = ch
+                        await ch.basic_qos(prefetch_count=1)
+        except Exception as exc:
+            log.debug("no wake-ups from %r (%s); polling only", queue, exc)
+        yield waiter
+    finally:
+        session.waiters.discard(waiter)
+        if waiter._channel is not None and not waiter._channel.is_closed:
+            # Closing returns an unanswered notice to the queue, for the next waiter.
+            session.spawn(_close(waiter._channel))
+
+
+async def _close(ch: AbstractChannel) -> None:
+    with contextlib.suppress(Exception):
+        await ch.close()

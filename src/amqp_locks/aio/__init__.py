@@ -17,7 +17,7 @@ from .. import mutex as _mutex
 from ..lease import LeaseState
 from ..semaphore import admin as _admin
 from ..semaphore import client as _client
-from ..transport.broker import BrokerCore
+from ..transport.broker import BrokerBase
 from ..waiting import Backoff
 
 T = TypeVar("T")
@@ -25,25 +25,8 @@ T = TypeVar("T")
 __all__ = ["Broker", "Lease", "Mutex", "PersistentSemaphore", "SemaphoreAdmin"]
 
 
-class Broker:
+class Broker(BrokerBase):
     """asyncio twin of :class:`amqp_locks.Broker` (same arguments)."""
-
-    def __init__(
-        self,
-        url: str | None = None,
-        heartbeat: float = 10.0,
-        *,
-        loss_timeout: float | None = None,
-        connect_timeout: float = 10.0,
-        connection_name: str | None = None,
-    ) -> None:
-        self._core = BrokerCore(
-            url,
-            heartbeat=heartbeat,
-            loss_timeout=loss_timeout,
-            connect_timeout=connect_timeout,
-            connection_name=connection_name,
-        )
 
     async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return await asyncio.wrap_future(self._core.submit(coro))

@@ -158,13 +158,8 @@ class BrokerLike(Protocol):
     _core: BrokerCore
 
 
-class Broker:
-    """A connection to RabbitMQ, owned by a private I/O thread. Thread-safe.
-
-    ``url`` defaults to ``$AMQP_URL``, then to the private development node. ``heartbeat``
-    (seconds) bounds how long a dead peer goes unnoticed; leases are marked lost after
-    ``loss_timeout`` (default: one heartbeat period) without a frame from the broker.
-    """
+class BrokerBase:
+    """What both facades share: the arguments, and the core they drive."""
 
     def __init__(
         self,
@@ -191,6 +186,18 @@ class Broker:
     @property
     def heartbeat(self) -> float:
         return self._core.heartbeat
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, heartbeat={self.heartbeat})"
+
+
+class Broker(BrokerBase):
+    """A connection to RabbitMQ, owned by a private I/O thread. Thread-safe.
+
+    ``url`` defaults to ``$AMQP_URL``, then to the private development node. ``heartbeat``
+    (seconds) bounds how long a dead peer goes unnoticed; leases are marked lost after
+    ``loss_timeout`` (default: one heartbeat period) without a frame from the broker.
+    """
 
     def connect(self) -> Broker:
         """Open the connection now (it otherwise opens on first use); raises typed errors."""
@@ -219,6 +226,3 @@ class Broker:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"Broker({self.url!r}, heartbeat={self.heartbeat})"

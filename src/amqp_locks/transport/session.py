@@ -289,17 +289,8 @@ class Session:
         """
         if not queues:
             return []
-        async with self.channel() as ch:
-            try:
-                return await _bulk_probe(ch, queues)
-            except AmqpLocksError:
-                raise
-            except _CHANNEL_ERRORS as exc:
-                if not self.alive:
-                    raise ConnectionLost(
-                        f"connection to {censor(self.url)} lost: {self.lost_reason}"
-                    ) from exc
-                raise channel_error(exc) from exc
+        found: list[bool] = await self.call(None, lambda ch: _bulk_probe(ch, queues))
+        return found
 
     async def publish(self, exchange: str, routing_key: str, body: bytes = b"") -> None:
         """Publish with confirm (used for notices)."""

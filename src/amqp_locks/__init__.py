@@ -25,6 +25,7 @@ from .errors import (
 from .lease import Lease
 from .mutex import Mutex
 from .semaphore import PersistentSemaphore, Removal, SemaphoreAdmin
+from .tokens import Audit, TokenSemaphore, TokenSemaphoreNotFound, TokenStatus
 from .transport import Broker
 from .waiting import Backoff
 
@@ -35,6 +36,7 @@ __all__ = [
     "AcquireRacesExceeded",
     "AdminLockTimeout",
     "AmqpLocksError",
+    "Audit",
     "AuthenticationFailed",
     "Backoff",
     "Broker",
@@ -54,5 +56,8 @@ __all__ = [
     "ResourceLocked",
     "SemaphoreAdmin",
     "SemaphoreNotFound",
+    "TokenSemaphore",
+    "TokenSemaphoreNotFound",
+    "TokenStatus",
     "__version__",
 ]

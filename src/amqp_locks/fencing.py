@@ -42,15 +42,20 @@ class FenceMissing(LockError):
     """The fence queue exists but holds no fence message (purged by hand?)."""
 
 
-def broker_major(session: Session) -> int:
-    """The broker's major version (3 for 3.10.8), from the connection's server properties."""
+def broker_version(session: Session) -> tuple[int, int]:
+    """The broker's (major, minor) version, from the connection's server properties."""
     assert session.conn is not None
-    raw = session.conn.server_properties.get("version", b"3")
+    raw = session.conn.server_properties.get("version", b"3.0")
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    parts = [*text.split("."), "0"]
     try:
-        return int(text.split(".")[0])
+        return int(parts[0]), int(parts[1])
     except ValueError:
-        return 3
+        return 3, 0
+
+
+def broker_major(session: Session) -> int:
+    return broker_version(session)[0]
 
 
 def fence_arguments(session: Session) -> dict[str, Any]:

@@ -43,19 +43,19 @@ LostCallback = Callable[["Lease"], Any]
 PARK_REFRESH = 300.0
 
 
-@dataclass(eq=False)
-class LeaseState:
-    """A held exclusive queue and everything that may take it away."""
+@dataclass(eq=False, kw_only=True)
+class HeldState:
+    """What every held lock shares: identity, the fencing token, and loss reporting.
+
+    Subclasses say how the lock is held (:class:`LeaseState`: an exclusive queue;
+    `tokens.PermitState`: an unacked token message) and implement ``verify``/``release``.
+    """
 
     core: BrokerCore
     session: Session
-    kind: str  # "slot" | "mutex"
+    kind: str  # "slot" | "mutex" | "permit"
     name: str
     number: int
-    held_queue: str
-    watch_queues: Sequence[str]
-    must_exist: Sequence[str]
-    notice_key: str
     fencing_token: int = 0
     acquired_at: float = field(default_factory=time.monotonic)
     lost_event: threading.Event = field(default_factory=threading.Event)
@@ -63,12 +63,64 @@ class LeaseState:
     released: bool = False
     _callbacks: list[Callable[[], Any]] = field(default_factory=list)
     _cb_lock: threading.Lock = field(default_factory=threading.Lock)
-    _watch: AbstractChannel | None = None
-    _tags: dict[str, str] = field(default_factory=dict)
     _listener: int = -1
     _async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(
         default_factory=list
     )
+
+    def _on_session_lost(self, reason: str) -> None:
+        self.lose(reason)
+
+    def lose(self, reason: str) -> None:
+        """Mark the lock lost (idempotent; ignored once released). Runs on the I/O loop."""
+        if self.released or self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        self.lost_event.set()
+        held = time.monotonic() - self.acquired_at
+        log.warning(
+            "lost %s %d of %r (token %d) after %.3fs: %s",
+            self.kind,
+            self.number,
+            self.name,
+            self.fencing_token,
+            held,
+            reason,
+        )
+        for loop, event in self._async_waiters:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
+        with self._cb_lock:
+            callbacks = list(self._callbacks)
+        if callbacks:
+            threading.Thread(
+                target=_run_callbacks, args=(callbacks,), name="amqp-locks-on-lost", daemon=True
+            ).start()
+
+    def add_callback(self, cb: Callable[[], Any]) -> None:
+        with self._cb_lock:
+            if self.lost_reason is None:
+                self._callbacks.append(cb)
+                return
+        _run_callbacks([cb])
+
+    async def verify(self) -> bool:
+        raise NotImplementedError
+
+    async def release(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass(eq=False, kw_only=True)
+class LeaseState(HeldState):
+    """A held exclusive queue and everything that may take it away."""
+
+    held_queue: str
+    watch_queues: Sequence[str]
+    must_exist: Sequence[str]
+    notice_key: str
+    _watch: AbstractChannel | None = None
+    _tags: dict[str, str] = field(default_factory=dict)
 
     # --- setting up the watch (runs as the last acquire step) -------------------------
 
@@ -117,44 +169,6 @@ class LeaseState:
             return
         exc = None if fut.cancelled() else fut.exception()
         self.lose(f"watch channel closed: {exc}" if exc else "watch channel closed")
-
-    def _on_session_lost(self, reason: str) -> None:
-        self.lose(reason)
-
-    # --- loss -------------------------------------------------------------------------
-
-    def lose(self, reason: str) -> None:
-        """Mark the lease lost (idempotent; ignored once released). Runs on the I/O loop."""
-        if self.released or self.lost_reason is not None:
-            return
-        self.lost_reason = reason
-        self.lost_event.set()
-        held = time.monotonic() - self.acquired_at
-        log.warning(
-            "lost %s %d of %r (token %d) after %.3fs: %s",
-            self.kind,
-            self.number,
-            self.name,
-            self.fencing_token,
-            held,
-            reason,
-        )
-        for loop, event in self._async_waiters:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(event.set)
-        with self._cb_lock:
-            callbacks = list(self._callbacks)
-        if callbacks:
-            threading.Thread(
-                target=_run_callbacks, args=(callbacks,), name="amqp-locks-on-lost", daemon=True
-            ).start()
-
-    def add_callback(self, cb: Callable[[], Any]) -> None:
-        with self._cb_lock:
-            if self.lost_reason is None:
-                self._callbacks.append(cb)
-                return
-        _run_callbacks([cb])
 
     # --- verify / release --------------------------------------------------------------
 
@@ -322,7 +336,7 @@ class Lease:
     moment the lease is known to be lost.
     """
 
-    def __init__(self, state: LeaseState) -> None:
+    def __init__(self, state: HeldState) -> None:
         self._state = state
 
     @property

@@ -17,7 +17,7 @@ MAX_QUEUE_NAME_BYTES = 255
 MAX_SLOT_DIGITS = 7
 _LONGEST_SUFFIX = max(len("-") + MAX_SLOT_DIGITS + len("-A"), len("-mutex-waiters"))
 
-_RESERVED = re.compile(r"(-\d+-[AB]|-fence|-waiters|\.semaphore)$")
+_RESERVED = re.compile(r"(-\d+-[AB]|-fence|-waiters|\.semaphore(-ledger)?)$")
 
 
 def validate_name(name: str) -> str:

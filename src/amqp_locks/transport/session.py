@@ -99,6 +99,8 @@ class Session:
         self.fences_known: set[str] = set()
         #: Last size seen per semaphore: where the next slot search's first window ends.
         self.size_hints: dict[str, int] = {}
+        #: Last token-semaphore ledger version read per name (tokens.py).
+        self.ledger_versions: dict[str, int] = {}
         #: LeaseStates held through this session (released cleanly on Broker.close()).
         self.leases: set[Any] = set()
         #: Waiters sleeping on wake-up queues (woken when the session dies).
@@ -272,6 +274,14 @@ class Session:
     async def delete(self, queue: str) -> None:
         """Delete `queue` and wait for delete-ok (deleting a missing queue is not an error)."""
         await self.call(queue, lambda ch: ch.queue_delete(queue))
+
+    async def declare_passive_counts(self, queue: str) -> tuple[int, int]:
+        """Passive declare: (ready messages, consumers); raises QueueNotFound."""
+        ok = await self.call(queue, lambda ch: ch.queue_declare(queue, passive=True))
+        return int(ok.message_count or 0), int(ok.consumer_count or 0)
+
+    async def declare_passive_count(self, queue: str) -> int:
+        return (await self.declare_passive_counts(queue))[0]
 
     async def exists_passive(self, queue: str) -> bool:
         """Passive declare: True if the queue exists and this connection may use it."""

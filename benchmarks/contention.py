@@ -25,7 +25,7 @@ from typing import Any
 from amqp_locks import Broker, PersistentSemaphore, SemaphoreAdmin
 
 from .cpu import CpuMeter
-from .latency import unique_name
+from .latency import ProbeCounter, unique_name
 from .stats import ms, summarize_reps
 
 #: (kind, slot, token, time): kind "A" = acquire returned, "R" = about to release.
@@ -75,6 +75,7 @@ def _worker(
     ("done", idx, error, cpu seconds, warning counts) whatever happens."""
     warnings = _WarningTally()
     logging.getLogger().addHandler(warnings)
+    probes = ProbeCounter()  # searches per grant show how many waiters a release sets off
     error: str | None = None
     cpu0 = time.process_time()
     deadline = 0.0
@@ -90,16 +91,17 @@ def _worker(
             raise RuntimeError("never told to start")
         deadline = start_at.value + plan.seconds
         cpu0 = time.process_time()
-        while (remaining := deadline - time.monotonic()) > 0:
-            lease = sem.acquire(timeout=remaining)
-            if lease is None:
-                break
-            acquired = ("A", lease.number, lease.fencing_token, time.monotonic())
-            if plan.hold:
-                time.sleep(plan.hold)
-            released = ("R", lease.number, lease.fencing_token, time.monotonic())
-            lease.release()
-            results.put(("grant", idx, (acquired, released)))
+        with probes.installed():
+            while (remaining := deadline - time.monotonic()) > 0:
+                lease = sem.acquire(timeout=remaining)
+                if lease is None:
+                    break
+                acquired = ("A", lease.number, lease.fencing_token, time.monotonic())
+                if plan.hold:
+                    time.sleep(plan.hold)
+                released = ("R", lease.number, lease.fencing_token, time.monotonic())
+                lease.release()
+                results.put(("grant", idx, (acquired, released)))
     except BaseException as exc:  # concurrent.futures.CancelledError is not an Exception
         when = time.monotonic() - deadline if deadline else float("nan")
         what = traceback.format_exception_only(type(exc), exc)[-1].strip()
@@ -107,7 +109,13 @@ def _worker(
     finally:
         # How late the last acquire(timeout=...) returned after the run's end (its timeout).
         late = time.monotonic() - deadline if deadline else float("nan")
-        results.put(("done", idx, error, time.process_time() - cpu0, warnings.counts, late))
+        stats = {
+            "cpu": time.process_time() - cpu0,
+            "late": late,
+            "probe_calls": probes.calls,
+            "probes": probes.queues,
+        }
+        results.put(("done", idx, error, stats, warnings.counts))
         broker.close()
 
 
@@ -136,6 +144,7 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
         worker_cpu = 0.0
         warned: dict[str, int] = {}
         overruns: list[float] = []
+        probe_calls = probes_sent = 0
         broker_cpu = float("nan")
         errors: list[str] = []
         meter = CpuMeter({"broker": broker_pid})
@@ -155,10 +164,12 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
                 if msg[0] == "grant":
                     per_worker[msg[1]].extend(msg[2])
                     continue
-                _, idx, error, cpu, counts, late = msg
+                _, idx, error, stats, counts = msg
                 done.add(idx)
-                overruns.append(late)
-                worker_cpu += cpu
+                overruns.append(stats["late"])
+                worker_cpu += stats["cpu"]
+                probe_calls += stats["probe_calls"]
+                probes_sent += stats["probes"]
                 for text, n in counts.items():
                     warned[text] = warned.get(text, 0) + n
                 if error:
@@ -190,6 +201,8 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
         "errors": errors,
         "warnings": warned,
         "timeout_overruns": overruns,
+        "probe_calls": probe_calls,
+        "probes": probes_sent,
     }
 
 
@@ -258,6 +271,8 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
     grants_last: list[int] = []
     cpu_worker: list[float] = []
     cpu_broker: list[float] = []
+    calls_per_grant: list[float] = []
+    probes_per_grant: list[float] = []
     for run in runs:
         per_worker = run["events"]
         grants = [
@@ -268,6 +283,8 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
         if total:
             cpu_worker.append(run["cpu"]["workers"] / total)
             cpu_broker.append(run["cpu"]["broker"] / total)
+            calls_per_grant.append(run.get("probe_calls", 0) / total)
+            probes_per_grant.append(run.get("probes", 0) / total)
         mean = statistics.fmean(grants)
         fairness.append(
             {
@@ -305,6 +322,8 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
         "handoff_to_releaser_share": round(med(self_share), 3),
         "handoff_samples_ms": [ms(x) for r in hand_reps for x in r],
         "handoff_p50_ms_runs": summarize_reps(hand_reps)["p50_reps_ms"],
+        "probe_round_trips_per_grant": round(med(calls_per_grant), 1) if calls_per_grant else None,
+        "probes_per_grant": round(med(probes_per_grant), 1) if probes_per_grant else None,
         "cpu_per_grant_ms": {
             "workers": ms(med(cpu_worker)) if cpu_worker else None,
             "broker": ms(med(cpu_broker)) if cpu_broker else None,

@@ -66,7 +66,7 @@ class ProbeCounter:
         self._sizes = []
 
     def end_op(self) -> None:
-        self.last_sizes = self._sizes
+        self.last_sizes = list(self._sizes)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[ProbeCounter]:
@@ -381,16 +381,22 @@ def search_sweep(
                 admin.destroy(purge_fence=True)
     # C=1 has one slot, first and last alike: it is the reference of both series.
     ref = next(r for r in rows if r["capacity"] == capacities[0])
-    ref_cpu = ref["cpu_per_acquire_ms"]["client"] + ref["cpu_per_acquire_ms"]["broker"]
     for r in rows:
         r["p50_x_c1"] = round(r["p50_ms"] / ref["p50_ms"], 1)
         r["p99_x_c1"] = round(r["p99_ms"] / ref["p99_ms"], 1)
-        # What each probe beyond C=1's 16 costs client + broker, and each held-slot probe
-        # costs the holders (their consumers receive and discard it).
+        # What each extra probe costs client + broker, and each held-slot probe costs the
+        # holders (when their consumers receive and discard it).
         cpu = r["cpu_per_acquire_ms"]
-        extra = r["probes_sent"] - ref["probes_sent"]
+        # Against the free-slot-first cell of the same C: same holders, same semaphore.
+        base = next(
+            (x for x in rows if x["capacity"] == r["capacity"] and x["free_slot"] == "first"), ref
+        )
+        base_cpu = base["cpu_per_acquire_ms"]["client"] + base["cpu_per_acquire_ms"]["broker"]
+        extra = r["probes_sent"] - base["probes_sent"]
         r["marginal_cpu_per_probe_us"] = (
-            round(1000 * (cpu["client"] + cpu["broker"] - ref_cpu) / extra, 1) if extra else None
+            round(1000 * (cpu["client"] + cpu["broker"] - base_cpu) / extra, 1)
+            if extra >= 100
+            else None
         )
         r["holder_cpu_per_held_probe_us"] = (
             round(1000 * cpu["holders"] / r["held_probes"], 1) if r["held_probes"] >= 100 else None

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-from amqp_locks import Broker, Mutex, PersistentSemaphore
+from amqp_locks import Broker, Mutex, PersistentSemaphore, TokenSemaphore
 
 
 def contend(
@@ -17,13 +17,18 @@ def contend(
     lock: Any,
     occupancy: Any,
     counters: Any,
+    kind: str = "semaphore",
 ) -> None:
     """Acquire/release `rounds` times; count every overlap seen in shared memory.
 
     counters: [current holders, max seen, violations, grants]
     """
     with Broker(url) as broker:
-        sem = PersistentSemaphore(broker, name, max_races=1000)
+        sem: Any = (
+            PersistentSemaphore(broker, name, max_races=1000)
+            if kind == "semaphore"
+            else TokenSemaphore(broker, name)
+        )
         for _ in range(rounds):
             lease = sem.acquire(timeout=120)
             assert lease is not None, "acquire timed out"
@@ -44,7 +49,9 @@ def contend(
 def hold(url: str, name: str, kind: str) -> None:
     """Acquire, report `HELD slot token`, then hold until killed."""
     broker = Broker(url)
-    lock = PersistentSemaphore(broker, name) if kind == "semaphore" else Mutex(broker, name)
+    lock: Any = {"semaphore": PersistentSemaphore, "mutex": Mutex, "token": TokenSemaphore}[kind](
+        broker, name
+    )
     lease = lock.acquire(timeout=60)
     assert lease is not None
     print(f"HELD {lease.number} {lease.fencing_token}", flush=True)

@@ -57,6 +57,10 @@ DRAIN_PRIORITY = 2**31 - 1
 MAX_PRIORITY = 2**31 - 2
 #: Per-queue consumer timeout (3.12+), in ms: one year, i.e. never in practice.
 CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
+#: Token header saying where its fencing token comes from: the quorum queue's per-token
+#: delivery count, or (classic queues) the lock's fence queue.
+FENCING_HEADER = "amqp-locks-fencing"
+DELIVERY_COUNT = "delivery-count"
 #: How long a non-blocking acquire waits for a token the broker reported ready.
 NONBLOCKING_GRACE = 1.0
 
@@ -169,7 +173,6 @@ async def acquire_permit(
     priority: int,
     blocking: bool,
     timeout: float | None,
-    quorum_fencing: bool | None,
 ) -> PermitState | None:
     """Consume one token (push). None when not blocking and none is free, or timed out."""
     session = await core.session()
@@ -227,7 +230,7 @@ async def acquire_permit(
         assert isinstance(tag, int)
         token_id = _token_id(message)
         headers = (message.header.properties.headers or {}) if message.header else {}
-        quorum = quorum_fencing if quorum_fencing is not None else "x-delivery-count" in headers
+        quorum = headers.get(FENCING_HEADER) in (DELIVERY_COUNT, DELIVERY_COUNT.encode())
         if quorum:
             fencing_token = _delivery_count(message) + 1
         else:
@@ -295,7 +298,6 @@ class TokenSemaphore:
             priority=self.priority,
             blocking=blocking,
             timeout=check_timeout(timeout),
-            quorum_fencing=None,
         )
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
@@ -329,10 +331,10 @@ class TokenSemaphore:
                     )
                 return permits
             ids = list(range(1, permits + 1))
-            await _publish_tokens(session, self.name, ids)
-            await _write_ledger(session, self.name, Ledger(permits, ids))
             if not self.quorum:
                 await ensure_fence(session, self.name)
+            await _publish_tokens(session, self.name, ids, self.quorum)
+            await _write_ledger(session, self.name, Ledger(0, [], self.quorum).with_ids(ids))
             log.info("set up token semaphore %r with %d permits", self.name, permits)
             return permits
 
@@ -350,12 +352,10 @@ class TokenSemaphore:
 
         async def add(session: Session) -> list[int]:
             ledger = await _require_ledger(session, self.name)
-            start = max(ledger.ids, default=0) + 1
+            start = max(ledger.next_id, 1)
             new = list(range(start, start + count))
-            await _publish_tokens(session, self.name, new)
-            await _write_ledger(
-                session, self.name, Ledger(ledger.permits + count, ledger.ids + new)
-            )
+            await _publish_tokens(session, self.name, new, ledger.quorum)
+            await _write_ledger(session, self.name, ledger.with_ids(ledger.ids + new))
             log.info("added permits %s to %r", new, self.name)
             return new
 
@@ -374,9 +374,7 @@ class TokenSemaphore:
             want = min(count, ledger.permits)
             removed = await _drain(session, self.name, want, timeout, ack=True)
             await _write_ledger(
-                session,
-                self.name,
-                Ledger(ledger.permits - len(removed), [i for i in ledger.ids if i not in removed]),
+                session, self.name, ledger.with_ids([i for i in ledger.ids if i not in removed])
             )
             log.info("removed permits %s from %r", removed, self.name)
             return removed
@@ -386,7 +384,7 @@ class TokenSemaphore:
 
     def status(self) -> TokenStatus:
         """Permits configured, tokens ready in the queue, held (configured - ready) and
-        consumers (holders + waiters) — from the ledger and one passive declare."""
+        consumers (holders + waiters + drains) — from the ledger and one passive declare."""
 
         async def status(session: Session) -> TokenStatus:
             ledger = await _require_ledger(session, self.name)
@@ -394,8 +392,12 @@ class TokenSemaphore:
             held = max(0, ledger.permits - ready)
             return TokenStatus(ledger.permits, ready, held, consumers, max(0, consumers - held))
 
-        result: TokenStatus = self._admin(status)
+        # Read-only: no admin mutex, so status works while an admin drains or audits.
+        result: TokenStatus = self._core.run(self._with_session(status))
         return result
+
+    async def _with_session(self, action: Any) -> Any:
+        return await action(await self._core.session())
 
     def audit(self, timeout: float = 5.0) -> Audit:
         """Take every token with a top-priority consumer for up to `timeout` seconds (held
@@ -423,7 +425,7 @@ class TokenSemaphore:
             seen = await _collect(session, self.name, ledger, timeout, drop_surplus=True)
             result = _audit(ledger, seen)
             if result.missing:
-                await _publish_tokens(session, self.name, list(result.missing))
+                await _publish_tokens(session, self.name, list(result.missing), ledger.quorum)
                 log.warning("re-published missing permits %s of %r", result.missing, self.name)
             return result
 
@@ -448,8 +450,16 @@ class TokenSemaphore:
 
 @dataclass(frozen=True)
 class Ledger:
+    """The configured count, the ids in circulation, the queue type, and the next id:
+    ids are never reused, so a quorum token's per-id delivery count stays monotonic."""
+
     permits: int
     ids: list[int]
+    quorum: bool = False
+    next_id: int = 0
+
+    def with_ids(self, ids: list[int]) -> Ledger:
+        return Ledger(len(ids), ids, self.quorum, max([self.next_id, *(i + 1 for i in ids)]))
 
 
 @dataclass(frozen=True)
@@ -479,8 +489,9 @@ def _positive(x: int, what: str) -> int:
     return x
 
 
-async def _publish_tokens(session: Session, name: str, ids: list[int]) -> None:
+async def _publish_tokens(session: Session, name: str, ids: list[int], quorum: bool) -> None:
     queue = token_queue(name)
+    headers: dict[str, Any] = {FENCING_HEADER: DELIVERY_COUNT if quorum else "fence"}
 
     async def publish(ch: AbstractChannel) -> None:
         await asyncio.gather(
@@ -490,7 +501,10 @@ async def _publish_tokens(session: Session, name: str, ids: list[int]) -> None:
                     routing_key=queue,
                     mandatory=True,
                     properties=Basic.Properties(
-                        delivery_mode=2, message_id=f"{name}#{i}", app_id="amqp-locks"
+                        delivery_mode=2,
+                        message_id=f"{name}#{i}",
+                        app_id="amqp-locks",
+                        headers=headers,
                     ),
                 )
                 for i in ids
@@ -515,7 +529,13 @@ async def _read_ledger(session: Session, name: str) -> Ledger | None:
                 record = json.loads(message.body)
                 if record["version"] > best_version:
                     best_version = record["version"]
-                    best = Ledger(int(record["permits"]), [int(i) for i in record["ids"]])
+                    ids = [int(i) for i in record["ids"]]
+                    best = Ledger(
+                        int(record["permits"]),
+                        ids,
+                        bool(record.get("quorum", False)),
+                        int(record.get("next_id", max(ids, default=0) + 1)),
+                    )
         except Exception as exc:
             raise channel_error(exc, queue) from exc
         session.ledger_versions[name] = best_version
@@ -540,7 +560,15 @@ async def _write_ledger(session: Session, name: str, ledger: Ledger) -> None:
     """Publish the new record (confirmed), then drop the older ones."""
     queue = ledger_queue(name)
     version = session.ledger_versions.get(name, -1) + 1
-    body = json.dumps({"version": version, "permits": ledger.permits, "ids": ledger.ids})
+    body = json.dumps(
+        {
+            "version": version,
+            "permits": ledger.permits,
+            "ids": ledger.ids,
+            "quorum": ledger.quorum,
+            "next_id": ledger.next_id,
+        }
+    )
     await session.publish("", queue, body.encode())
     ch = await session.open_channel()
     try:

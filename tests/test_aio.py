@@ -56,3 +56,17 @@ def test_aio_cancelled_acquire_leaks_nothing(amqp_url: str, name: str) -> None:
             await again.release()
 
     asyncio.run(main())
+
+
+def test_aio_token_semaphore(amqp_url: str, name: str) -> None:
+    async def main() -> None:
+        async with aio.Broker(amqp_url) as broker:
+            ts = aio.TokenSemaphore(broker, name, priority=3)
+            assert await ts.setup(1) == 1
+            async with ts.acquire(timeout=5) as permit:
+                assert permit.number == 1 and await permit.verify()
+                assert await ts.acquire(blocking=False) is None
+            status = await ts.status()
+            assert (status.permits, status.ready) == (1, 1)
+
+    asyncio.run(main())

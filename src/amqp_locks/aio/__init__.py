@@ -14,7 +14,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .. import mutex as _mutex
-from ..lease import LeaseState
+from .. import tokens as _tokens
+from ..lease import HeldState
 from ..semaphore import admin as _admin
 from ..semaphore import client as _client
 from ..transport.broker import BrokerBase
@@ -22,7 +23,14 @@ from ..waiting import Backoff
 
 T = TypeVar("T")
 
-__all__ = ["Broker", "Lease", "Mutex", "PersistentSemaphore", "SemaphoreAdmin"]
+__all__ = [
+    "Broker",
+    "Lease",
+    "Mutex",
+    "PersistentSemaphore",
+    "SemaphoreAdmin",
+    "TokenSemaphore",
+]
 
 
 class Broker(BrokerBase):
@@ -53,7 +61,7 @@ class Broker(BrokerBase):
 class Lease:
     """asyncio twin of :class:`amqp_locks.Lease`."""
 
-    def __init__(self, state: LeaseState, broker: Broker) -> None:
+    def __init__(self, state: HeldState, broker: Broker) -> None:
         self._state = state
         self._broker = broker
 
@@ -113,7 +121,7 @@ class _Acquirable:
 
     def _start(
         self, blocking: bool, timeout: float | None
-    ) -> Coroutine[Any, Any, LeaseState | None]:
+    ) -> Coroutine[Any, Any, HeldState | None]:
         raise NotImplementedError
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> _AcquireCall:
@@ -166,7 +174,7 @@ class PersistentSemaphore(_Acquirable):
 
     def _start(
         self, blocking: bool, timeout: float | None
-    ) -> Coroutine[Any, Any, LeaseState | None]:
+    ) -> Coroutine[Any, Any, HeldState | None]:
         return self._sync._acquire(blocking, timeout)
 
 
@@ -185,8 +193,50 @@ class Mutex(_Acquirable):
 
     def _start(
         self, blocking: bool, timeout: float | None
-    ) -> Coroutine[Any, Any, LeaseState | None]:
+    ) -> Coroutine[Any, Any, HeldState | None]:
         return self._sync._acquire(blocking, timeout)
+
+
+class TokenSemaphore(_Acquirable):
+    """asyncio twin of :class:`amqp_locks.TokenSemaphore`: acquire on the I/O thread,
+    admin methods on a worker thread (they wait on the I/O thread)."""
+
+    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
+        self._broker = broker
+        self._sync = _tokens.TokenSemaphore(broker, name, **options)
+
+    @property
+    def name(self) -> str:
+        return self._sync.name
+
+    def _start(
+        self, blocking: bool, timeout: float | None
+    ) -> Coroutine[Any, Any, HeldState | None]:
+        return self._sync._acquire(blocking, timeout)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kw))
+
+    async def setup(self, permits: int) -> int:
+        return await self._call(self._sync.setup, permits)
+
+    async def add_permits(self, count: int) -> list[int]:
+        return await self._call(self._sync.add_permits, count)
+
+    async def remove_permits(self, count: int, timeout: float | None = None) -> list[int]:
+        return await self._call(self._sync.remove_permits, count, timeout)
+
+    async def status(self) -> _tokens.TokenStatus:
+        return await self._call(self._sync.status)
+
+    async def audit(self, timeout: float = 5.0) -> _tokens.Audit:
+        return await self._call(self._sync.audit, timeout)
+
+    async def repair(self, timeout: float = 5.0) -> _tokens.Audit:
+        return await self._call(self._sync.repair, timeout)
+
+    async def destroy(self) -> None:
+        await self._call(self._sync.destroy)
 
 
 class SemaphoreAdmin:

@@ -1,0 +1,51 @@
+"""AMQP locker: the exclusive-queue mutex as a locker (master/standby over RabbitMQ).
+
+A standby waits *pushed*, not polled: `start()` blocks in `Mutex.acquire` with the release
+notices of the mutex, re-checking at most every `lock_acquire_sleep_interval` (a crashed
+master publishes nothing; the broker frees its queue at once or after missed heartbeats).
+The keep-alive is the lease not being lost, plus `verify()` (one round trip).
+"""
+
+from __future__ import annotations
+
+from ..lease import Lease
+from ..mutex import Mutex
+from ..transport.broker import BrokerLike
+from ..waiting import Backoff
+from .base import Locker
+
+
+class AmqpLocker(Locker):
+    def __init__(self, broker: BrokerLike, name: str, **options: object) -> None:
+        super().__init__(name, **options)  # type: ignore[arg-type]
+        # A crashed master publishes no notice: re-check at most every interval (<= 1 s).
+        poll = min(1.0, self.lock_acquire_sleep_interval)
+        self._mutex = Mutex(broker, name, backoff=Backoff(min(0.05, poll), poll))
+        self._lease: Lease | None = None
+
+    def _try_acquire(self) -> bool:
+        # Wait (pushed) up to a second per call, so `stop()` is noticed within a second.
+        self._lease = self._mutex.acquire(timeout=min(1.0, self.lock_acquire_sleep_interval))
+        if self._lease is None:
+            return False
+        self.fencing_token = self._lease.fencing_token
+        return True
+
+    def _pause(self) -> None:
+        """No sleep between attempts: each attempt already waited, woken by push."""
+
+    def _keep_alive(self) -> bool:
+        lease = self._lease
+        return lease is not None and not lease.lost.is_set() and lease.verify()
+
+    def _release(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+
+    @property
+    def lease(self) -> Lease | None:
+        return self._lease
+
+    def __repr__(self) -> str:
+        return f"AmqpLocker({self.name!r})"

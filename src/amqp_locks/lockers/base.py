@@ -1,0 +1,150 @@
+"""The `Locker` protocol (ActiveMQ's `Locker` interface, in seconds).
+
+A locker guards one named lock. `start()` blocks until the lock is held — a standby waits
+here, re-trying every `lock_acquire_sleep_interval` seconds (ActiveMQ's default: 10 s);
+with `fail_if_locked` it raises at once instead. `stop()`, from any thread, interrupts a
+waiting `start()` promptly and releases a held lock. `keep_alive()` says whether the lock
+is still held; a master calls it every keep-alive period and demotes itself on False.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+
+from ..errors import ConfigurationError, LockError
+
+log = logging.getLogger("amqp_locks.lockers")
+
+#: ActiveMQ's defaults, in seconds.
+DEFAULT_LOCK_ACQUIRE_SLEEP_INTERVAL = 10.0
+
+
+class LockedElsewhere(LockError):
+    """`fail_if_locked` is set and another holder has the lock."""
+
+
+class LockerStopped(LockError):
+    """`stop()` was called while `start()` was waiting."""
+
+
+class Locker(ABC):
+    """Base of every locker: the waiting loop, stop/interrupt, and the fencing token."""
+
+    #: A new master should wait one keep-alive period before starting work (file locker:
+    #: gives an old master that lost the file its keep-alive to notice, AMQ-4705).
+    settle_before_work = False
+
+    def __init__(
+        self,
+        name: str = "default",
+        *,
+        lock_acquire_sleep_interval: float = DEFAULT_LOCK_ACQUIRE_SLEEP_INTERVAL,
+        fail_if_locked: bool = False,
+    ) -> None:
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise ConfigurationError(
+                f"locker name must be a non-empty str of <= 200 chars: {name!r}"
+            )
+        if lock_acquire_sleep_interval <= 0:
+            raise ConfigurationError(
+                "lock_acquire_sleep_interval must be > 0 seconds, "
+                f"got {lock_acquire_sleep_interval}"
+            )
+        self.name = name
+        self.lock_acquire_sleep_interval = float(lock_acquire_sleep_interval)
+        self.fail_if_locked = fail_if_locked
+        self._stopping = threading.Event()
+        self._state_lock = threading.RLock()
+        self._held = False
+        self.fencing_token = 0
+
+    # --- what a locker implements ---------------------------------------------------------
+
+    @abstractmethod
+    def _try_acquire(self) -> bool:
+        """One attempt; True when the lock is now held (and `fencing_token` set)."""
+
+    @abstractmethod
+    def _release(self) -> None:
+        """Give the lock back (only called while held)."""
+
+    @abstractmethod
+    def _keep_alive(self) -> bool:
+        """True if the lock is still held; may raise on I/O errors (the policy decides)."""
+
+    def check_keep_alive_period(self, period: float) -> None:  # noqa: B027 - optional hook
+        """Refuse a keep-alive period this locker cannot work with (lease lockers)."""
+
+    @property
+    def holder_id(self) -> str:
+        """Who holds the lock when we do (for logs and status)."""
+        import os
+        import socket
+
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def close(self) -> None:
+        """Release resources (connections); the locker may not be used again."""
+        self.stop()
+
+    # --- the protocol -------------------------------------------------------------------
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def start(self) -> None:
+        """Block until the lock is held (standby waits here)."""
+        self._stopping.clear()
+        attempt = 0
+        while True:
+            if self._stopping.is_set():
+                raise LockerStopped(f"{self!r}: stopped while waiting for the lock")
+            with self._state_lock:
+                if self._held:
+                    return
+                if self._try_acquire():
+                    self._held = True
+                    log.info(
+                        "%r acquired by %s (fencing token %d)",
+                        self,
+                        self.holder_id,
+                        self.fencing_token,
+                    )
+                    return
+            attempt += 1
+            if self.fail_if_locked:
+                raise LockedElsewhere(f"{self!r} is held by someone else (fail_if_locked)")
+            if attempt == 1:
+                log.info("%r is held elsewhere; %s waits as standby", self, self.holder_id)
+            self._pause()
+
+    def _pause(self) -> None:
+        """Between attempts: sleep one interval, waking at once on `stop()`."""
+        self._stopping.wait(self.lock_acquire_sleep_interval)
+
+    def stop(self) -> None:
+        """Interrupt a waiting `start()` and release the lock if held. Idempotent."""
+        self._stopping.set()
+        with self._state_lock:
+            if self._held:
+                self._held = False
+                try:
+                    self._release()
+                finally:
+                    log.info("%r released by %s", self, self.holder_id)
+
+    def keep_alive(self) -> bool:
+        """Whether the lock is still held. False (or an exception) means demote."""
+        with self._state_lock:
+            if not self._held:
+                return False
+            ok = self._keep_alive()
+            if not ok:
+                log.warning("%r keep-alive failed for %s: the lock is lost", self, self.holder_id)
+            return ok
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

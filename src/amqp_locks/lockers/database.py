@@ -1,0 +1,162 @@
+"""Database locker: a long transaction holding `SELECT ... FOR UPDATE` on the lock's row.
+
+As in ActiveMQ's JDBC locker, the master keeps a transaction open for as long as it is
+master; a standby's `SELECT ... FOR UPDATE NOWAIT` fails until that transaction ends. The
+keep-alive is an UPDATE inside the same transaction; `stop()` rolls it back. If the
+master's connection dies, the database ends the transaction — at once for a clean close,
+only after its TCP timeout for a half-open socket (the shortcoming that motivated the lease
+locker). SQLite has no row locks: there `BEGIN IMMEDIATE` takes the database write lock.
+
+Fencing: the row's `version` rises on every acquisition. A raise inside the long
+transaction would be rolled back with it, so acquisition commits the raise and re-locks at
+once; if someone else slipped in between, the row no longer names us and we stand by.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+
+from .base import Locker
+from .sql import ensure_row, lock_table, make_engine
+
+log = logging.getLogger("amqp_locks.lockers")
+
+
+class DatabaseLocker(Locker):
+    def __init__(self, url: str, name: str = "default", **options: object) -> None:
+        super().__init__(name, **options)  # type: ignore[arg-type]
+        self.url = url
+        self._engine = make_engine(url, manual_sqlite_transactions=True)
+        self._sqlite = self._engine.dialect.name == "sqlite"
+        self._conn: Connection | None = None
+        self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._row_ready = False
+
+    @property
+    def holder_id(self) -> str:
+        return self._id
+
+    # --- transactions (SQLite's by hand) ------------------------------------------------
+
+    def _begin_and_lock(self, conn: Connection) -> bool:
+        """Start the transaction and lock the row; False when someone else holds it."""
+        try:
+            if self._sqlite:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                return True
+            conn.begin()
+            conn.execute(
+                select(lock_table.c.name)
+                .where(lock_table.c.name == self.name)
+                .with_for_update(nowait=True)
+            ).first()
+            return True
+        except (OperationalError, DBAPIError) as exc:
+            if not self._sqlite and conn.in_transaction():
+                conn.rollback()
+            if _is_lock_conflict(exc):
+                return False
+            raise
+
+    def _commit(self, conn: Connection) -> None:
+        if self._sqlite:
+            conn.exec_driver_sql("COMMIT")
+        else:
+            conn.commit()
+
+    def _rollback(self, conn: Connection) -> None:
+        if self._sqlite:
+            conn.exec_driver_sql("ROLLBACK")
+        elif conn.in_transaction():
+            conn.rollback()
+
+    # --- the locker -------------------------------------------------------------------------
+
+    def _try_acquire(self) -> bool:
+        try:
+            if not self._row_ready:
+                ensure_row(self._engine, lock_table, self.name)
+                self._row_ready = True
+            conn = self._engine.connect()
+        except SQLAlchemyError as exc:
+            log.warning("%r: database unavailable while standing by: %s", self, exc)
+            return False
+        try:
+            if not self._begin_and_lock(conn):
+                conn.close()
+                return False
+            row = lock_table.c
+            conn.execute(
+                update(lock_table)
+                .where(row.name == self.name)
+                .values(version=row.version + 1, holder=self._id)
+            )
+            version = conn.execute(select(row.version).where(row.name == self.name)).scalar_one()
+            self._commit(conn)  # the raise must survive our eventual rollback
+            if not self._begin_and_lock(conn):
+                conn.close()
+                return False
+            current = conn.execute(
+                select(row.holder, row.version).where(row.name == self.name)
+            ).one()
+            if (current.holder, current.version) != (self._id, version):
+                self._rollback(conn)
+                conn.close()
+                return False
+        except SQLAlchemyError as exc:
+            conn.close()
+            log.warning("%r: acquisition failed: %s", self, exc)
+            return False
+        self._conn = conn
+        self.fencing_token = int(version)
+        return True
+
+    def _keep_alive(self) -> bool:
+        conn = self._conn
+        if conn is None:
+            return False
+        row = lock_table.c
+        result = conn.execute(
+            update(lock_table)
+            .where(row.name == self.name, row.holder == self._id)
+            .values(holder=self._id)
+        )
+        return result.rowcount == 1
+
+    def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            self._rollback(conn)
+        except SQLAlchemyError as exc:
+            log.info("%r: rollback on stop failed (connection already gone?): %s", self, exc)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        super().close()
+        self._engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"DatabaseLocker({self.name!r} on {self._engine.url.render_as_string()!r})"
+
+
+def _is_lock_conflict(exc: BaseException) -> bool:
+    """Lock held by someone else: PostgreSQL 55P03, MySQL/MariaDB 1205/3572, SQLite busy."""
+    orig = getattr(exc, "orig", exc)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if code == "55P03":
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] in (1205, 3572):
+        return True
+    text = str(orig).lower()
+    return "database is locked" in text or ("lock" in text and "nowait" in text)

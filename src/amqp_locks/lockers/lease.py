@@ -1,0 +1,166 @@
+"""Lease database locker: a lease row with an expiry, renewed by its holder.
+
+No long transaction: the master takes the lease with a conditional UPDATE (only when it is
+free or expired), renews it by keep-alive before it runs out, and clears it on stop. A
+standby retries every `lock_acquire_sleep_interval` and wins once the lease has expired,
+so a master that froze or lost the database is replaced after at most one lease.
+
+Time comes from the database (UTC epoch seconds) on every operation: master and standby
+compare expiries against one clock whatever their own clocks say. The master's *local*
+judgement of whether its lease still holds (used to ride out a database blip) needs its
+own clock: with `max_allowable_diff_from_db_time` > 0, a local clock that differs from the
+database's by more than that is corrected by the difference (ActiveMQ's rule); with 0 it
+is trusted as is.
+
+The lease must outlive the keep-alive period, or the master would lose it between two
+renewals: a keep-alive period not shorter than the lease is refused. `version` rises on
+every obtain: the fencing token.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+from sqlalchemy import case, or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..errors import ConfigurationError
+from .base import Locker
+from .sql import db_now, ensure_row, lease_table, make_engine
+
+log = logging.getLogger("amqp_locks.lockers")
+
+
+class LeaseDatabaseLocker(Locker):
+    def __init__(
+        self,
+        url: str,
+        name: str = "default",
+        *,
+        lease_holder_id: str | None = None,
+        max_allowable_diff_from_db_time: float = 0.0,
+        lease_duration: float | None = None,
+        clock: Callable[[], float] = time.time,
+        **options: object,
+    ) -> None:
+        super().__init__(name, **options)  # type: ignore[arg-type]
+        if max_allowable_diff_from_db_time < 0:
+            raise ConfigurationError(
+                "max_allowable_diff_from_db_time must be >= 0, "
+                f"got {max_allowable_diff_from_db_time}"
+            )
+        # ActiveMQ extends the lease by lockAcquireSleepInterval on every renewal.
+        self.lease_duration = float(lease_duration or self.lock_acquire_sleep_interval)
+        if self.lease_duration <= 0:
+            raise ConfigurationError(f"lease_duration must be > 0, got {lease_duration}")
+        self.max_allowable_diff_from_db_time = float(max_allowable_diff_from_db_time)
+        self.url = url
+        self._id = lease_holder_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        )
+        if len(self._id) > 200:
+            raise ConfigurationError("lease_holder_id must be at most 200 characters")
+        self._clock = clock
+        self._engine = make_engine(url)
+        self._row_ready = False
+        self.expires_at = 0.0  # database time
+        self._db_minus_local = 0.0
+
+    @property
+    def holder_id(self) -> str:
+        return self._id
+
+    def check_keep_alive_period(self, period: float) -> None:
+        if period <= 0 or period >= self.lease_duration:
+            raise ConfigurationError(
+                f"{self!r}: the keep-alive period ({period}s) must be > 0 and shorter than the "
+                f"lease ({self.lease_duration}s), or the lease expires between renewals"
+            )
+
+    def _observe(self, now_db: float) -> None:
+        self._db_minus_local = now_db - self._clock()
+
+    def clock_offset(self) -> float:
+        """The correction applied to the local clock (database minus local time), per
+        `max_allowable_diff_from_db_time`: 0 when disabled or within the allowance."""
+        diff = self._db_minus_local
+        limit = self.max_allowable_diff_from_db_time
+        return diff if limit > 0 and abs(diff) > limit else 0.0
+
+    def lease_valid_locally(self) -> bool:
+        """Does the lease still hold, judged by the local clock (no database needed)?"""
+        return self._held and self._clock() + self.clock_offset() < self.expires_at
+
+    def _try_acquire(self) -> bool:
+        row = lease_table.c
+        try:
+            if not self._row_ready:
+                ensure_row(self._engine, lease_table, self.name)
+                self._row_ready = True
+            with self._engine.begin() as conn:
+                now = db_now(conn)
+                self._observe(now)
+                expires = now + self.lease_duration
+                result = conn.execute(
+                    update(lease_table)
+                    .where(
+                        row.name == self.name,
+                        or_(row.holder.is_(None), row.expires_at < now, row.holder == self._id),
+                    )
+                    .values(holder=self._id, expires_at=expires, version=row.version + 1)
+                )
+                if result.rowcount != 1:
+                    return False
+                version = conn.execute(
+                    select(row.version).where(row.name == self.name)
+                ).scalar_one()
+        except SQLAlchemyError as exc:
+            log.warning("%r: database unavailable while standing by: %s", self, exc)
+            return False
+        self.expires_at = expires
+        self.fencing_token = int(version)
+        return True
+
+    def _keep_alive(self) -> bool:
+        """Renew (only if we still hold it; never shortening it). Raises on DB errors."""
+        row = lease_table.c
+        with self._engine.begin() as conn:
+            now = db_now(conn)
+            self._observe(now)
+            wanted = now + self.lease_duration
+            result = conn.execute(
+                update(lease_table)
+                .where(row.name == self.name, row.holder == self._id)
+                .values(expires_at=case((row.expires_at > wanted, row.expires_at), else_=wanted))
+            )
+            if result.rowcount != 1:
+                return False
+            self.expires_at = max(self.expires_at, wanted)
+            return True
+
+    def _release(self) -> None:
+        row = lease_table.c
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(
+                    update(lease_table)
+                    .where(row.name == self.name, row.holder == self._id)
+                    .values(holder=None, expires_at=0.0)
+                )
+        except SQLAlchemyError as exc:
+            log.warning(
+                "%r: could not clear the lease on stop (it expires by itself): %s", self, exc
+            )
+        self.expires_at = 0.0
+
+    def close(self) -> None:
+        super().close()
+        self._engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"LeaseDatabaseLocker({self.name!r}, holder={self._id!r})"

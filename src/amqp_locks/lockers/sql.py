@@ -1,0 +1,95 @@
+"""What the database lockers share: engines, the lock tables, and the database's clock.
+
+Tables are created on first use (one row per lock name, many locks per table). Time always
+comes from the database, in UTC seconds since the epoch, so lockers on hosts with skewed
+clocks still agree on when a lease expires.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    insert,
+    text,
+)
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.pool import NullPool
+
+from ..errors import ConfigurationError
+
+metadata = MetaData()
+
+#: DatabaseLocker: a row per lock, held by `SELECT ... FOR UPDATE` in a long transaction.
+lock_table = Table(
+    "amqp_locks_lock",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("holder", String(200), nullable=True),
+    Column("version", BigInteger, nullable=False, default=0),
+)
+
+#: LeaseDatabaseLocker: a row per lock with its holder and the lease's expiry (epoch s).
+lease_table = Table(
+    "amqp_locks_lease",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("holder", String(200), nullable=True),
+    Column("expires_at", Float(precision=53), nullable=False, default=0.0),
+    Column("version", BigInteger, nullable=False, default=0),
+)
+
+
+def make_engine(url: str, *, manual_sqlite_transactions: bool = False) -> Engine:
+    """An engine without pooling: a locker owns its connections and closes them itself,
+    so a stopped locker leaves no connection behind."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(f"database URL must look like dialect://..., got {url!r}")
+    options: dict[str, object] = {"poolclass": NullPool}
+    if url.startswith("sqlite") and manual_sqlite_transactions:
+        # We issue BEGIN IMMEDIATE ourselves; the driver must not start transactions, and
+        # a locked database must answer at once (the standby retries on its interval).
+        options["isolation_level"] = "AUTOCOMMIT"
+        options["connect_args"] = {"timeout": 0.0, "check_same_thread": False}
+    elif url.startswith("sqlite"):
+        options["connect_args"] = {"timeout": 5.0, "check_same_thread": False}
+    try:
+        return create_engine(url, **options)
+    except Exception as exc:
+        raise ConfigurationError(f"cannot use database URL {url!r}: {exc}") from exc
+
+
+def ensure_row(engine: Engine, table: Table, name: str) -> None:
+    """Create the table and the lock's row if missing (racing creators are fine)."""
+    metadata.create_all(engine, tables=[table], checkfirst=True)
+    with engine.connect() as conn:
+        exists = conn.execute(table.select().where(table.c.name == name)).first()
+        if exists is None:
+            try:
+                with conn.begin() if not conn.in_transaction() else conn.begin_nested():
+                    conn.execute(insert(table).values(name=name, holder=None, version=0))
+            except IntegrityError:
+                pass  # another locker created it first
+        if conn.in_transaction():
+            conn.commit()
+
+
+def db_now(conn: Connection) -> float:
+    """The database's current time, UTC seconds since the epoch, read now."""
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        sql = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
+    elif dialect in ("mysql", "mariadb"):
+        sql = "SELECT UNIX_TIMESTAMP(NOW(6))"
+    elif dialect == "sqlite":
+        sql = "SELECT (julianday('now') - 2440587.5) * 86400.0"
+    else:
+        raise ConfigurationError(f"no database clock query for dialect {dialect!r}")
+    value = conn.execute(text(sql)).scalar_one()
+    return float(value)

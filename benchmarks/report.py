@@ -210,22 +210,40 @@ def _search_notes(rows: list[dict[str, Any]], worst: dict[str, Any], best: dict[
 
 
 def _herd_note(c: dict[str, Any]) -> str:
-    """What the searches per grant say about wake-ups (one search is the minimum)."""
+    """What the searches per grant say about the waiters (one search is the minimum)."""
     per_grant = c.get("probe_round_trips_per_grant")
     if per_grant is None:
         return ""
-    waiters = c["plan"]["processes"] - c["plan"]["slots"]
     text = (
         f"The workers ran {per_grant:.1f} slot searches per grant (with {c['plan']['slots']} "
-        "slots one search is one probe round trip; an uncontended acquire needs one)"
+        "slots a search is one probe round trip). One is the minimum"
     )
-    if per_grant >= 3:
-        return (
-            text + f": a release sets several of the {waiters} waiters searching, and all but "
-            "one find every slot held again or lose the race for the exclusive declare, "
-            "which costs a channel and a random pause of up to 20 ms."
-        )
-    return text + ": a release sets about one waiter searching, so little work is wasted."
+    if c["plan"]["hold_ms"] == 0:
+        text += ", and with hold time 0 the releaser's immediate next acquire adds about one"
+    return text + (
+        "; the rest are waiters' searches that found every slot held (woken, or polling on "
+        "their back-off) or lost the race for the exclusive declare, which costs a channel "
+        "and a random pause of up to 20 ms."
+    )
+
+
+def _code_note(env: dict[str, Any]) -> str:
+    if env.get("amqp_locks_from_repo", True):
+        return ""
+    return (
+        f"\n`PYTHONPATH` pointed at an export of the committed `src/` (`git archive HEAD src`, "
+        f"git {env['git_commit']}), so uncommitted edits in the working tree were not measured.\n"
+    )
+
+
+def _noise_note(uncontended: dict[str, Any], c1: dict[str, Any]) -> str:
+    """The same operation is measured twice per run: their gap is a noise yardstick."""
+    a, b = uncontended["p50_ms"], c1["p50_ms"]
+    return (
+        f"The same operation, an uncontended C=1 acquire, was measured twice in this run, "
+        f"minutes apart: {_f(a)} ms and {_f(b)} ms at p50 ({abs(a - b) / min(a, b):.0%} "
+        "apart); read smaller differences between rows as noise."
+    )
 
 
 def _overrun_row(o: dict[str, Any] | None, grace: float) -> list[str]:
@@ -451,6 +469,8 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
         "cycle_cpu": _f(cycle_cpu, 1),
         "herd_ratio": f"{grant_cpu / cycle_cpu:.1f}" if cycle_cpu else "n/a",
         "herd_note": _herd_note(c),
+        "code_note": _code_note(env),
+        "noise_note": _noise_note(sem_acq, r["search"][0]),
         "cpu_bound_rate": f"{env['nproc'] * 1000 / grant_cpu:.0f}" if grant_cpu else "n/a",
         "command": env["command"],
         "machine_table": machine,

@@ -48,6 +48,7 @@ from .names import token_queue, validate_name
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.errors import channel_error
 from .transport.session import Session
+from .transport.shield import shielded
 from .waiting import Backoff, check_timeout
 
 log = logging.getLogger("amqp_locks.tokens")
@@ -188,7 +189,7 @@ async def acquire_permit(
         if ready == 0:
             return None
         timeout = NONBLOCKING_GRACE
-    ch = await session.open_channel()
+    ch = await shielded(session.open_channel(), _close)
     got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
     state_box: list[PermitState] = []
 
@@ -206,12 +207,16 @@ async def acquire_permit(
             )
 
     ch.on_consumer_cancel_callbacks.add(on_cancel)
-    try:
+
+    async def start_consuming() -> Any:
         await ch.basic_qos(prefetch_count=1)
+        return await ch.basic_consume(
+            queue, on_token, no_ack=False, arguments={"x-priority": priority}
+        )
+
+    try:
         try:
-            ok = await ch.basic_consume(
-                queue, on_token, no_ack=False, arguments={"x-priority": priority}
-            )
+            ok = await shielded(start_consuming(), lambda _: _close(ch))
         except Exception as exc:
             err = channel_error(exc, queue)
             if isinstance(err, QueueNotFound):
@@ -234,7 +239,7 @@ async def acquire_permit(
         if quorum:
             fencing_token = _delivery_count(message) + 1
         else:
-            fencing_token = await take_token(session, name)
+            fencing_token = await shielded(take_token(session, name), lambda _: _close(ch))
         state = PermitState(
             core=core,
             session=session,
@@ -254,7 +259,7 @@ async def acquire_permit(
         return state
     except BaseException:
         if not state_box:
-            await asyncio.shield(_close(ch))
+            session.spawn(_close(ch))  # returns a token that may be arriving right now
         raise
 
 

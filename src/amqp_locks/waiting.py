@@ -4,8 +4,6 @@ publish no notice)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -14,6 +12,7 @@ from typing import Any, TypeVar
 from .errors import ConfigurationError, ConnectionLost
 from .transport.broker import BrokerCore
 from .transport.session import Session
+from .transport.shield import shielded
 from .transport.wakeups import subscribe
 
 T = TypeVar("T")
@@ -59,7 +58,7 @@ async def acquire_loop(
     timeout = check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     session = await core.session()
-    granted = await _within(attempt(session), deadline)
+    granted = await _attempt(attempt(session))
     if granted is not None or not blocking or timeout == 0:
         return granted
     delay = backoff.initial
@@ -69,7 +68,7 @@ async def acquire_loop(
             while session.alive:
                 notice = sub.take()
                 try:
-                    granted = await _within(attempt(session), deadline)
+                    granted = await _attempt(attempt(session))
                 except ConnectionLost:
                     break  # reconnect and go on waiting
                 await sub.answered(notice)
@@ -83,20 +82,11 @@ async def acquire_loop(
                 delay = backoff.initial if woken else min(delay * 2, backoff.maximum)
 
 
-async def _within(coro: Coroutine[Any, Any, T | None], deadline: float | None) -> T | None:
-    """Run one attempt, cancelling it at the deadline (its grant step undoes itself).
+async def _attempt(coro: Coroutine[Any, Any, T | None]) -> T | None:
+    """One attempt, run to completion even if the caller is cancelled meanwhile (see
+    :mod:`~amqp_locks.transport.shield`); a grant it makes after all is released again."""
+    return await shielded(coro, _release)
 
-    A grant that completes as the deadline passes is returned, never dropped: dropping it
-    would leave a held queue nobody releases.
-    """
-    if deadline is None:
-        return await coro
-    task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
-    if not done:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if task.cancelled() or task.exception() is not None:
-            return None
-    return task.result()
+
+async def _release(granted: Any) -> None:
+    await granted.release()

@@ -1,0 +1,217 @@
+"""LockableService: standby -> master -> keep-alive -> demote (ActiveMQ's `Lockable`).
+
+The service starts as standby and blocks in `locker.start()`. Once it holds the lock it is
+master and runs the work (a callable given a `threading.Event` that asks it to stop) on its
+own thread. Every `lock_keep_alive_period` seconds it calls `locker.keep_alive()`; a False
+answer demotes it: the work is told to stop and joined, the lock is given up, and the
+service waits as standby again (ActiveMQ restarts the broker as a slave). An exception in
+the keep-alive is handed to the policy — ActiveMQ's IOException handler — which decides
+whether to keep mastership; nothing in the loop dies silently. With `use_lock=False` the
+work runs without any lock (ActiveMQ's development switch).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .errors import ConfigurationError
+from .lockers.base import Locker, LockerStopped
+from .lockers.lease import LeaseDatabaseLocker
+
+log = logging.getLogger("amqp_locks.service")
+
+
+class State(enum.Enum):
+    STOPPED = "stopped"
+    STANDBY = "standby"
+    MASTER = "master"
+
+
+class KeepAlivePolicy(Protocol):
+    def on_error(self, locker: Locker, exc: BaseException) -> bool:
+        """An exception escaped `keep_alive()`: True keeps mastership, False demotes."""
+        ...
+
+
+class LeaseAwarePolicy:
+    """The default (ActiveMQ's LeaseLockerIOExceptionHandler): a lease locker rides out a
+    database blip while its lease is still valid by its (corrected) local clock; any other
+    locker demotes on the first error, since it cannot know whether it still holds."""
+
+    def on_error(self, locker: Locker, exc: BaseException) -> bool:
+        if isinstance(locker, LeaseDatabaseLocker) and locker.lease_valid_locally():
+            log.warning("%r keep-alive error, lease still valid: staying master (%s)", locker, exc)
+            return True
+        log.error("%r keep-alive error: demoting (%s)", locker, exc)
+        return False
+
+
+Work = Callable[[threading.Event], Any]
+StateCallback = Callable[["LockableService", State], Any]
+
+
+class LockableService:
+    """Run `work` only while this process holds `locker`'s lock.
+
+    ``on_state(service, state)`` is called on every transition. ``work_stop_timeout``
+    bounds the wait for the work to stop after demotion before the lock is given up
+    anyway (a warning is logged: the work did not honour its stop event).
+    """
+
+    def __init__(
+        self,
+        locker: Locker,
+        work: Work,
+        *,
+        use_lock: bool = True,
+        lock_keep_alive_period: float = 0.0,
+        policy: KeepAlivePolicy | None = None,
+        on_state: StateCallback | None = None,
+        work_stop_timeout: float = 30.0,
+    ) -> None:
+        if lock_keep_alive_period < 0:
+            raise ConfigurationError(
+                f"lock_keep_alive_period must be >= 0, got {lock_keep_alive_period}"
+            )
+        if use_lock:
+            locker.check_keep_alive_period(lock_keep_alive_period)
+        self.locker = locker
+        self.work = work
+        self.use_lock = use_lock
+        self.lock_keep_alive_period = float(lock_keep_alive_period)
+        self.policy: KeepAlivePolicy = policy or LeaseAwarePolicy()
+        self.on_state = on_state
+        self.work_stop_timeout = work_stop_timeout
+        self._state = State.STOPPED
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.masterships = 0
+        self.work_error: BaseException | None = None
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def _set(self, state: State) -> None:
+        if state is self._state:
+            return
+        log.info(
+            "%s: %s -> %s (%r)", self.locker.holder_id, self._state.value, state.value, self.locker
+        )
+        self._state = state
+        if self.on_state is not None:
+            try:
+                self.on_state(self, state)
+            except Exception:
+                log.exception("on_state callback failed")
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until `stop()` or until the work returns by itself."""
+        self._stop.clear()
+        try:
+            while not self._stop.is_set():
+                if not self.use_lock:
+                    self._run_work_until_done()
+                    return
+                self._set(State.STANDBY)
+                try:
+                    self.locker.start()
+                except LockerStopped:
+                    return
+                if self._serve_as_master():
+                    return  # the work finished (or stop was asked): we are done
+        finally:
+            self.locker.stop()
+            self._set(State.STOPPED)
+
+    def start(self) -> threading.Thread:
+        """`run()` on a background thread."""
+        self._thread = threading.Thread(target=self.run, name="amqp-locks-service", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the work, give up the lock (interrupting a standby wait), and wait."""
+        self._stop.set()
+        self.locker.stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # --- mastership -------------------------------------------------------------------------
+
+    def _serve_as_master(self) -> bool:
+        """Hold mastership until demoted (False) or finished/stopped (True)."""
+        period = self.lock_keep_alive_period
+        if self.locker.settle_before_work and period > 0:
+            # AMQ-4705: give a master that lost the file one keep-alive to notice first.
+            if self._stop.wait(period):
+                return True
+            if not self._keep_alive_ok():
+                self.locker.stop()
+                return False
+        self.masterships += 1
+        self._set(State.MASTER)
+        stop_work = threading.Event()
+        worker = threading.Thread(
+            target=self._work_thread, args=(stop_work,), name="amqp-locks-master", daemon=True
+        )
+        worker.start()
+        demoted = False
+        while True:
+            wait = period if period > 0 else None
+            if self._wait_stop_or_done(wait):
+                break
+            if not self._keep_alive_ok():
+                demoted = True
+                break
+        stop_work.set()
+        worker.join(self.work_stop_timeout)
+        if worker.is_alive():
+            log.warning("work did not stop within %.1fs of its stop event", self.work_stop_timeout)
+        if demoted:
+            log.warning(
+                "%s demoted from %r: waiting as standby again", self.locker.holder_id, self.locker
+            )
+            self.locker.stop()
+            return False
+        return True
+
+    def _wait_stop_or_done(self, timeout: float | None) -> bool:
+        """Wait up to `timeout` for stop() or the work's own end (which sets the stop
+        event too); True if either happened."""
+        return self._stop.wait(timeout)
+
+    def _keep_alive_ok(self) -> bool:
+        try:
+            return self.locker.keep_alive()
+        except Exception as exc:
+            try:
+                return self.policy.on_error(self.locker, exc)
+            except Exception:
+                log.exception("keep-alive policy failed: demoting")
+                return False
+
+    def _work_thread(self, stop_work: threading.Event) -> None:
+        try:
+            self.work(stop_work)
+        except BaseException as exc:
+            self.work_error = exc
+            log.exception("master work failed")
+        finally:
+            if not stop_work.is_set():
+                self._stop.set()  # the work ended by itself: the service is done
+
+    def _run_work_until_done(self) -> None:
+        self._set(State.MASTER)
+        stop_work = threading.Event()
+        worker = threading.Thread(target=self._work_thread, args=(stop_work,), daemon=True)
+        worker.start()
+        self._stop.wait()
+        stop_work.set()
+        worker.join(self.work_stop_timeout)

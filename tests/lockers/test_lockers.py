@@ -5,6 +5,7 @@ PostgreSQL and MariaDB run the same scenarios in test_database_servers.py.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -196,7 +197,7 @@ def test_hundred_start_stop_cycles(make_locker: LockerFactory) -> None:
         locker.start()
         tokens.append(locker.fencing_token)
         locker.stop()
-    assert all(b > a for a, b in zip(tokens, tokens[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(tokens))
     other = make_locker()
     other.fail_if_locked = True
     other.start()  # nothing leaked: the lock is free

@@ -23,8 +23,18 @@ from .errors import (
     SemaphoreNotFound,
 )
 from .lease import Lease
+from .lockers import (
+    AmqpLocker,
+    DatabaseLocker,
+    LeaseDatabaseLocker,
+    LockedElsewhere,
+    Locker,
+    LockerStopped,
+    SharedFileLocker,
+)
 from .mutex import Mutex
 from .semaphore import PersistentSemaphore, Removal, SemaphoreAdmin
+from .service import LeaseAwarePolicy, LockableService, State
 from .tokens import Audit, TokenSemaphore, TokenSemaphoreNotFound, TokenStatus
 from .transport import Broker
 from .waiting import Backoff
@@ -35,6 +45,7 @@ __all__ = [
     "AccessRefused",
     "AcquireRacesExceeded",
     "AdminLockTimeout",
+    "AmqpLocker",
     "AmqpLocksError",
     "Audit",
     "AuthenticationFailed",
@@ -44,10 +55,17 @@ __all__ = [
     "BrokerUnreachable",
     "ConfigurationError",
     "ConnectionLost",
+    "DatabaseLocker",
     "InvalidName",
     "Lease",
+    "LeaseAwarePolicy",
+    "LeaseDatabaseLocker",
     "LeaseReleased",
     "LockError",
+    "LockableService",
+    "LockedElsewhere",
+    "Locker",
+    "LockerStopped",
     "Mutex",
     "PersistentSemaphore",
     "PreconditionFailed",
@@ -56,6 +74,8 @@ __all__ = [
     "ResourceLocked",
     "SemaphoreAdmin",
     "SemaphoreNotFound",
+    "SharedFileLocker",
+    "State",
     "TokenSemaphore",
     "TokenSemaphoreNotFound",
     "TokenStatus",

@@ -92,6 +92,20 @@ class LockableService:
         self.masterships = 0
         self.work_error: BaseException | None = None
 
+    @classmethod
+    def from_config(cls, path: str, work: Work, **options: Any) -> LockableService:
+        """A service whose locker and keep-alive come from a TOML file (lockers.config)."""
+        from .lockers.config import load
+
+        config = load(path)
+        return cls(
+            config.locker,
+            work,
+            use_lock=config.use_lock,
+            lock_keep_alive_period=config.lock_keep_alive_period,
+            **options,
+        )
+
     @property
     def state(self) -> State:
         return self._state

@@ -23,3 +23,18 @@ def test_restart_loses_leases_keeps_slots_and_fence(node: devbroker.NodeInfo, na
         assert again is not None
         assert again.fencing_token > before  # the quorum queue kept the count
         again.release()
+
+
+@pytest.mark.timeout(240)
+def test_token_semaphore_survives_a_restart(node: devbroker.NodeInfo, name: str) -> None:
+    from amqp_locks import TokenSemaphore
+
+    with Broker(node.url, heartbeat=5) as b:
+        ts = TokenSemaphore(b, name)
+        ts.setup(2)
+        devbroker.restart(name=node.name, base_dir=node.base_dir)
+        status = ts.status()  # the ledger is persistent
+        assert (status.permits, status.ready) == (2, 2)
+        assert ts.setup(2) == 2  # still idempotent: no second set of tokens
+        assert ts.status().ready == 2
+        assert ts.audit(timeout=2).ok

@@ -250,3 +250,15 @@ def test_timeouts_and_cancels_never_strand_a_token(
     audit = ts.audit(timeout=3)
     assert audit.ok, audit
     assert ts.status().ready == 1
+
+
+def test_quorum_tokens_keep_rising_after_destroy_and_setup(broker: Broker, name: str) -> None:
+    ts = TokenSemaphore(broker, name, quorum=True)
+    ts.setup(1)
+    with ts.acquire(timeout=5) as first:  # type: ignore[union-attr]
+        pass
+    ts.destroy()
+    ts.setup(1)  # a fresh token message: its delivery count starts at 0 again
+    with ts.acquire(timeout=5) as second:  # type: ignore[union-attr]
+        assert second.number == first.number
+        assert second.fencing_token > first.fencing_token

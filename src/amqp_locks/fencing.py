@@ -72,7 +72,7 @@ async def ensure_fence(session: Session, name: str) -> bool:
     if await session.exists_passive(queue):
         return False
     await session.declare(queue, durable=True, arguments=fence_arguments(session))
-    await session.publish("", queue, FENCE_BODY)
+    await session.publish("", queue, FENCE_BODY, persistent=True)
     log.info("created fence queue %r", queue)
     return True
 
@@ -87,7 +87,7 @@ async def repair_fence(session: Session, name: str, base: int) -> bool:
     try:
         await _take_pushed(session, queue, 2.0)
     except FenceMissing:
-        await session.publish("", queue, str(base).encode())
+        await session.publish("", queue, str(base).encode(), persistent=True)
         log.warning("fence queue %r had no message: replaced with base %d", queue, base)
         return True
     return False

@@ -62,6 +62,8 @@ CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
 #: delivery count, or (classic queues) the lock's fence queue.
 FENCING_HEADER = "amqp-locks-fencing"
 DELIVERY_COUNT = "delivery-count"
+#: Quorum tokens: added to the delivery count (see `_publish_tokens`).
+BASE_HEADER = "amqp-locks-fence-base"
 #: How long a non-blocking acquire waits for a token the broker reported ready.
 NONBLOCKING_GRACE = 1.0
 
@@ -81,7 +83,10 @@ def token_arguments(session: Session, quorum: bool) -> dict[str, Any]:
         args["x-queue-type"] = "quorum"
         if broker_major(session) >= 4:
             args["x-delivery-limit"] = -1
-    if broker_version(session) >= (3, 12):
+    version = broker_version(session)
+    # 3.12 added the per-queue timeout; 4.3 stopped timing out classic-queue consumers
+    # and refuses the argument there (rabbitmq-server#17144), so it goes to quorum only.
+    if version >= (3, 12) and (quorum or version < (4, 3)):
         args["x-consumer-timeout"] = CONSUMER_TIMEOUT_MS
     return args
 
@@ -108,7 +113,7 @@ class PermitState(HeldState):
     def on_broker_cancel(self) -> None:
         self.lose(
             f"the broker cancelled our consumer on {token_queue(self.name)!r} "
-            "(queue deleted?): the token went back"
+            "(queue deleted?): the token is no longer ours"
         )
 
     def _on_channel_closed(self, fut: asyncio.Future[Any]) -> None:
@@ -237,7 +242,8 @@ async def acquire_permit(
         headers = (message.header.properties.headers or {}) if message.header else {}
         quorum = headers.get(FENCING_HEADER) in (DELIVERY_COUNT, DELIVERY_COUNT.encode())
         if quorum:
-            fencing_token = _delivery_count(message) + 1
+            base = headers.get(BASE_HEADER, 0)
+            fencing_token = (base if isinstance(base, int) else 0) + _delivery_count(message) + 1
         else:
             fencing_token = await shielded(take_token(session, name), lambda _: _close(ch))
         state = PermitState(
@@ -336,8 +342,7 @@ class TokenSemaphore:
                     )
                 return permits
             ids = list(range(1, permits + 1))
-            if not self.quorum:
-                await ensure_fence(session, self.name)
+            await ensure_fence(session, self.name)
             await _publish_tokens(session, self.name, ids, self.quorum)
             await _write_ledger(session, self.name, Ledger(0, [], self.quorum).with_ids(ids))
             log.info("set up token semaphore %r with %d permits", self.name, permits)
@@ -495,8 +500,14 @@ def _positive(x: int, what: str) -> int:
 
 
 async def _publish_tokens(session: Session, name: str, ids: list[int], quorum: bool) -> None:
+    """Publish tokens `ids`. A quorum token's fencing counter is its delivery count, which
+    restarts at 0 for a new message; its base (one fresh `N-fence` token, shifted by 32
+    bits, rising for ever) keeps a re-published id's tokens above its earlier ones."""
     queue = token_queue(name)
     headers: dict[str, Any] = {FENCING_HEADER: DELIVERY_COUNT if quorum else "fence"}
+    if quorum:
+        await ensure_fence(session, name)
+        headers[BASE_HEADER] = (await take_token(session, name)) << 32
 
     async def publish(ch: AbstractChannel) -> None:
         await asyncio.gather(
@@ -574,7 +585,7 @@ async def _write_ledger(session: Session, name: str, ledger: Ledger) -> None:
             "next_id": ledger.next_id,
         }
     )
-    await session.publish("", queue, body.encode())
+    await session.publish("", queue, body.encode(), persistent=True)
     ch = await session.open_channel()
     try:
         while True:

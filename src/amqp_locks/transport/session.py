@@ -189,6 +189,8 @@ class Session:
                     await asyncio.wait_for(lease.release(), 5.0)
         if self.lost_reason is None:
             self._lose(CLOSED_BY_CLIENT)
+        if self._tasks:  # let channel closes and notices started by releases finish
+            await asyncio.wait(list(self._tasks), timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
         if self.conn is not None:
@@ -302,11 +304,16 @@ class Session:
         found: list[bool] = await self.call(None, lambda ch: _bulk_probe(ch, queues))
         return found
 
-    async def publish(self, exchange: str, routing_key: str, body: bytes = b"") -> None:
-        """Publish with confirm (used for notices)."""
+    async def publish(
+        self, exchange: str, routing_key: str, body: bytes = b"", *, persistent: bool = False
+    ) -> None:
+        """Publish with confirm; `persistent` for records that must survive a restart."""
+        props = Basic.Properties(delivery_mode=2 if persistent else 1)
         await self.call(
             None,
-            lambda ch: ch.basic_publish(body, exchange=exchange, routing_key=routing_key),
+            lambda ch: ch.basic_publish(
+                body, exchange=exchange, routing_key=routing_key, properties=props
+            ),
         )
 
     def notify_soon(self, wakeup_queue: str, copies: int = 1) -> None:

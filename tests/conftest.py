@@ -22,9 +22,12 @@ def node() -> Iterator[devbroker.NodeInfo]:
     """The private broker node every integration test uses (started by the tests)."""
     base = os.environ.get("AMQP_LOCKS_TEST_HOME")
     base_dir = Path(base) / TEST_NODE if base else None
+    was_running = devbroker.status(name=TEST_NODE, base_dir=base_dir) is not None
     info = devbroker.start(name=TEST_NODE, base_dir=base_dir)
     yield info
-    if os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
+    # Stop only a node this session started, and only under CI: on a developer machine
+    # another test run may be using the same node right now.
+    if not was_running and os.environ.get("CI") and os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
         devbroker.stop(name=TEST_NODE, base_dir=base_dir)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -29,9 +28,15 @@ import string
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from .localserver import cmdline_mentions, write_state
+from .localserver import locked as _locked
+from .localserver import pid_alive as _pid_alive
+from .localserver import port_free as _port_free
+from .localserver import tail as _tail
 
 __all__ = [
     "DEFAULT_NAME",
@@ -204,51 +209,17 @@ def _write_state(info: NodeInfo, pid: int | None) -> None:
         "pid": pid,
         "url": info.url,
     }
-    tmp = info.base_dir / "node.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(info.base_dir / "node.json")
-
-
-@contextlib.contextmanager
-def _locked(base_dir: Path) -> Iterator[None]:
-    """Serialise start/stop of one node across processes (e.g. pytest-xdist workers)."""
-    base_dir.mkdir(parents=True, exist_ok=True)
-    with (base_dir / ".lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    write_state(info.base_dir, data)
 
 
 # -------------------------------------------------------------------------- liveness
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
 def _is_our_beam(info: NodeInfo, pid: int | None) -> bool:
     """The pid is alive and is this node's VM (guards against pid reuse)."""
-    if not _pid_alive(pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc (e.g. macOS): trust the pid
-    return info.node.encode() in cmdline or str(info.base_dir).encode() in cmdline
+    return (
+        pid is not None and _pid_alive(pid) and cmdline_mentions(pid, info.node, str(info.base_dir))
+    )
 
 
 def _amqp_ping(port: int, timeout: float = 2.0) -> bool:
@@ -280,16 +251,6 @@ def _pid_from_file(info: NodeInfo) -> int | None:
 
 
 # ------------------------------------------------------------------------------ ports
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
 
 
 def _free_ports(count: int) -> list[int]:
@@ -413,13 +374,6 @@ def rabbitmqctl(info: NodeInfo, *args: str, timeout: float = 60) -> str:
             f"{(proc.stderr or proc.stdout).strip()}"
         )
     return proc.stdout
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(none)"
 
 
 def _failure(info: NodeInfo, why: str) -> DevBrokerError:

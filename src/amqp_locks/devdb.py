@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -41,10 +40,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .localserver import cmdline_mentions, write_state
+from .localserver import locked as _locked
+from .localserver import pid_alive as _pid_alive
+from .localserver import port_free as _port_free
+from .localserver import tail as _tail
 
 __all__ = [
     "DEFAULT_NAME",
@@ -279,21 +284,7 @@ def _read_state(kind: str, base_dir: Path) -> tuple[DbInfo, int | None] | None:
 
 def _write_state(info: DbInfo, pid: int | None) -> None:
     data = {"kind": info.kind, "port": info.port, "pid": pid, "url": info.url}
-    tmp = info.base_dir / "node.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(info.base_dir / "node.json")
-
-
-@contextlib.contextmanager
-def _locked(base_dir: Path) -> Iterator[None]:
-    """Serialise start/stop of one server across processes (e.g. pytest-xdist workers)."""
-    base_dir.mkdir(parents=True, exist_ok=True)
-    with (base_dir / ".lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    write_state(info.base_dir, data)
 
 
 # ------------------------------------------------------------------------ users/perms
@@ -350,31 +341,9 @@ def _make_reachable(base_dir: Path, acct: _Account) -> None:
 # -------------------------------------------------------------------------- liveness
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    with contextlib.suppress(OSError):
-        fields = Path(f"/proc/{pid}/stat").read_text()
-        return fields.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
 def _is_our_server(info: DbInfo, pid: int | None) -> bool:
     """The pid is alive and is this base_dir's server (guards against pid reuse)."""
-    if not _pid_alive(pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc (e.g. macOS): trust the pid
-    return str(info.base_dir).encode() in cmdline
+    return pid is not None and _pid_alive(pid) and cmdline_mentions(pid, str(info.base_dir))
 
 
 def _pid_from_file(info: DbInfo) -> int | None:
@@ -414,16 +383,6 @@ def _running(info: DbInfo, pid: int | None) -> bool:
 
 
 # ------------------------------------------------------------------------------ ports
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
 
 
 def _free_port() -> int:
@@ -486,13 +445,6 @@ def _checked(proc: subprocess.CompletedProcess[str], what: str) -> str:
         output = (proc.stderr + proc.stdout)[-3000:]
         raise DevDbError(f"{what} failed ({proc.returncode}):\n{output}")
     return proc.stdout
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(none)"
 
 
 def _failure(info: DbInfo, why: str) -> DevDbError:

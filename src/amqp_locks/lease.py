@@ -213,7 +213,7 @@ class LeaseState(HeldState):
             session.held.discard(self.held_queue)
             if watch is not None and not watch.is_closed:
                 session.spawn(_close_quietly(watch))
-        session.notify_soon(self.notice_key)
+        session.notify_soon(self.notice_key, [self.number if self.kind == "slot" else 0])
         log.debug(
             "released %s %d of %r after %.3fs",
             self.kind,

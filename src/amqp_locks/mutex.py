@@ -70,7 +70,7 @@ async def acquire_mutex(
     return await acquire_loop(
         core,
         wakeup_queue(name, "mutex"),
-        lambda s: try_mutex(core, s, name, fencing=fencing),
+        lambda s, _hint: try_mutex(core, s, name, fencing=fencing),
         blocking=blocking,
         timeout=timeout,
         backoff=backoff,

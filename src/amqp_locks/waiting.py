@@ -43,13 +43,14 @@ def check_timeout(timeout: float | None) -> float | None:
 async def acquire_loop(
     core: BrokerCore,
     wakeups: str,
-    attempt: Callable[[Session], Coroutine[Any, Any, T | None]],
+    attempt: Callable[[Session, int | None], Coroutine[Any, Any, T | None]],
     *,
     blocking: bool,
     timeout: float | None,
     backoff: Backoff,
 ) -> T | None:
-    """Call `attempt` until it returns a grant, the timeout passes, or (non-blocking) once.
+    """Call `attempt(session, hint)` until it returns a grant, the timeout passes, or
+    (non-blocking) once; `hint` is the slot a wake-up notice announced, if any.
 
     Waiters subscribe to the lock's wake-up queue *before* re-trying, so a release between
     the failed try and the wait still wakes one of them. A lost connection is re-opened and waiting
@@ -58,7 +59,7 @@ async def acquire_loop(
     timeout = check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     session = await core.session()
-    granted = await _attempt(attempt(session))
+    granted = await _attempt(attempt(session, None))
     if granted is not None or not blocking or timeout == 0:
         return granted
     delay = backoff.initial
@@ -66,9 +67,9 @@ async def acquire_loop(
         session = await core.session()  # a new one if the last was lost
         async with subscribe(session, wakeups) as sub:
             while session.alive:
-                notice = sub.take()
+                notice, hint = sub.take()
                 try:
-                    granted = await _attempt(attempt(session))
+                    granted = await _attempt(attempt(session, hint))
                 except ConnectionLost:
                     break  # reconnect and go on waiting
                 await sub.answered(notice)

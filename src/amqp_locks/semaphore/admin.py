@@ -149,8 +149,9 @@ class SemaphoreAdmin:
         for k in ks:
             await session.declare(slot_queue(self.name, k), durable=True, arguments=args)
 
-    def _notify(self, session: Session, slots: int) -> None:
-        session.notify_soon(wakeup_queue(self.name, "sem"), copies=min(slots, 64))
+    def _notify(self, session: Session, slots: Sequence[int]) -> None:
+        """Wake one waiter per new slot (at most 64), each told which slot to try."""
+        session.notify_soon(wakeup_queue(self.name, "sem"), list(slots)[:64])
 
     # --- the seed's actions -------------------------------------------------------------
 
@@ -175,7 +176,7 @@ class SemaphoreAdmin:
             await self._overshoot(session, slots, self.overshoot)
             await ensure_fence(session, self.name)
             session.fences_known.add(fence_queue(self.name))
-            self._notify(session, slots)
+            self._notify(session, range(1, slots + 1))
             log.info("created semaphore %r with %d slots", self.name, slots)
             return slots
 
@@ -217,7 +218,7 @@ class SemaphoreAdmin:
             if c + count > MAX_SLOTS:
                 raise ConfigurationError(f"at most {MAX_SLOTS} slots, asked for {c + count}")
             await self._declare_slots(session, range(c + 1, c + count + 1))
-            self._notify(session, count)
+            self._notify(session, range(c + 1, c + count + 1))
             log.info("added %d slots to %r: now %d", count, self.name, c + count)
             return c + count
 

@@ -103,9 +103,25 @@ async def try_acquire(
     *,
     max_races: int,
     race_skew: float,
+    hint: int | None = None,
 ) -> LeaseState | None:
-    """One pass of the seed's algorithm; None when every slot is held."""
+    """One pass of the seed's algorithm; None when every slot is held.
+
+    `hint` is the slot a wake-up notice said was just freed: it is tried first (the seed
+    allows starting anywhere), which spares the woken waiter the full search.
+    """
     races = 0
+    if hint is not None and hint >= 1:
+        a, b = slot_queue(name, hint), holder_queue(name, hint)
+        exists = await session.probe([a, b])
+        if exists[0] and not exists[1] and b not in session.held:
+            try:
+                state = await _claim(core, session, name, hint)
+            except _Race:
+                races += 1
+            else:
+                if state is not None:
+                    return state
     while True:
         try:
             for window in windows(first_window(session, name)):
@@ -171,8 +187,8 @@ class PersistentSemaphore:
         return await acquire_loop(
             core,
             wakeup_queue(self.name, "sem"),
-            lambda s: try_acquire(
-                core, s, self.name, max_races=self.max_races, race_skew=self.race_skew
+            lambda s, hint: try_acquire(
+                core, s, self.name, max_races=self.max_races, race_skew=self.race_skew, hint=hint
             ),
             blocking=blocking,
             timeout=timeout,

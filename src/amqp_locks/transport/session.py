@@ -316,16 +316,16 @@ class Session:
             ),
         )
 
-    def notify_soon(self, wakeup_queue: str, copies: int = 1) -> None:
-        """Fire-and-forget wake-up notices (one per freed slot) to a lock's wake-up queue.
-
-        Nobody waiting means no queue, and the notice is simply dropped; a lost notice
-        costs a waiter at most one back-off interval.
-        """
+    def notify_soon(self, wakeup_queue: str, slots: Sequence[int] = (0,)) -> None:
+        """Fire-and-forget wake-up notices, one per freed slot, each naming its slot (a
+        hint for the woken waiter; 0: no hint). Nobody waiting means no queue, and the
+        notice is simply dropped; a lost notice costs a waiter one back-off interval."""
 
         async def go() -> None:
             with contextlib.suppress(AmqpLocksError):
-                await asyncio.gather(*(self.publish("", wakeup_queue) for _ in range(copies)))
+                await asyncio.gather(
+                    *(self.publish("", wakeup_queue, str(k).encode()) for k in slots)
+                )
 
         if self.alive:
             self.spawn(go())

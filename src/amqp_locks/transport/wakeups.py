@@ -37,6 +37,7 @@ class Waiter:
         self.event = asyncio.Event()
         self._channel: AbstractChannel | None = None
         self._tag: int | None = None
+        self._hint: int | None = None
         #: True once the broker confirmed our consumer (tests and status tools read it).
         self.ready = False
 
@@ -44,13 +45,17 @@ class Waiter:
         tag = getattr(message.delivery, "delivery_tag", None)
         if isinstance(tag, int):
             self._tag = tag
+        body = message.body.strip()
+        self._hint = int(body) if body.isdigit() else None
         self.event.set()
 
-    def take(self) -> int | None:
-        """Before an attempt: the notice (if any) this attempt answers."""
+    def take(self) -> tuple[int | None, int | None]:
+        """Before an attempt: the notice (if any) this attempt answers, and the slot it
+        announced (a hint where to look first)."""
         self.event.clear()
         tag, self._tag = self._tag, None
-        return tag
+        hint, self._hint = self._hint, None
+        return tag, hint
 
     async def answered(self, tag: int | None) -> None:
         """After the attempt: ack the notice so the next one can be delivered to us."""

@@ -312,3 +312,27 @@ def test_kill_9_of_a_holder_frees_its_slot(amqp_url: str, broker: Broker, name: 
     assert lease is not None and lease.number == 1
     assert lease.fencing_token > token
     lease.release()
+
+
+def test_woken_waiter_gets_the_freed_slot(amqp_url: str, broker: Broker, name: str) -> None:
+    """Five slots held; the notice for slot 4 wakes one waiter, which takes slot 4."""
+    SemaphoreAdmin(broker, name).create(5)
+    sem = PersistentSemaphore(broker, name)
+    held = [sem.acquire() for _ in range(5)]
+    got: list[Lease | None] = []
+    with Broker(amqp_url) as other:
+        slow = PersistentSemaphore(other, name, backoff=Backoff(initial=30, maximum=30))
+        waiting = threading.Thread(target=lambda: got.append(slow.acquire(timeout=60)))
+        waiting.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _bound(other):
+            time.sleep(0.01)
+        assert held[3] is not None and held[3].number == 4
+        held[3].release()
+        waiting.join(15)
+        assert not waiting.is_alive(), "waiter was not woken by the notice"
+        assert got and got[0] is not None and got[0].number == 4
+        got[0].release()
+    for lease in held:
+        assert lease is not None
+        lease.release()

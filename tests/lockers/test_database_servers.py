@@ -95,7 +95,7 @@ def test_stop_interrupts_a_waiting_start(server: devdb.DbInfo, lock_name: str) -
     errors: list[BaseException] = []
     t = threading.Thread(target=lambda: _catch(waiter.start, errors))
     t.start()
-    time.sleep(0.3)  # the scenario: the standby is waiting
+    assert waiter.standing_by.wait(10)  # the scenario: the standby is waiting
     waiter.stop()
     t.join(5)
     assert not t.is_alive() and isinstance(errors[0], LockerStopped)

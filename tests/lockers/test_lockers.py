@@ -113,7 +113,7 @@ def test_stop_without_start_and_stop_interrupts_start(make_locker: LockerFactory
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.3)  # the scenario: a standby is waiting
+    assert waiter.standing_by.wait(10)  # the scenario: a standby is waiting
     waiter.stop()
     t.join(5)
     assert not t.is_alive()
@@ -140,12 +140,19 @@ def test_one_of_two_waiters_wins(make_locker: LockerFactory) -> None:
     threads = [threading.Thread(target=wait, args=(w,)) for w in waiters]
     for t in threads:
         t.start()
+    for w in waiters:
+        assert w.standing_by.wait(10)
     holder.stop()
     deadline = time.monotonic() + 10
     while not winners and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)  # give a wrong second winner time to appear
     assert len(winners) == 1
+    loser = next(w for w in waiters if w not in winners)
+    seen = loser.attempts
+    while loser.attempts < seen + 3:  # three more attempts, all refused
+        assert time.monotonic() < deadline + 10
+        time.sleep(0.05)
+    assert len(winners) == 1 and not loser.held
     for w in waiters:
         if w not in winners:
             w.stop()

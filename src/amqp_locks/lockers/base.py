@@ -59,6 +59,9 @@ class Locker(ABC):
         self._state_lock = threading.RLock()
         self._held = False
         self.fencing_token = 0
+        #: Failed attempts so far, and set once `start()` waits as standby (observable).
+        self.attempts = 0
+        self.standing_by = threading.Event()
 
     # --- what a locker implements ---------------------------------------------------------
 
@@ -107,6 +110,7 @@ class Locker(ABC):
                     return
                 if self._try_acquire():
                     self._held = True
+                    self.standing_by.clear()
                     log.info(
                         "%r acquired by %s (fencing token %d)",
                         self,
@@ -115,10 +119,12 @@ class Locker(ABC):
                     )
                     return
             attempt += 1
+            self.attempts += 1
             if self.fail_if_locked:
                 raise LockedElsewhere(f"{self!r} is held by someone else (fail_if_locked)")
             if attempt == 1:
                 log.info("%r is held elsewhere; %s waits as standby", self, self.holder_id)
+                self.standing_by.set()
             self._pause()
 
     def _pause(self) -> None:

@@ -1,0 +1,40 @@
+"""Exit codes of `amqp-locks` (sysexits.h where one fits; see docs/cli.md).
+
+`run` and `elect` otherwise exit with their COMMAND's status (128 + N when it died of
+signal N, as shells report it).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Exit(enum.IntEnum):
+    OK = 0
+    #: `run`: the lock was not obtained (`--nonblock`, `-w` timeout); `-E` changes it.
+    NOT_OBTAINED = 1
+    #: `broker status`: the private node is not running (LSB "program is not running").
+    NOT_RUNNING = 3
+    #: EX_USAGE: bad option or argument, invalid lock name, SLOTS < 1.
+    USAGE = 64
+    #: EX_DATAERR: the lock does not exist (unknown semaphore or token semaphore), or its
+    #: state conflicts with the request (created with another count, other queue flags),
+    #: or an audit found missing/surplus tokens.
+    DATAERR = 65
+    #: EX_UNAVAILABLE: broker unreachable, connection lost, private node cannot start.
+    UNAVAILABLE = 69
+    #: EX_SOFTWARE: a bug (unexpected exception); run with -v for the traceback.
+    SOFTWARE = 70
+    #: EX_TEMPFAIL: `run`: the lock was lost while COMMAND ran (COMMAND was stopped);
+    #: admin commands: the administration mutex or a wait timed out. Retrying may work.
+    TEMPFAIL = 75
+    #: EX_NOPERM: bad credentials, or no permission on the vhost/queue.
+    NOPERM = 77
+    #: EX_CONFIG: the `--config` file of `elect` is missing or invalid.
+    CONFIG = 78
+    #: COMMAND exists but cannot be executed (permission, not a binary).
+    NOT_EXECUTABLE = 126
+    #: COMMAND not found.
+    NOT_FOUND = 127
+    #: Interrupted (SIGINT) before COMMAND started.
+    INTERRUPTED = 130

@@ -1,0 +1,364 @@
+"""`amqp-locks run`: hold a lock while a command runs, the way flock(1) does for files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import click
+
+from ..errors import LockError, SemaphoreNotFound
+from ..lease import Lease
+from ..mutex import Mutex
+from ..semaphore import PersistentSemaphore, SemaphoreAdmin
+from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
+from ..transport.broker import Broker
+from .common import CliError, Globals, get_globals, lock_name
+from .exitcodes import Exit
+
+#: Signals forwarded to COMMAND while it runs (SIGINT too: `kill -INT` from a script must
+#: reach it; a terminal's Ctrl-C reaches both processes anyway, they share a group).
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGWINCH,
+    signal.SIGCONT,
+)
+#: Signals that stop `amqp-locks` while it still waits for the lock.
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+class _Interrupted(BaseException):
+    """A stopping signal arrived while we waited (BaseException: it cancels the acquire)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _handlers(
+    handler: Callable[[int, FrameType | None], Any], sigs: tuple[int, ...]
+) -> Iterator[None]:
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise _Interrupted(signum)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def acquire(
+    broker: Broker,
+    kind: str,
+    name: str,
+    slots: int | None,
+    *,
+    blocking: bool,
+    timeout: float | None,
+    priority: int = 0,
+) -> Lease | None:
+    """Take the lock `name` of `kind`, creating a semaphore of `slots` if it is missing."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if kind == "mutex":
+        return Mutex(broker, name).acquire(blocking, timeout)
+    if kind == "persistent":
+        sem = PersistentSemaphore(broker, name)
+        try:
+            return sem.acquire(blocking, timeout)
+        except SemaphoreNotFound:
+            if slots is None:
+                raise SemaphoreNotFound(
+                    f"semaphore {name!r} does not exist: create it with "
+                    f"'amqp-locks semaphore create {name} SLOTS' or pass -n SLOTS"
+                ) from None
+        # LockError: created meanwhile by someone else, with another count: use it as is.
+        with contextlib.suppress(LockError):
+            SemaphoreAdmin(broker, name).create(slots)
+        return sem.acquire(blocking, _remaining(deadline))
+    tokens = TokenSemaphore(broker, name, priority=priority)
+    try:
+        return tokens.acquire(blocking, timeout)
+    except TokenSemaphoreNotFound:
+        if slots is None:
+            raise TokenSemaphoreNotFound(
+                f"token semaphore {name!r} does not exist: set it up with "
+                f"'amqp-locks token setup {name} PERMITS' or pass -n PERMITS"
+            ) from None
+    try:
+        tokens.setup(slots)
+    except TokenSemaphoreNotFound:
+        raise
+    except LockError:
+        pass  # set up meanwhile with another count
+    return tokens.acquire(blocking, _remaining(deadline))
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it (128 + N when killed by signal N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def own_group() -> bool:
+    """Whether COMMAND gets a process group of its own: yes unless stdin is a terminal (an
+    interactive COMMAND must stay in the terminal's foreground group to read from it)."""
+    try:
+        return not os.isatty(0)
+    except OSError:
+        return True
+
+
+def spawn(argv: list[str], env: dict[str, str], group: bool) -> subprocess.Popen[bytes]:
+    """Start COMMAND; 127 when not found, 126 when not executable (one line each)."""
+    try:
+        return subprocess.Popen(argv, env=env, process_group=0 if group else None)
+    except FileNotFoundError:
+        raise CliError(Exit.NOT_FOUND, f"{argv[0]}: command not found") from None
+    except (PermissionError, IsADirectoryError):
+        raise CliError(Exit.NOT_EXECUTABLE, f"{argv[0]}: permission denied") from None
+    except OSError as exc:
+        raise CliError(Exit.NOT_EXECUTABLE, f"{argv[0]}: cannot execute: {exc.strerror}") from None
+
+
+class Supervisor:
+    """Runs COMMAND, forwards our signals to it, and stops it if the lock is lost:
+    SIGTERM, then SIGKILL after `grace` seconds. With `group`, COMMAND leads a process
+    group of its own and signals go to the whole group (its children too)."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], grace: float, g: Globals, group: bool
+    ) -> None:
+        self.proc = proc
+        self.grace = grace
+        self.g = g
+        self.group = group
+        self.lost_reason: str | None = None
+        self.lost_at = 0.0
+        self._lock = threading.Lock()
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is not None and not self.group:
+            return
+        try:
+            if self.group:
+                os.killpg(self.proc.pid, signum)
+            else:
+                self.proc.send_signal(signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def forward(self, signum: int, frame: FrameType | None) -> None:
+        self.signal(signum)
+
+    def on_lost(self, what: str, reason: str | None) -> None:
+        with self._lock:
+            if self.lost_reason is not None or self.proc.poll() is not None:
+                return  # COMMAND already ended: it ran under the lock throughout
+            self.lost_reason = reason or "lost"
+        self.g.info(
+            f"error: {what} lost ({self.lost_reason}); stopping COMMAND "
+            f"(SIGTERM, SIGKILL after {self.grace:g}s)"
+        )
+        self.lost_at = time.monotonic()
+        self.signal(signal.SIGTERM)
+        timer = threading.Timer(self.grace, self._kill)
+        timer.daemon = True
+        timer.start()
+
+    def _kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def wait(self) -> int:
+        with _handlers(self.forward, FORWARDED):
+            status = self.proc.wait()
+            if self.lost_reason is not None and self.group:
+                self._reap_group()
+            return status
+
+    def _reap_group(self) -> None:
+        """The lock is lost and COMMAND ended: what is left of its group gets the rest of
+        the grace period, then SIGKILL (nothing keeps working without the lock)."""
+        deadline = self.lost_at + self.grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+        self.signal(signal.SIGKILL)
+
+
+@click.command(
+    epilog="""\b
+Examples:
+  amqp-locks run backup --nonblock -- /usr/local/bin/backup.sh
+  amqp-locks run deploys -n 3 -w 600 -- ./deploy.sh web-1
+  amqp-locks run db-migrate -c 'alembic upgrade head'
+  amqp-locks run gpu --kind token -n 2 -- python train.py
+\b
+COMMAND sees AMQP_LOCKS_NAME, AMQP_LOCKS_KIND, AMQP_LOCKS_SLOT (slot or permit number)
+and AMQP_LOCKS_FENCING_TOKEN (rises with every grant: pass it to what you protect).
+Exit status: COMMAND's (128+N if killed by signal N); -E CODE (default 1) when the lock
+was not obtained; 75 when the lock was lost and COMMAND was stopped; 126/127 when COMMAND
+cannot be executed / is not found."""
+)
+@click.argument("name")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "-n",
+    "--slots",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="SLOTS",
+    help="Use a semaphore of SLOTS slots (created if missing; an existing one keeps its count).",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["mutex", "persistent", "token"]),
+    default=None,
+    help="mutex (default without -n), persistent semaphore (default with -n), token semaphore.",
+)
+@click.option(
+    "-w",
+    "--wait",
+    "--timeout",
+    "wait",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="Give up after SECONDS without the lock (exit CODE).",
+)
+@click.option("--nonblock", is_flag=True, help="Give up at once if the lock is busy (exit CODE).")
+@click.option(
+    "-E",
+    "--conflict-exit-code",
+    "conflict_code",
+    type=click.IntRange(0, 255),
+    default=1,
+    show_default=True,
+    metavar="CODE",
+    help="Exit status when the lock was not obtained.",
+)
+@click.option("-c", "--command", "shell_command", metavar="CMD", help="Run CMD with /bin/sh -c.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="After losing the lock: SIGTERM, then SIGKILL after SECONDS.",
+)
+@click.option(
+    "--lost-exit-code",
+    "lost_code",
+    type=click.IntRange(0, 255),
+    default=int(Exit.TEMPFAIL),
+    show_default=True,
+    metavar="CODE",
+    help="Exit status when the lock was lost while COMMAND ran.",
+)
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    help="Token semaphores: consumer priority (higher is served first).",
+)
+def run(
+    name: str,
+    command: tuple[str, ...],
+    slots: int | None,
+    kind: str | None,
+    wait: float | None,
+    nonblock: bool,
+    conflict_code: int,
+    shell_command: str | None,
+    grace: float,
+    lost_code: int,
+    priority: int,
+) -> int:
+    """Hold the lock NAME while COMMAND runs (flock-style).
+
+    \b
+    amqp-locks run NAME [-n SLOTS] [-w SECONDS | --nonblock] [-E CODE] -- COMMAND [ARGS...]
+    amqp-locks run NAME [options] -c 'shell command'
+    """
+    g = get_globals()
+    name = lock_name(name)
+    if shell_command is not None and command:
+        raise click.UsageError("give either -c CMD or COMMAND, not both")
+    if shell_command is None and not command:
+        raise click.UsageError("missing COMMAND (use: run NAME -- COMMAND [ARGS...])")
+    if nonblock and wait is not None:
+        raise click.UsageError("--nonblock and -w are mutually exclusive")
+    if kind is None:
+        kind = "mutex" if slots is None else "persistent"
+    if kind == "mutex" and slots is not None:
+        raise click.UsageError("-n SLOTS needs --kind persistent or token, not mutex")
+    argv = ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)
+
+    broker = g.broker(f"run {name}")
+    try:
+        try:
+            with _handlers(_raise_interrupted, STOPPING):
+                lease = acquire(
+                    broker,
+                    kind,
+                    name,
+                    slots,
+                    blocking=not nonblock,
+                    timeout=wait,
+                    priority=priority,
+                )
+        except _Interrupted as exc:
+            raise CliError(128 + exc.signum, "interrupted while waiting for the lock") from None
+        if lease is None:
+            why = "busy" if nonblock else f"timed out after {wait:g}s"
+            g.info(f"{name}: lock not obtained ({why})")
+            return conflict_code
+        if g.verbose:
+            g.info(
+                f"holding {kind} {name!r} slot {lease.number} (fencing token {lease.fencing_token})"
+            )
+        env = dict(os.environ)
+        env.update(
+            AMQP_LOCKS_NAME=name,
+            AMQP_LOCKS_KIND=kind,
+            AMQP_LOCKS_SLOT=str(lease.number),
+            AMQP_LOCKS_FENCING_TOKEN=str(lease.fencing_token),
+        )
+        try:
+            group = own_group()
+            proc = spawn(argv, env, group)
+            sup = Supervisor(proc, grace, g, group)
+            what = f"lock {name!r}" if kind == "mutex" else f"slot {lease.number} of {name!r}"
+            lease.on_lost(lambda lost: sup.on_lost(what, lost.lost_reason))
+            status = exit_status(sup.wait())
+        finally:
+            # Lost, or the connection is gone: the broker frees it anyway.
+            with contextlib.suppress(Exception):
+                lease.release()
+        if sup.lost_reason is not None:
+            return lost_code
+        return status
+    finally:
+        broker.close()

@@ -78,3 +78,25 @@ def _read_first_line(path: str) -> str:
             return f.readline()
     except OSError:
         return ""
+
+
+def forkserver_cpu() -> float:
+    """CPU seconds of the multiprocessing forkserver and the workers it forked and reaped.
+
+    Forkserver workers are not our children, so ``own_cpu`` misses them; their parent
+    (the forkserver) reaps them, so its cutime/cstime hold their CPU. 0 if none runs.
+    """
+    try:
+        from multiprocessing import forkserver
+
+        pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    except (ImportError, AttributeError):
+        return 0.0
+    if not pid:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime stime cutime cstime: fields 14-17.
+    return sum(int(x) for x in fields[11:15]) / _TICK

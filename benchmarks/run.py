@@ -1,8 +1,8 @@
 """Run every benchmark against a private RabbitMQ node and write JSON, plots and the doc.
 
-    python -m benchmarks.run            # full run (~4 min): benchmarks/results/latest.json,
+    python -m benchmarks.run            # full run (~8 min): benchmarks/results/latest.json,
                                         # docs/benchmarks.md, docs/img/bench-*.png
-    python -m benchmarks.run --quick    # smoke run (<60 s) into benchmarks/results/quick/
+    python -m benchmarks.run --quick    # smoke run (<90 s) into benchmarks/results/quick/
     python -m benchmarks.run --render-only benchmarks/results/latest.json
 
 The node (``amqplocksbench``, separate from the tests' ``amqplockstest``) is started by
@@ -12,6 +12,8 @@ the run and stopped at the end unless it was already running; ``--url`` uses ano
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
@@ -19,8 +21,10 @@ import logging
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,9 +35,9 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` i
     __package__ = "benchmarks"
 
 import amqp_locks
-from amqp_locks import Broker, devbroker
-from benchmarks import contention, floors, latency, primitives, report
-from benchmarks.cpu import beam_pid, own_cpu, process_cpu, system_busy
+from amqp_locks import Broker, devbroker, devdb
+from benchmarks import contention, failover, floors, handoff, latency, primitives, report
+from benchmarks.cpu import beam_pid, forkserver_cpu, own_cpu, process_cpu, system_busy
 from benchmarks.latency import Budget
 from benchmarks.stats import summarize_reps
 
@@ -49,7 +53,7 @@ def _log(msg: str) -> None:
 
 
 def _config(quick: bool) -> dict[str, Any]:
-    """Sample counts and time caps: full stays under ~5 min on 2 cores, quick under 60 s."""
+    """Sample counts and time caps: full stays under ~8 min on 2 cores, quick under 90 s."""
     if quick:
         return {
             "loopback": (300, 2),
@@ -60,6 +64,10 @@ def _config(quick: bool) -> dict[str, Any]:
             "sweep": lambda c, slot: Budget(reps=2, max_samples=15, seconds=0.4, warmup=1),
             "contention": contention.Plan(processes=16, slots=4, seconds=3.0, hold=0.0, grace=5.0),
             "contention_runs": 1,
+            "handoff": handoff.Plan(reps=2, samples=6, warmup=2, settle=0.05, crash_samples=2),
+            # Quick: tuned settings only, no database servers (SQLite stands in for them).
+            "failover_samples": {"tuned": 2},
+            "db_servers": False,
         }
     return {
         "loopback": (2000, 5),
@@ -75,6 +83,10 @@ def _config(quick: bool) -> dict[str, Any]:
         ),
         "contention": contention.Plan(processes=16, slots=4, seconds=10.0, hold=0.0),
         "contention_runs": 3,
+        "handoff": handoff.Plan(reps=3, samples=25, warmup=3, settle=0.05, crash_samples=8),
+        # A failover with ActiveMQ's defaults takes 5-20 s: 3 samples; tuned ones ~1 s: 10.
+        "failover_samples": {"tuned": 10, "default": 3},
+        "db_servers": True,
     }
 
 
@@ -208,8 +220,26 @@ def measure(url: str, pid_file: Path | None, quick: bool, command: str) -> dict[
         f"{c['handoff']['p50_ms']:.2f} ms p99={c['handoff']['p99_ms']:.2f} ms"
     )
 
+    _log("token semaphore: uncontended acquire/release (classic and quorum token queue)")
+    results["uncontended_tokens"] = handoff.uncontended_tokens(
+        url, cfg["uncontended"], rtt_ms, pids
+    )
+    for label, s in results["uncontended_tokens"].items():
+        _log(
+            f"  {label}: acquire p50={s['acquire']['p50_ms']:.2f} ms "
+            f"release p50={s['release']['p50_ms']:.2f} ms"
+        )
+    hplan: handoff.Plan = cfg["handoff"]
+    _log("handoff release -> blocked waiter in another process (one permit)")
+    results["handoff_plan"] = dataclasses.asdict(hplan)
+    results["handoff"] = handoff.handoff(url, hplan, rtt_ms, _log)
+    _log("crash: kill -9 of the holder -> blocked waiter acquires")
+    results["crash"] = handoff.crash(url, hplan, _log)
+
+    results["failover"] = _failover(url, cfg)
+
     wall = time.monotonic() - started
-    ours = (own_cpu() - own0) + (process_cpu(broker_pid) - beam0)
+    ours = (own_cpu() - own0) + (process_cpu(broker_pid) - beam0) + forkserver_cpu()
     env = results["environment"]
     env["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     env["duration_s"] = round(wall, 1)
@@ -217,6 +247,65 @@ def measure(url: str, pid_file: Path | None, quick: bool, command: str) -> dict[
     env["other_load_cores"] = round(max(0.0, (system_busy() - busy0) - ours) / wall, 2)
     env["own_load_cores"] = round(ours / wall, 2)
     return results
+
+
+def _failover(url: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Locker failover with tuned (and in full runs ActiveMQ's default) settings, on a
+    shared file, SQLite and (full runs) private PostgreSQL and MariaDB servers."""
+    tmp = Path(tempfile.mkdtemp(prefix="amqp-locks-bench-"))
+    dbs: dict[str, str] = {}
+    started: list[tuple[str, Path]] = []
+    notes: list[str] = []
+    groups: dict[str, list[failover.Spec]] = {}
+    busy0, own0, fs0, t0 = system_busy(), own_cpu(), forkserver_cpu(), time.monotonic()
+    try:
+        if cfg["db_servers"]:
+            for kind, label in (("postgresql", "PostgreSQL"), ("mariadb", "MariaDB")):
+                base = devdb.db_fixture_base() / kind
+                try:
+                    _log(f"starting private {kind} server")
+                    info = devdb.start(kind, name="bench", base_dir=base)
+                    started.append((kind, base))
+                    dbs[label] = info.url
+                except Exception as exc:  # no server binaries: say so, measure the rest
+                    notes.append(f"{label} not measured: {exc}")
+                    _log(f"  {label} not measured: {exc}")
+        else:
+            notes.append("smoke run: no PostgreSQL/MariaDB servers, no default-settings failover")
+        groups = {
+            group: failover.specs(
+                failover.TUNED if group == "tuned" else failover.DEFAULT,
+                group,
+                str(tmp / "files"),
+                str(tmp),
+                dbs,
+                url,
+            )
+            for group in cfg["failover_samples"]
+        }
+        _log(f"failover per locker ({', '.join(groups)} settings), all concurrently")
+        measured = failover.measure(groups, cfg["failover_samples"], _log)
+    finally:
+        # AmqpLocker's mutex leaves its fence queue (and nothing else) on the broker.
+        names = {sp.name for g in groups.values() for sp in g if sp.kind == "amqp"}
+        with contextlib.suppress(Exception), Broker(url) as broker:
+            latency._delete_queues(broker, [q for n in names for q in (n, f"{n}-fence")])
+        for kind, base in started:
+            with contextlib.suppress(Exception):
+                devdb.stop(kind, name="bench", base_dir=base)
+            shutil.rmtree(base.parent, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = time.monotonic() - t0
+    return {
+        "groups": measured["groups"],
+        "wall_s": measured["wall_s"],
+        "settings": {"tuned": failover.TUNED, "default": failover.DEFAULT},
+        "databases": sorted(dbs),
+        "notes": notes,
+        # Cores kept busy meanwhile by everything (this phase's processes included).
+        "busy_cores": round((system_busy() - busy0) / wall, 2),
+        "own_cores": round((own_cpu() - own0 + forkserver_cpu() - fs0) / wall, 2),
+    }
 
 
 def _rel(path: Path) -> str:

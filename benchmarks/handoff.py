@@ -1,0 +1,311 @@
+"""Token semaphore vs mutex vs persistent semaphore: uncontended cost, handoff, crash.
+
+- Uncontended: acquire then release of a one-permit :class:`TokenSemaphore` (classic and
+  quorum token queue), back to back, as for the persistent semaphore in ``latency.py``.
+- Handoff: two processes (own Broker each) and one permit. The holder notes
+  ``time.monotonic()`` just before ``release()``; the waiter has been blocked in
+  ``acquire()`` for ``settle`` seconds and notes the time ``acquire()`` returned. Roles
+  then swap. ``time.monotonic()`` is CLOCK_MONOTONIC, one clock for all processes.
+- Crash: the holder process is killed with SIGKILL while a waiter in another process is
+  blocked in ``acquire()``; measured from just before ``os.kill`` (in the parent) to the
+  waiter's ``acquire()`` returning. The waiter has waited a random 0.1-2.5 s before the
+  kill, so a waiter that falls back to polling is caught at a random point of its back-off.
+
+Worker processes come from a ``forkserver`` with the library preloaded, so starting one
+costs a fork, not an interpreter start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin
+from amqp_locks.names import fence_queue
+from amqp_locks.tokens import TokenSemaphore
+
+from .latency import Budget, _delete_queues, _uncontended_one, unique_name
+from .stats import ms, summarize_reps
+
+#: Lock kinds compared, in report order.
+KINDS = ("token", "token_quorum", "mutex", "semaphore")
+LABELS = {
+    "token": "token semaphore (classic token queue)",
+    "token_quorum": "token semaphore (quorum token queue)",
+    "mutex": "mutex",
+    "semaphore": "persistent semaphore, C=1",
+}
+PRELOAD = ["amqp_locks", "amqp_locks.tokens", "amqp_locks.lockers", "sqlalchemy", "benchmarks"]
+
+
+def context() -> Any:
+    """A forkserver context with the library preloaded (cheap worker starts)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+@dataclass
+class Plan:
+    reps: int  # handoff repetitions
+    samples: int  # handoffs per repetition
+    warmup: int  # untimed handoffs first
+    settle: float  # seconds the waiter is blocked before the release
+    crash_samples: int
+    crash_settle: tuple[float, float] = (0.1, 2.5)
+
+
+# ----------------------------------------------------------------------------- locks
+
+
+def _make(broker: Broker, kind: str, name: str) -> Any:
+    if kind == "token":
+        return TokenSemaphore(broker, name)
+    if kind == "token_quorum":
+        return TokenSemaphore(broker, name, quorum=True)
+    if kind == "mutex":
+        return Mutex(broker, name)
+    if kind == "semaphore":
+        return PersistentSemaphore(broker, name)
+    raise ValueError(kind)
+
+
+@contextlib.contextmanager
+def _lock(broker: Broker, kind: str) -> Any:
+    """Create a one-permit lock of ``kind``; yields its name; removes it afterwards."""
+    name = unique_name(f"ho-{kind.replace('_', '-')}")
+    if kind.startswith("token"):
+        ts = TokenSemaphore(broker, name, quorum=kind == "token_quorum")
+        ts.setup(1)
+    elif kind == "semaphore":
+        SemaphoreAdmin(broker, name).create(1)
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(Exception):
+            if kind.startswith("token"):
+                TokenSemaphore(broker, name, quorum=kind == "token_quorum").destroy()
+            elif kind == "semaphore":
+                SemaphoreAdmin(broker, name).destroy(purge_fence=True)
+        _delete_queues(broker, [name, fence_queue(name)])
+
+
+# ---------------------------------------------------------------------- uncontended
+
+
+def uncontended_tokens(
+    url: str, budget: Budget, rtt_ms: float, meter_pids: dict[str, int | None]
+) -> dict[str, Any]:
+    """Uncontended acquire/release of a one-permit token semaphore, classic and quorum."""
+    out: dict[str, Any] = {}
+    with Broker(url) as broker:
+        for kind in ("token", "token_quorum"):
+            with _lock(broker, kind) as name:
+                sem = _make(broker, kind, name)
+                out[kind] = _uncontended_one(sem.acquire, budget, rtt_ms, meter_pids)
+    return out
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _worker(url: str, kind: str, name: str, conn: Connection) -> None:
+    """Acquire / release on command, reporting CLOCK_MONOTONIC times."""
+    logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
+    broker = Broker(url, connection_name=f"amqp-locks bench {kind} {os.getpid()}")
+    lease = None
+    try:
+        broker.connect()
+        lock = _make(broker, kind, name)
+        conn.send(("ready", os.getpid()))
+        while True:
+            cmd = conn.recv()
+            if cmd == "acquire":
+                conn.send(("acquiring", time.monotonic()))
+                lease = lock.acquire(timeout=120)
+                t = time.monotonic()
+                conn.send(("acquired", t, None if lease is None else lease.fencing_token))
+            elif cmd == "release":
+                t0 = time.monotonic()
+                if lease is not None:
+                    lease.release()
+                lease = None
+                conn.send(("released", t0, time.monotonic()))
+            else:
+                break
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            conn.send(("error", repr(exc)))
+    finally:
+        broker.close()
+
+
+class _Proc:
+    def __init__(self, ctx: Any, url: str, kind: str, name: str) -> None:
+        self.pipe, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(url, kind, name, child), daemon=True)
+        self.proc.start()
+
+    def expect(self, what: str, timeout: float = 60.0) -> tuple[Any, ...]:
+        if not self.pipe.poll(timeout):
+            raise RuntimeError(f"worker {self.proc.pid}: no {what!r} within {timeout:.0f} s")
+        msg = self.pipe.recv()
+        if msg[0] != what:
+            raise RuntimeError(f"worker {self.proc.pid}: expected {what!r}, got {msg!r}")
+        return msg
+
+    def send(self, cmd: str) -> None:
+        self.pipe.send(cmd)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self.pipe.send("exit")
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(10)
+
+
+def _start_procs(ctx: Any, url: str, kind: str, name: str, n: int) -> list[_Proc]:
+    procs = [_Proc(ctx, url, kind, name) for _ in range(n)]
+    try:
+        for p in procs:
+            p.expect("ready", 120)
+    except BaseException:
+        for p in procs:
+            p.proc.kill()
+        raise
+    return procs
+
+
+# --------------------------------------------------------------------------- handoff
+
+
+def _handoff_one(ctx: Any, url: str, broker: Broker, kind: str, plan: Plan) -> dict[str, Any]:
+    with _lock(broker, kind) as name:
+        procs = _start_procs(ctx, url, kind, name, 2)
+        try:
+            procs[0].send("acquire")
+            procs[0].expect("acquiring")
+            procs[0].expect("acquired")
+            holder, waiter = procs
+            reps: list[list[float]] = []
+            release_calls: list[float] = []
+            for rep in range(plan.reps):
+                samples: list[float] = []
+                total = plan.samples + (plan.warmup if rep == 0 else 0)
+                for i in range(total):
+                    waiter.send("acquire")
+                    waiter.expect("acquiring")
+                    time.sleep(plan.settle)  # the waiter is now blocked in acquire()
+                    holder.send("release")
+                    _, t_rel, t_rel_end = holder.expect("released")
+                    _, t_acq, _token = waiter.expect("acquired", 120)
+                    if rep > 0 or i >= plan.warmup:
+                        samples.append(t_acq - t_rel)
+                        release_calls.append(t_rel_end - t_rel)
+                    holder, waiter = waiter, holder
+                reps.append(samples)
+            holder.send("release")
+            holder.expect("released")
+        finally:
+            for p in procs:
+                p.stop()
+    s = summarize_reps(reps)
+    s["samples_ms"] = [ms(x) for r in reps for x in r]
+    s["release_call_p50_ms"] = summarize_reps([release_calls])["p50_ms"]
+    return s
+
+
+def handoff(url: str, plan: Plan, rtt_ms: float, log: Callable[[str], None]) -> dict[str, Any]:
+    """Release -> waiter's acquire returned, per lock kind (one permit, two processes)."""
+    ctx = context()
+    out: dict[str, Any] = {}
+    with Broker(url) as broker:
+        for kind in KINDS:
+            s = _handoff_one(ctx, url, broker, kind, plan)
+            s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
+            s["p99_x_rtt"] = round(s["p99_ms"] / rtt_ms, 1)
+            out[kind] = s
+            log(
+                f"  handoff {kind}: p50={s['p50_ms']:.2f} ms ({s['p50_x_rtt']}x RTT) "
+                f"p99={s['p99_ms']:.2f} ms n={s['n']}"
+            )
+    return out
+
+
+# ----------------------------------------------------------------------------- crash
+
+
+def _crash_one(
+    ctx: Any, url: str, broker: Broker, kind: str, plan: Plan, rng: random.Random
+) -> dict[str, Any]:
+    samples: list[float] = []
+    settles: list[float] = []
+    errors: list[str] = []
+    with _lock(broker, kind) as name:
+        procs = _start_procs(ctx, url, kind, name, plan.crash_samples + 1)
+        try:
+            procs[0].send("acquire")
+            procs[0].expect("acquiring")
+            procs[0].expect("acquired")
+            for holder, waiter in itertools.pairwise(procs):
+                waiter.send("acquire")
+                waiter.expect("acquiring")
+                settle = rng.uniform(*plan.crash_settle)
+                time.sleep(settle)
+                if waiter.pipe.poll(0):
+                    early = waiter.pipe.recv()
+                    errors.append(f"waiter acquired while the holder was alive: {early}")
+                    break
+                t_kill = time.monotonic()
+                holder.kill()
+                try:
+                    _, t_acq, _token = waiter.expect("acquired", 90)
+                except RuntimeError as exc:
+                    errors.append(str(exc))
+                    break
+                samples.append(t_acq - t_kill)
+                settles.append(settle)
+        finally:
+            for p in procs:
+                if p.proc.is_alive():
+                    p.stop()
+    s = summarize_reps([samples])
+    s["samples_ms"] = [ms(x) for x in samples]
+    s["waited_before_kill_s"] = [round(x, 2) for x in settles]
+    s["errors"] = errors
+    return s
+
+
+def crash(url: str, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
+    """kill -9 of the holder -> the blocked waiter's acquire returned, per lock kind."""
+    ctx = context()
+    rng = random.Random(4)
+    out: dict[str, Any] = {}
+    with Broker(url) as broker:
+        for kind in ("token", "mutex", "semaphore"):
+            s = _crash_one(ctx, url, broker, kind, plan, rng)
+            out[kind] = s
+            log(
+                f"  crash {kind}: p50={s['p50_ms']:.1f} ms p99={s['p99_ms']:.1f} ms "
+                f"n={s['n']} errors={len(s['errors'])}"
+            )
+    return out
+
+
+__all__ = ["KINDS", "LABELS", "Plan", "crash", "handoff", "uncontended_tokens"]

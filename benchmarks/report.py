@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import string
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 
 TEMPLATE = Path(__file__).with_name("template.md")
 PLOTS = {
@@ -23,6 +25,8 @@ PLOTS = {
     "search": "bench-latency-vs-slots.png",
     "handoff": "bench-handoff-cdf.png",
     "fairness": "bench-grants-per-process.png",
+    "handoff_compare": "bench-handoff-compare.png",
+    "failover": "bench-failover.png",
 }
 
 
@@ -289,6 +293,351 @@ def _code_version(env: dict[str, Any]) -> str:
     return f"{env['amqp_locks']} (git {env['git_commit']}{dirty})"
 
 
+# ------------------------------------------------------- token semaphore, lockers
+
+HANDOFF_KINDS = ("token", "token_quorum", "mutex", "semaphore")
+KIND_LABELS = {
+    "token": "token semaphore, classic token queue",
+    "token_quorum": "token semaphore, quorum token queue",
+    "mutex": "mutex",
+    "semaphore": "persistent semaphore, C=1",
+}
+#: Issue 3's goal: a token handoff within this many broker round trips.
+TOKEN_HANDOFF_GOAL_RTT = 3.0
+
+
+def _plot_handoff_compare(r: dict[str, Any], path: Path) -> None:
+    ho, cr = r.get("handoff", {}), r.get("crash", {})
+    rtt = r["floors"]["broker_round_trip"]["p50_ms"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.0, 4.0))
+    for ax, data, title in (
+        (a1, ho, "release -> blocked waiter holds"),
+        (a2, cr, "holder kill -9 -> blocked waiter holds"),
+    ):
+        kinds = [k for k in HANDOFF_KINDS if k in data]
+        ys = list(range(len(kinds)))[::-1]
+        ax.barh(ys, [data[k]["p99_ms"] for k in kinds], color="#c6dbef", label="p99")
+        ax.barh(ys, [data[k]["p50_ms"] for k in kinds], color="#2171b5", label="p50")
+        ax.set_yticks(ys, [KIND_LABELS[k].replace(", ", "\n") for k in kinds], fontsize=8)
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("ms (log scale)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", which="both", alpha=0.3)
+    a1.axvline(rtt, color="grey", linestyle=":", label=f"RTT p50 {rtt:.2f} ms")
+    a1.axvline(TOKEN_HANDOFF_GOAL_RTT * rtt, color="#cb181d", linestyle="--", label="goal: 3 x RTT")
+    for ax in (a1, a2):
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _failover_rows(r: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Locker labels in order, and per label {group: stats}."""
+    groups = r.get("failover", {}).get("groups", {})
+    labels: list[str] = []
+    per: dict[str, dict[str, Any]] = {}
+    for group, g in groups.items():
+        for row in g["rows"]:
+            if row["locker"] not in per:
+                labels.append(row["locker"])
+                per[row["locker"]] = {}
+            per[row["locker"]][group] = row
+    return labels, per
+
+
+def _plot_failover(r: dict[str, Any], path: Path) -> None:
+    labels, per = _failover_rows(r)
+    fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(labels) + 1.6))
+    ys = list(range(len(labels)))[::-1]
+    colors = {"tuned": "#238b45", "default": "#cb181d"}
+    for off, group in ((0.18, "tuned"), (-0.18, "default")):
+        xs, yy = [], []
+        for y, label in zip(ys, labels, strict=True):
+            s = per[label].get(group)
+            if not s or not s.get("n"):
+                continue
+            ax.barh(y + off, s["p50_ms"] / 1000, height=0.34, color=colors[group], alpha=0.6)
+            for x in s["samples_ms"]:
+                xs.append(x / 1000)
+                yy.append(y + off)
+        if xs:
+            ax.scatter(
+                xs, yy, s=10, color=colors[group], label=f"{group} settings: samples; bar: p50"
+            )
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.set_xlabel("master kill -9 -> standby is master (s, log scale)")
+    ax.set_title("Locker failover")
+    ax.grid(axis="x", which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _token_values(r: dict[str, Any]) -> dict[str, str]:
+    rtt = r["floors"]["broker_round_trip"]
+    rtt_ms = rtt["p50_ms"]
+    uc, ut = r["uncontended"], r.get("uncontended_tokens", {})
+    ho, cr = r.get("handoff", {}), r.get("crash", {})
+
+    def x(v: float) -> str:
+        return f"{v / rtt_ms:.1f}x"
+
+    uc_rows = []
+    for label, s in (
+        ("token semaphore, classic token queue", ut.get("token")),
+        ("token semaphore, quorum token queue", ut.get("token_quorum")),
+        ("persistent semaphore, C=1", uc["semaphore_c1"]),
+        ("mutex", uc["mutex"]),
+    ):
+        if s is None:
+            continue
+        a, rel = s["acquire"], s["release"]
+        cpu = s.get("cpu_per_cycle_ms", {})
+        uc_rows.append(
+            [
+                label,
+                _f(a["p50_ms"]),
+                _f(a["p99_ms"]),
+                x(a["p50_ms"]),
+                _f(rel["p50_ms"]),
+                _f(rel["p99_ms"]),
+                f"{_f(cpu.get('client'))} / {_f(cpu.get('broker'))}",
+                str(a["n"]),
+            ]
+        )
+    token_uc_table = _table(
+        [
+            "lock",
+            "acquire p50 ms",
+            "acquire p99 ms",
+            "acquire p50 / RTT",
+            "release p50 ms",
+            "release p99 ms",
+            "CPU ms per cycle client / broker",
+            "n",
+        ],
+        uc_rows,
+    )
+    ho_rows = [
+        [
+            KIND_LABELS[k],
+            _f(ho[k]["p50_ms"]),
+            _f(ho[k]["p99_ms"]),
+            x(ho[k]["p50_ms"]),
+            x(ho[k]["p99_ms"]),
+            _f(ho[k].get("release_call_p50_ms")),
+            f"{ho[k]['n']} ({ho[k]['reps']} reps)",
+        ]
+        for k in HANDOFF_KINDS
+        if k in ho
+    ]
+    ho_rows.insert(
+        0,
+        [
+            "broker round trip (RTT), same run",
+            _f(rtt_ms, 3),
+            _f(rtt["p99_ms"], 3),
+            "1.0x",
+            x(rtt["p99_ms"]),
+            "",
+            f"{rtt['n']}",
+        ],
+    )
+    handoff_table = _table(
+        ["lock", "p50 ms", "p99 ms", "p50 / RTT", "p99 / RTT", "`release()` call p50 ms", "n"],
+        ho_rows,
+    )
+    cr_rows = [
+        [
+            KIND_LABELS[k],
+            _f(cr[k]["p50_ms"], 1),
+            _f(cr[k]["p99_ms"], 1),
+            _f(cr[k].get("min_ms"), 1),
+            _f(cr[k].get("max_ms"), 1),
+            str(cr[k]["n"]),
+            str(len(cr[k].get("errors", []))),
+        ]
+        for k in HANDOFF_KINDS
+        if k in cr
+    ]
+    crash_table = _table(["lock", "p50 ms", "p99 ms", "min ms", "max ms", "n", "errors"], cr_rows)
+    crash_errors = [f"{k}: {e}" for k in cr for e in cr[k].get("errors", [])]
+    # Issue 3's goal, judged from the measurement.
+    goal = []
+    for k in ("token", "token_quorum"):
+        if k not in ho:
+            continue
+        ratio = ho[k]["p50_ms"] / rtt_ms
+        ratio99 = ho[k]["p99_ms"] / rtt_ms
+        met = "**met**" if ratio <= TOKEN_HANDOFF_GOAL_RTT else "**not met**"
+        goal.append(
+            f"- {KIND_LABELS[k]}: p50 {_f(ho[k]['p50_ms'])} ms = {ratio:.1f} x RTT, p99 "
+            f"{_f(ho[k]['p99_ms'])} ms = {ratio99:.1f} x RTT: goal (p50 within "
+            f"{TOKEN_HANDOFF_GOAL_RTT:.0f} x RTT) {met}."
+        )
+    plan = r.get("handoff_plan", {})
+    crash_note = ""
+    if {"token", "mutex"} <= cr.keys():
+        t, m = cr["token"]["p50_ms"], cr["mutex"]["p50_ms"]
+        crash_note = (
+            f"After a crash the token semaphore hands over in {_f(t, 1)} ms at p50, the mutex "
+            f"in {_f(m, 1)} ms"
+        )
+        if "semaphore" in cr:
+            crash_note += f" and the persistent semaphore in {_f(cr['semaphore']['p50_ms'], 1)} ms"
+        crash_note += f" ({_f(m / t if t else math.nan, 0)}x the token semaphore's). "
+        if m > 100:
+            crash_note += (
+                "A crashed holder publishes no release notice: the broker deletes its "
+                "exclusive queue when the connection drops, but a mutex or persistent-"
+                "semaphore waiter only finds out on its next fallback poll (back-off from "
+                "50 ms doubling to 1 s), so the crash handoff is spread over that back-off. "
+                "The token semaphore needs no poll: the broker requeues the unacked token "
+                "when the connection closes and pushes it to the waiting consumer."
+            )
+    if crash_errors:
+        crash_note += "\n\nErrors:\n\n" + "\n".join(f"- `{e[:200]}`" for e in crash_errors)
+    handoff_note = ""
+    if {"token", "token_quorum", "mutex"} <= ho.keys():
+        fence = next(
+            (v for k, v in r.get("primitives", {}).items() if k.startswith("fencing token")), None
+        )
+        tq, tc = ho["token_quorum"], ho["token"]
+        handoff_note = (
+            f"A token `release()` call takes {_f(tc.get('release_call_p50_ms'))} ms "
+            f"(classic) / {_f(tq.get('release_call_p50_ms'))} ms (quorum) at p50: it cancels "
+            "its consumer and waits for the broker's answer (so the token cannot be "
+            "redelivered to itself), then rejects the token with requeue, and the broker "
+            "pushes it to the waiting consumer. The waiter on a classic token queue then "
+            "takes a fencing token from the lock's quorum fence queue"
+        )
+        if fence is not None:
+            handoff_note += f" ({_f(fence['p50_ms'])} ms at p50 on its own in this run)"
+        handoff_note += (
+            "; on a quorum token queue the fencing token is the message's delivery count, "
+            f"with no extra round trip. Classic {_f(tc['p50_ms'])} ms vs quorum "
+            f"{_f(tq['p50_ms'])} ms at p50. A mutex or persistent-semaphore waiter is woken "
+            "by a release notice and then runs a whole acquire (declare of the exclusive "
+            f"queue, watch channel, fencing token): {_f(ho['mutex']['p50_ms'])} ms for the "
+            "mutex"
+        )
+        if "semaphore" in ho:
+            handoff_note += f", {_f(ho['semaphore']['p50_ms'])} ms for the semaphore"
+        handoff_note += "."
+    values = {
+        "handoff_note": handoff_note,
+        "token_uc_table": token_uc_table,
+        "handoff_cmp_table": handoff_table,
+        "crash_table": crash_table,
+        "token_goal": "\n".join(goal) or "- not measured",
+        "crash_note": crash_note,
+        "ho_settle_ms": f"{plan.get('settle', math.nan) * 1000:.0f}",
+        "crash_settle": (
+            f"{plan['crash_settle'][0]:.1f}-{plan['crash_settle'][1]:.1f}"
+            if "crash_settle" in plan
+            else "n/a"
+        ),
+    }
+    return values
+
+
+def _token_headline(r: dict[str, Any], head: Callable[..., list[str]]) -> list[list[str]]:
+    ut, ho, cr = r.get("uncontended_tokens", {}), r.get("handoff", {}), r.get("crash", {})
+    rows = []
+    for k in ("token", "token_quorum"):
+        if k in ut:
+            rows.append(head(f"{KIND_LABELS[k]}: acquire, uncontended", ut[k]["acquire"]))
+    for k in HANDOFF_KINDS:
+        if k in ho:
+            rows.append(head(f"handoff release -> blocked waiter, {KIND_LABELS[k]}", ho[k]))
+    for k in HANDOFF_KINDS:
+        if k in cr:
+            rows.append(head(f"holder kill -9 -> blocked waiter holds, {KIND_LABELS[k]}", cr[k]))
+    return rows
+
+
+def _failover_headline(r: dict[str, Any]) -> str:
+    labels, per = _failover_rows(r)
+    groups = list(r.get("failover", {}).get("groups", {}))
+    if not labels:
+        return "Locker failover was not measured."
+    rows = []
+    for label in labels:
+        row = [label]
+        for g in groups:
+            s = per[label].get(g)
+            row.append(
+                f"{_f(s['p50_ms'] / 1000)} / {_f(s['max_ms'] / 1000)}"
+                if s and s.get("n")
+                else "n/a"
+            )
+        rows.append(row)
+    return _table(
+        ["locker: failover (kill -9 -> standby is master), s"]
+        + [f"{g} settings: p50 / max" for g in groups],
+        rows,
+    )
+
+
+def _failover_values(r: dict[str, Any]) -> dict[str, str]:
+    fo = r.get("failover", {})
+    labels, per = _failover_rows(r)
+    groups = list(fo.get("groups", {}))
+    header = ["locker"]
+    for g in groups:
+        header += [f"{g}: p50 s", f"{g}: p99 s", f"{g}: min-max s", f"{g}: n"]
+    rows = []
+    errors = []
+    for label in labels:
+        row = [label]
+        for g in groups:
+            s = per[label].get(g)
+            if not s or not s.get("n"):
+                row += ["n/a", "n/a", "n/a", "0"]
+            else:
+                row += [
+                    _f(s["p50_ms"] / 1000),
+                    _f(s["p99_ms"] / 1000),
+                    f"{_f(s['min_ms'] / 1000)}-{_f(s['max_ms'] / 1000)}",
+                    str(s["n"]),
+                ]
+            errors += [f"{label} ({g}): {e}" for e in (s or {}).get("errors", [])]
+        rows.append(row)
+    table = _table(header, rows)
+    settings = fo.get("settings", {})
+
+    def describe(st: dict[str, Any]) -> str:
+        lease = st.get("lease")
+        return (
+            f"`lock_acquire_sleep_interval` {st['interval']:g} s, lease "
+            f"{'= interval' if lease is None else f'{lease:g} s'}, keep-alive period "
+            f"{st['keep_alive']:g} s ({st['lease_keep_alive']:g} s for the lease locker)"
+        )
+
+    notes = list(fo.get("notes", []))
+    walls = f"{fo['wall_s']:.0f} s" if "wall_s" in fo else "n/a"
+    return {
+        "failover_table": table,
+        "failover_default": describe(settings["default"]) if "default" in settings else "n/a",
+        "failover_tuned": describe(settings["tuned"]) if "tuned" in settings else "n/a",
+        "failover_notes": "\n".join(f"- {n}" for n in notes) or "- all lockers measured",
+        "failover_errors": (
+            "Errors:\n\n" + "\n".join(f"- `{e[:240]}`" for e in errors)
+            if errors
+            else "No failover sample failed."
+        ),
+        "failover_busy": f"{fo.get('busy_cores', 'n/a')}",
+        "failover_own": f"{fo.get('own_cores', 'n/a')}",
+        "failover_walls": walls or "n/a",
+        "failover_dbs": ", ".join(fo.get("databases", [])) or "none",
+    }
+
+
 def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
     env, fl, uc, c = r["environment"], r["floors"], r["uncontended"], r["contention"]
     rtt = fl["broker_round_trip"]
@@ -455,6 +804,7 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
                 "",
                 "",
             ],
+            *_token_headline(r, head),
         ],
     )
     cycle_cpu = cpu_uc["client"] + cpu_uc["broker"]
@@ -462,6 +812,7 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
     return {
         "json_path": str(r.get("json_path", "benchmarks/results/latest.json")),
         "headline_table": headline,
+        "failover_headline": _failover_headline(r),
         "holders_kind": r.get("search_holders", "leases"),
         "nproc": str(env["nproc"]),
         "handoff_x_rtt": f"{c['handoff']['p50_ms'] / rtt['p50_ms']:.0f}",
@@ -482,6 +833,10 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
         "img_search": f"{img_rel}/{PLOTS['search']}",
         "img_handoff": f"{img_rel}/{PLOTS['handoff']}",
         "img_fairness": f"{img_rel}/{PLOTS['fairness']}",
+        "img_handoff_compare": f"{img_rel}/{PLOTS['handoff_compare']}",
+        "img_failover": f"{img_rel}/{PLOTS['failover']}",
+        **_token_values(r),
+        **_failover_values(r),
         "rtt_p50": _f(rtt["p50_ms"], 3),
         "rtt_p99": _f(rtt["p99_ms"], 3),
         "loop_p50": _f(loop["p50_ms"], 3),
@@ -524,13 +879,15 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
 
 
 def render(results: dict[str, Any], doc: Path, img_dir: Path) -> None:
-    """Write the four PNGs into ``img_dir`` and the markdown report to ``doc``."""
+    """Write the PNGs into ``img_dir`` and the markdown report to ``doc``."""
     img_dir.mkdir(parents=True, exist_ok=True)
     doc.parent.mkdir(parents=True, exist_ok=True)
     _plot_floors(results, img_dir / PLOTS["floors"])
     _plot_search(results, img_dir / PLOTS["search"])
     _plot_handoff(results, img_dir / PLOTS["handoff"])
     _plot_fairness(results, img_dir / PLOTS["fairness"])
+    _plot_handoff_compare(results, img_dir / PLOTS["handoff_compare"])
+    _plot_failover(results, img_dir / PLOTS["failover"])
     img_rel = Path(os.path.relpath(img_dir, doc.parent)).as_posix()
     text = string.Template(TEMPLATE.read_text()).substitute(_values(results, img_rel))
     if results.get("quick"):

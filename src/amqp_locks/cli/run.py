@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -128,10 +130,38 @@ def own_group() -> bool:
         return True
 
 
+def _parent_death_signal() -> Callable[[], None] | None:
+    """Linux: a function for the child that asks for SIGKILL when its parent dies, so a
+    COMMAND never outlives a killed `amqp-locks` (which no longer holds the lock)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:  # runs in the child between fork and exec: no locks, no allocation
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: we are on our own
+            os._exit(Exit.UNAVAILABLE)
+
+    return arm
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def spawn(argv: list[str], env: dict[str, str], group: bool) -> subprocess.Popen[bytes]:
     """Start COMMAND; 127 when not found, 126 when not executable (one line each)."""
     try:
-        return subprocess.Popen(argv, env=env, process_group=0 if group else None)
+        return subprocess.Popen(
+            argv,
+            env=env,
+            process_group=0 if group else None,
+            preexec_fn=_parent_death_signal(),
+        )
     except FileNotFoundError:
         raise CliError(Exit.NOT_FOUND, f"{argv[0]}: command not found") from None
     except (PermissionError, IsADirectoryError):

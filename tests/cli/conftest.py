@@ -1,0 +1,142 @@
+"""Helpers for driving the real `amqp-locks` command in subprocesses."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import pytest
+
+from amqp_locks import devbroker
+
+CMD = [sys.executable, "-m", "amqp_locks.cli"]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "AMQP_URL"}
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env["PYTHONPATH"] = os.path.abspath(src) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Proc:
+    """A running `amqp-locks` with its stdout/stderr lines readable as they come."""
+
+    popen: subprocess.Popen[str]
+    lines: queue.Queue[tuple[str, str]] = field(default_factory=queue.Queue)
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+    def _pump(self, stream: IO[str], which: str) -> None:
+        for line in stream:
+            line = line.rstrip("\n")
+            (self.out if which == "out" else self.err).append(line)
+            self.lines.put((which, line))
+
+    def start_pumps(self) -> None:
+        assert self.popen.stdout is not None and self.popen.stderr is not None
+        for stream, which in ((self.popen.stdout, "out"), (self.popen.stderr, "err")):
+            t = threading.Thread(target=self._pump, args=(stream, which), daemon=True)
+            t.start()
+            self.pumps.append(t)
+
+    def expect(self, text: str, timeout: float = 20.0, which: str = "out") -> str:
+        """Wait for a line containing `text` (on stdout by default); fail after timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(
+                    f"no line with {text!r} within {timeout}s; out={self.out} err={self.err}"
+                )
+            try:
+                w, line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if w == which and text in line:
+                return line
+
+    def finish(self, timeout: float = 30.0) -> tuple[int, str, str]:
+        """Wait for the exit and for EOF on both streams: (status, stdout, stderr)."""
+        rc = self.popen.wait(timeout)
+        for t in self.pumps:
+            t.join(5)
+        return rc, "\n".join(self.out), "\n".join(self.err)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+
+
+class Cli:
+    """Runs `amqp-locks --url URL ...` against the test broker."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.procs: list[Proc] = []
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        return [*CMD, "--url", self.url, *args]
+
+    def run(
+        self, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None, **kw: Any
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env or child_env(),
+            stdin=subprocess.DEVNULL,
+            **kw,
+        )
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> Proc:
+        popen = subprocess.Popen(
+            self.argv(args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env or child_env(),
+        )
+        p = Proc(popen)
+        p.start_pumps()
+        self.procs.append(p)
+        return p
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            p.kill()
+
+
+@pytest.fixture
+def cli(amqp_url: str) -> Iterator[Cli]:
+    c = Cli(amqp_url)
+    yield c
+    c.cleanup()
+
+
+def close_connections_of(node: devbroker.NodeInfo, pid: int) -> int:
+    """Close (from the broker's side) every connection whose name says `pid=<pid>`."""
+    listing = devbroker.rabbitmqctl(
+        node, "list_connections", "pid", "client_properties", "--no-table-headers", "-q"
+    )
+    closed = 0
+    for line in listing.splitlines():
+        if f'pid={pid}"' in line:
+            conn = line.split("\t", 1)[0]
+            devbroker.rabbitmqctl(node, "close_connection", conn, "test: connection closed")
+            closed += 1
+    return closed

@@ -1,0 +1,229 @@
+"""`amqp-locks run`: the real command, in subprocesses, against the test broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from amqp_locks import devbroker
+
+from .conftest import Cli, close_connections_of
+
+
+def test_twenty_runs_never_exceed_three_slots(cli: Cli, name: str, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    script = f'echo "start $$ $AMQP_LOCKS_SLOT" >> {log}; sleep 0.3; echo "end $$" >> {log}'
+    procs = [
+        subprocess.Popen(
+            cli.argv(["run", name, "-n", "3", "-c", script]),
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(20)
+    ]
+    errors = [p.communicate(timeout=90)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 20, errors
+
+    lines = log.read_text().splitlines()
+    assert len(lines) == 40
+    running: dict[str, str] = {}
+    most = 0
+    for line in lines:
+        word, pid, *rest = line.split()
+        if word == "start":
+            assert pid not in running
+            slot = rest[0]
+            assert slot in {"1", "2", "3"}
+            assert slot not in running.values(), f"slot {slot} held twice: {lines}"
+            running[pid] = slot
+            most = max(most, len(running))
+        else:
+            del running[pid]
+    assert not running
+    assert most <= 3, lines
+    assert most >= 2, "the semaphore never let two holders run at once"
+    # Created by the first comer, with 3 slots, and nothing left held.
+    status = cli.run("semaphore", "max", name)
+    assert status.stdout.strip() == "3"
+
+
+def test_nonblock_and_wait_exit_codes(cli: Cli, name: str) -> None:
+    holder = cli.start("run", name, "-c", "echo held; exec sleep 60")
+    holder.expect("held")
+
+    busy = cli.run("run", name, "--nonblock", "--", "echo", "ran")
+    assert busy.returncode == 1
+    assert "ran" not in busy.stdout
+    assert busy.stderr.count("\n") == 1 and "not obtained" in busy.stderr
+
+    assert cli.run("run", name, "--nonblock", "-E", "42", "--", "true").returncode == 42
+
+    t0 = time.monotonic()
+    timed = cli.run("run", name, "-w", "1", "-E", "3", "--", "echo", "ran")
+    assert timed.returncode == 3
+    assert time.monotonic() - t0 >= 1.0
+    assert "ran" not in timed.stdout
+
+    holder.popen.send_signal(signal.SIGTERM)
+    assert holder.finish()[0] == 128 + signal.SIGTERM
+    free = cli.run("run", name, "--nonblock", "--", "echo", "ran")
+    assert free.returncode == 0 and free.stdout == "ran\n"
+
+
+def test_waiter_gets_the_lock_when_holder_ends(cli: Cli, name: str, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    holder = cli.start("run", name, "-c", f"echo held; while [ ! -e {gate} ]; do sleep 0.05; done")
+    holder.expect("held")
+    waiter = cli.start("run", name, "-w", "30", "--", "echo", "second")
+    gate.touch()
+    assert holder.finish()[0] == 0
+    rc, out, _ = waiter.finish()
+    assert (rc, out) == (0, "second")
+
+
+def test_child_status_environment_and_exec_errors(cli: Cli, name: str) -> None:
+    r = cli.run("run", name, "--", "sh", "-c", "exit 7")
+    assert r.returncode == 7
+
+    r = cli.run("run", name, "-c", "kill -KILL $$")
+    assert r.returncode == 128 + signal.SIGKILL
+
+    r = cli.run(
+        "run",
+        name,
+        "-n",
+        "2",
+        "-c",
+        'echo "$AMQP_LOCKS_NAME $AMQP_LOCKS_KIND $AMQP_LOCKS_SLOT $AMQP_LOCKS_FENCING_TOKEN"',
+    )
+    assert r.returncode == 0
+    got_name, kind, slot, token = r.stdout.split()
+    assert (got_name, kind, slot) == (name, "persistent", "1")
+    assert int(token) >= 1
+    r2 = cli.run("run", name, "-c", 'echo "$AMQP_LOCKS_FENCING_TOKEN"')
+    assert int(r2.stdout) > int(token)  # fencing tokens rise with every grant
+
+    missing = cli.run("run", name, "--", "no-such-command-xyz")
+    assert missing.returncode == 127
+    assert missing.stderr.strip().endswith("no-such-command-xyz: command not found")
+    assert missing.stderr.count("\n") == 1
+
+    assert cli.run("run", name, "--", "/").returncode == 126
+    # The lock was released after each failed exec: it is free.
+    assert cli.run("run", name, "--nonblock", "--", "true").returncode == 0
+
+
+def test_bad_input_exit_codes(cli: Cli, name: str) -> None:
+    for args in (
+        ["run", "amq.reserved", "--", "true"],
+        ["run", name, "-n", "0", "--", "true"],
+        ["run", name, "--nonblock", "-w", "1", "--", "true"],
+        ["run", name],
+        ["run", name + "-fence", "--", "true"],
+    ):
+        r = cli.run(*args)
+        assert r.returncode == 64, (args, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr
+    r = cli.run("run", name, "--kind", "persistent", "--", "true")
+    assert r.returncode == 65
+    assert "does not exist" in r.stderr and r.stderr.count("\n") == 1
+
+    unreachable = subprocess.run(
+        [*cli.argv([])[:-2], "--url", "amqp://guest:guest@127.0.0.1:1/", "run", name, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unreachable.returncode == 69
+    assert unreachable.stderr.count("\n") == 1
+
+    bad_password = cli.url.replace("guest:guest@", "guest:wrong@")
+    denied = subprocess.run(
+        [*cli.argv([])[:-2], "--url", bad_password, "run", name, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert denied.returncode == 77
+    assert denied.stderr.count("\n") == 1 and "wrong" not in denied.stderr
+
+
+def test_sigterm_is_forwarded_to_the_command(cli: Cli, name: str) -> None:
+    p = cli.start(
+        "run",
+        name,
+        "-c",
+        'trap "echo got-TERM; exit 7" TERM; echo ready; while :; do sleep 0.05; done',
+    )
+    p.expect("ready")
+    p.popen.send_signal(signal.SIGTERM)
+    rc, out, _ = p.finish()
+    assert rc == 7
+    assert "got-TERM" in out
+    assert cli.run("run", name, "--nonblock", "--", "true").returncode == 0
+
+
+def test_removed_slot_stops_the_command(cli: Cli, name: str, tmp_path: Path) -> None:
+    # The command ignores SIGTERM, so only the SIGKILL after --grace stops it; its child
+    # (sleep) is in the same process group and must go too.
+    pidfile = tmp_path / "pid"
+    p = cli.start(
+        "run",
+        name,
+        "-n",
+        "1",
+        "--grace",
+        "1",
+        "-c",
+        f'trap "" TERM; sleep 60 & echo $! > {pidfile}; echo ready; wait',
+    )
+    p.expect("ready")
+    t0 = time.monotonic()
+    assert cli.run("semaphore", "remove", name, "1").returncode == 0
+    rc, _, err = p.finish()
+    assert rc == 75
+    assert "lost" in err
+    assert time.monotonic() - t0 < 10
+    grandchild = int(pidfile.read_text())
+    _assert_gone(grandchild)
+
+
+def test_deleted_mutex_queue_stops_the_command(
+    cli: Cli, name: str, node: devbroker.NodeInfo
+) -> None:
+    p = cli.start("run", name, "--grace", "5", "-c", "echo ready; exec sleep 60")
+    p.expect("ready")
+    devbroker.rabbitmqctl(node, "delete_queue", name)
+    rc, _, err = p.finish()
+    assert rc == 75
+    assert f"lock {name!r} lost" in err
+
+
+def test_closed_connection_stops_the_command(cli: Cli, name: str, node: devbroker.NodeInfo) -> None:
+    p = cli.start("run", name, "--lost-exit-code", "99", "-c", "echo ready; exec sleep 60")
+    p.expect("ready")
+    assert close_connections_of(node, p.popen.pid) == 1
+    rc, _, err = p.finish()
+    assert rc == 99
+    assert err.count("\n") == 0 and "lost" in err  # one line
+
+
+def _assert_gone(pid: int, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        # A zombie still answers kill(0); it is dead enough once its state says so.
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return
+        except OSError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} survived the lost lock")

@@ -1,6 +1,177 @@
+"""`amqp-locks status NAME...`: what each named lock is and who holds it.
+
+Read-only and without the administration mutex (one passive declare or probe per queue),
+so it can be polled (`--watch`) without disturbing admins or holders. AMQP cannot list
+queues, so the names must be given.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
 import click
 
+from ..errors import QueueNotFound, ResourceLocked
+from ..names import token_queue
+from ..semaphore.admin import find_max, held_slots
+from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
+from ..transport.broker import Broker
+from .common import get_globals, lock_name
 
-@click.command()
-def status() -> None:
-    """x"""
+
+async def _mutex_held(b: Broker, name: str) -> bool | None:
+    """True: the exclusive queue NAME is held by a connection; False: it exists, unheld
+    (cannot happen for a live mutex); None: no such queue (free)."""
+    session = await b._core.session()
+    try:
+        await session.call(name, lambda ch: ch.queue_declare(name, passive=True))
+    except ResourceLocked:
+        return True
+    except QueueNotFound:
+        return None
+    return False
+
+
+async def _semaphore(b: Broker, name: str) -> tuple[int, list[int]]:
+    session = await b._core.session()
+    c = await find_max(session, name)
+    return c, (await held_slots(session, name, c) if c else [])
+
+
+async def _token_exists(b: Broker, name: str) -> bool:
+    session = await b._core.session()
+    return await session.exists_passive(token_queue(name))
+
+
+def collect(b: Broker, name: str) -> list[dict[str, Any]]:
+    """Every kind of lock named `name` that exists (a name may be several)."""
+    found: list[dict[str, Any]] = []
+    slots, holders = b._core.run(_semaphore(b, name))
+    if slots:
+        found.append(
+            {
+                "name": name,
+                "kind": "semaphore",
+                "slots": slots,
+                "held": len(holders),
+                "holders": holders,
+                "free": slots - len(holders),
+            }
+        )
+    if b._core.run(_token_exists(b, name)):
+        try:
+            st = TokenSemaphore(b, name).status()
+        except TokenSemaphoreNotFound:
+            pass
+        else:
+            found.append(
+                {
+                    "name": name,
+                    "kind": "token",
+                    "permits": st.permits,
+                    "ready": st.ready,
+                    "held": st.held,
+                    "consumers": st.consumers,
+                    "waiting": st.waiting,
+                }
+            )
+    mutex = b._core.run(_mutex_held(b, name))
+    if mutex or not found:
+        # Queue NAME is a mutex, or the admin mutex of the semaphore NAME (busy admin).
+        found.append(
+            {"name": name, "kind": "mutex" if mutex is not None else "absent", "held": bool(mutex)}
+        )
+    return found
+
+
+def _table(rows: list[dict[str, Any]], url: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"amqp-locks status ({url})", title_justify="left")
+    for col in ("name", "kind", "capacity", "held", "free/ready", "holders", "waiting"):
+        table.add_column(col)
+    for r in rows:
+        kind = r["kind"]
+        if kind == "semaphore":
+            cells = [
+                str(r["slots"]),
+                str(r["held"]),
+                str(r["free"]),
+                ",".join(map(str, r["holders"])) or "-",
+                "-",
+            ]
+        elif kind == "token":
+            cells = [
+                str(r["permits"]),
+                str(r["held"]),
+                str(r["ready"]),
+                f"{r['consumers']} consumer(s)",
+                str(r["waiting"]),
+            ]
+        elif kind == "mutex":
+            cells = ["1", "1" if r["held"] else "0", "0" if r["held"] else "1", "-", "-"]
+        else:
+            cells = ["-", "-", "-", "-", "-"]
+        table.add_row(r["name"], kind, *cells)
+    return table
+
+
+@click.command(
+    epilog="""\b
+Examples:
+  amqp-locks status deploys gpu reindex
+  amqp-locks status deploys --json | jq '.[0].holders'
+  amqp-locks status deploys --watch --interval 1"""
+)
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list, one object per lock.")
+@click.option("--watch", is_flag=True, help="Refresh until interrupted.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="--watch refresh period.",
+)
+def status(names: tuple[str, ...], as_json: bool, watch: bool, interval: float) -> None:
+    """Show semaphores (slots, held slots), token semaphores (permits, ready, held,
+    consumers, waiters) and mutexes named NAME.
+
+    Kinds: semaphore, token, mutex (queue NAME, also the admin mutex of a semaphore NAME
+    while an admin command runs), absent.
+    """
+    checked = [lock_name(n) for n in names]
+    g = get_globals()
+    broker = g.broker("status")
+    try:
+
+        def snapshot() -> list[dict[str, Any]]:
+            return [row for n in checked for row in collect(broker, n)]
+
+        if as_json and not watch:
+            click.echo(json.dumps(snapshot(), indent=2))
+            return
+        if as_json:
+            while True:
+                click.echo(json.dumps(snapshot()), nl=True)
+                time.sleep(interval)
+        from rich.console import Console
+
+        console = Console()
+        if not watch:
+            console.print(_table(snapshot(), broker.url))
+            return
+        from rich.live import Live
+
+        with Live(_table(snapshot(), broker.url), console=console, auto_refresh=False) as live:
+            try:
+                while True:
+                    time.sleep(interval)
+                    live.update(_table(snapshot(), broker.url), refresh=True)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        broker.close()

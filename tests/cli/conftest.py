@@ -102,6 +102,25 @@ class Cli:
             **kw,
         )
 
+    def run_many(self, *commands: Sequence[str]) -> list[subprocess.CompletedProcess[str]]:
+        """Run independent commands at once (each CLI call costs a process start)."""
+        popens = [
+            subprocess.Popen(
+                self.argv(args),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=child_env(),
+            )
+            for args in commands
+        ]
+        results = []
+        for args, p in zip(commands, popens, strict=True):
+            out, err = p.communicate(timeout=60)
+            results.append(subprocess.CompletedProcess(args, p.returncode, out, err))
+        return results
+
     def start(self, *args: str, env: dict[str, str] | None = None) -> Proc:
         popen = subprocess.Popen(
             self.argv(args),

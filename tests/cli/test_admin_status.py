@@ -1,0 +1,139 @@
+"""`amqp-locks semaphore|token|status|broker`: the real command against the test broker."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from .conftest import Cli, child_env
+
+
+def test_semaphore_admin_commands(cli: Cli, name: str) -> None:
+    assert cli.run("semaphore", "max", name).stdout == "0\n"
+    missing = cli.run("semaphore", "holders", name)
+    assert missing.returncode == 65 and missing.stderr.count("\n") == 1
+
+    assert cli.run("semaphore", "create", name, "2").stdout == "2\n"
+    assert cli.run("semaphore", "create", name, "2").returncode == 0  # idempotent
+    conflict = cli.run("semaphore", "create", name, "5")
+    assert conflict.returncode == 65 and "already" in conflict.stderr
+    assert cli.run("semaphore", "create", name, "0").returncode == 64
+    assert cli.run("semaphore", "add", name, "2").stdout == "4\n"
+
+    holder = cli.start("run", name, "--kind", "persistent", "-c", "echo ready; exec sleep 60")
+    holder.expect("ready")
+    assert cli.run("semaphore", "holders", name, "--json").stdout.strip() == "[1]"
+    waited = cli.run("semaphore", "wait", name, "1", "--timeout", "0.5")
+    assert (waited.returncode, waited.stdout) == (75, "still held: 1\n")
+
+    removed = cli.run("semaphore", "remove", name, "1")
+    assert removed.stdout.startswith("removed 1 slot(s) 4")
+    assert cli.run("semaphore", "max", name).stdout == "3\n"
+
+    holder.popen.send_signal(signal.SIGTERM)
+    assert holder.finish()[0] == 128 + signal.SIGTERM
+    assert cli.run("semaphore", "wait", name, "--timeout", "10").returncode == 0
+    destroyed = cli.run("semaphore", "destroy", name)
+    assert destroyed.stdout.startswith("removed 3 slot(s)")
+    assert cli.run("semaphore", "max", name).stdout == "0\n"
+
+
+def test_token_admin_commands(cli: Cli, name: str) -> None:
+    assert cli.run("token", "status", name).returncode == 65
+    assert cli.run("token", "setup", name, "2").stdout == "2\n"
+    assert cli.run("token", "add", name, "1").stdout == "3\n"
+    st = json.loads(cli.run("token", "status", name, "--json").stdout)
+    assert (st["permits"], st["ready"], st["held"]) == (3, 3, 0)
+    audit = cli.run("token", "audit", name, "--timeout", "0.5", "--json")
+    assert audit.returncode == 0 and json.loads(audit.stdout)["missing"] == []
+    assert cli.run("token", "remove", name, "2", "--timeout", "5").stdout.split() == ["1", "2"]
+    st = json.loads(cli.run("token", "status", name, "--json").stdout)
+    assert (st["permits"], st["ready"]) == (1, 1)
+    assert cli.run("token", "destroy", name).returncode == 0
+    assert cli.run("token", "status", name).returncode == 65
+
+
+def test_status_json_matches_reality(cli: Cli, name: str) -> None:
+    sem, tok, mtx, none = name + "s", name + "t", name + "m", name + "x"
+    assert cli.run("token", "setup", tok, "2").returncode == 0
+    holders = [
+        cli.start("run", sem, "-n", "3", "-c", "echo ready; exec sleep 60"),
+        cli.start("run", tok, "--kind", "token", "-c", "echo ready; exec sleep 60"),
+        cli.start("run", mtx, "-c", "echo ready; exec sleep 60"),
+    ]
+    for h in holders:
+        h.expect("ready")
+    waiter = cli.start("run", tok, "--kind", "token", "-n", "2", "-c", "echo ready; exec sleep 60")
+    waiter.expect("ready")  # the second permit
+    waiter2 = cli.start("run", tok, "--kind", "token", "--", "true")
+
+    def tok_row() -> dict[str, object]:
+        out = cli.run("status", sem, tok, mtx, none, "--json")
+        assert out.returncode == 0, out.stderr
+        rows = {r["name"]: r for r in json.loads(out.stdout)}
+        assert rows[sem] == {
+            "name": sem,
+            "kind": "semaphore",
+            "slots": 3,
+            "held": 1,
+            "holders": [1],
+            "free": 2,
+        }
+        assert rows[mtx] == {"name": mtx, "kind": "mutex", "held": True}
+        assert rows[none] == {"name": none, "kind": "absent", "held": False}
+        return rows[tok]
+
+    # Until the second waiter is a consumer, it may not be counted yet.
+    for _ in range(50):
+        row = tok_row()
+        if row["waiting"] == 1:
+            break
+    assert row == {
+        "name": tok,
+        "kind": "token",
+        "permits": 2,
+        "ready": 0,
+        "held": 2,
+        "consumers": 3,
+        "waiting": 1,
+    }
+    table = cli.run("status", sem, tok)
+    assert table.returncode == 0 and "semaphore" in table.stdout and "token" in table.stdout
+    for h in [*holders, waiter]:
+        h.popen.send_signal(signal.SIGTERM)
+        h.finish()
+    assert waiter2.finish()[0] == 0  # got a permit once the holders left
+
+
+def test_status_needs_a_name(cli: Cli) -> None:
+    r = cli.run("status")
+    assert r.returncode == 64 and r.stderr.count("\n") == 1
+
+
+def test_version_and_help(cli: Cli) -> None:
+    assert cli.run("--version").stdout.startswith("amqp-locks, version")
+    helped = cli.run("--help")
+    assert helped.returncode == 0 and "Examples:" in helped.stdout
+    assert cli.run("no-such-command").returncode == 64
+
+
+@pytest.mark.timeout(120)
+def test_broker_start_status_stop(cli: Cli, tmp_path: Path) -> None:
+    env = child_env(AMQP_LOCKS_HOME=str(tmp_path))
+    node = ["--name", "clitest"]
+    assert cli.run("broker", "status", *node, env=env).returncode == 3
+    started = cli.run("broker", "start", *node, env=env, timeout=100)
+    assert started.returncode == 0, started.stderr
+    url = started.stdout.strip()
+    assert url.startswith("amqp://")
+    try:
+        st = cli.run("broker", "status", *node, env=env)
+        assert (st.returncode, st.stdout.strip()) == (0, url)
+        assert (tmp_path / "broker" / "clitest" / "node.json").exists()
+    finally:
+        stopped = cli.run("broker", "stop", *node, env=env, timeout=100)
+    assert stopped.stdout.strip() == "stopped"
+    assert cli.run("broker", "status", *node, env=env).returncode == 3

@@ -55,15 +55,16 @@ def test_nonblock_and_wait_exit_codes(cli: Cli, name: str) -> None:
     holder = cli.start("run", name, "-c", "echo held; exec sleep 60")
     holder.expect("held")
 
-    busy = cli.run("run", name, "--nonblock", "--", "echo", "ran")
+    t0 = time.monotonic()
+    busy, busy42, timed = cli.run_many(
+        ["run", name, "--nonblock", "--", "echo", "ran"],
+        ["run", name, "--nonblock", "-E", "42", "--", "true"],
+        ["run", name, "-w", "1", "-E", "3", "--", "echo", "ran"],
+    )
     assert busy.returncode == 1
     assert "ran" not in busy.stdout
     assert busy.stderr.count("\n") == 1 and "not obtained" in busy.stderr
-
-    assert cli.run("run", name, "--nonblock", "-E", "42", "--", "true").returncode == 42
-
-    t0 = time.monotonic()
-    timed = cli.run("run", name, "-w", "1", "-E", "3", "--", "echo", "ran")
+    assert busy42.returncode == 42
     assert timed.returncode == 3
     assert time.monotonic() - t0 >= 1.0
     assert "ran" not in timed.stdout
@@ -86,68 +87,55 @@ def test_waiter_gets_the_lock_when_holder_ends(cli: Cli, name: str, tmp_path: Pa
 
 
 def test_child_status_environment_and_exec_errors(cli: Cli, name: str) -> None:
-    r = cli.run("run", name, "--", "sh", "-c", "exit 7")
-    assert r.returncode == 7
-
-    r = cli.run("run", name, "-c", "kill -KILL $$")
-    assert r.returncode == 128 + signal.SIGKILL
-
-    r = cli.run(
-        "run",
-        name,
-        "-n",
-        "2",
-        "-c",
-        'echo "$AMQP_LOCKS_NAME $AMQP_LOCKS_KIND $AMQP_LOCKS_SLOT $AMQP_LOCKS_FENCING_TOKEN"',
+    env_line = 'echo "$AMQP_LOCKS_NAME $AMQP_LOCKS_KIND $AMQP_LOCKS_SLOT $AMQP_LOCKS_FENCING_TOKEN"'
+    # Independent locks, so the calls can run at once.
+    status7, killed, env, missing, not_exec = cli.run_many(
+        ["run", name + "a", "--", "sh", "-c", "exit 7"],
+        ["run", name + "b", "-c", "kill -KILL $$"],
+        ["run", name, "-n", "2", "-c", env_line],
+        ["run", name + "c", "--", "no-such-command-xyz"],
+        ["run", name + "d", "--", "/"],
     )
-    assert r.returncode == 0
-    got_name, kind, slot, token = r.stdout.split()
+    assert status7.returncode == 7
+    assert killed.returncode == 128 + signal.SIGKILL
+    assert env.returncode == 0
+    got_name, kind, slot, token = env.stdout.split()
     assert (got_name, kind, slot) == (name, "persistent", "1")
     assert int(token) >= 1
-    r2 = cli.run("run", name, "-c", 'echo "$AMQP_LOCKS_FENCING_TOKEN"')
-    assert int(r2.stdout) > int(token)  # fencing tokens rise with every grant
-
-    missing = cli.run("run", name, "--", "no-such-command-xyz")
     assert missing.returncode == 127
     assert missing.stderr.strip().endswith("no-such-command-xyz: command not found")
     assert missing.stderr.count("\n") == 1
+    assert not_exec.returncode == 126
 
-    assert cli.run("run", name, "--", "/").returncode == 126
-    # The lock was released after each failed exec: it is free.
-    assert cli.run("run", name, "--nonblock", "--", "true").returncode == 0
+    again, free_c, free_d = cli.run_many(
+        ["run", name, "-c", 'echo "$AMQP_LOCKS_FENCING_TOKEN"'],
+        # The lock was released after the failed exec: it is free.
+        ["run", name + "c", "--nonblock", "--", "true"],
+        ["run", name + "d", "--nonblock", "--", "true"],
+    )
+    assert int(again.stdout) > int(token)  # fencing tokens rise with every grant
+    assert free_c.returncode == free_d.returncode == 0
 
 
 def test_bad_input_exit_codes(cli: Cli, name: str) -> None:
-    for args in (
+    bad_password = cli.url.replace("guest:guest@", "guest:wrong@")
+    *usage, unknown, unreachable, denied = cli.run_many(
         ["run", "amq.reserved", "--", "true"],
         ["run", name, "-n", "0", "--", "true"],
         ["run", name, "--nonblock", "-w", "1", "--", "true"],
         ["run", name],
         ["run", name + "-fence", "--", "true"],
-    ):
-        r = cli.run(*args)
-        assert r.returncode == 64, (args, r.stderr)
-        assert r.stderr.count("\n") == 1, r.stderr
-    r = cli.run("run", name, "--kind", "persistent", "--", "true")
-    assert r.returncode == 65
-    assert "does not exist" in r.stderr and r.stderr.count("\n") == 1
-
-    unreachable = subprocess.run(
-        [*cli.argv([])[:-2], "--url", "amqp://guest:guest@127.0.0.1:1/", "run", name, "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        ["run", name, "--kind", "persistent", "--", "true"],
+        ["--url", "amqp://guest:guest@127.0.0.1:1/", "run", name, "--", "true"],
+        ["--url", bad_password, "run", name, "--", "true"],
     )
+    for r in usage:
+        assert r.returncode == 64, (r.args, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr
+    assert unknown.returncode == 65
+    assert "does not exist" in unknown.stderr and unknown.stderr.count("\n") == 1
     assert unreachable.returncode == 69
     assert unreachable.stderr.count("\n") == 1
-
-    bad_password = cli.url.replace("guest:guest@", "guest:wrong@")
-    denied = subprocess.run(
-        [*cli.argv([])[:-2], "--url", bad_password, "run", name, "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
     assert denied.returncode == 77
     assert denied.stderr.count("\n") == 1 and "wrong" not in denied.stderr
 

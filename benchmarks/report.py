@@ -320,6 +320,8 @@ def _plot_handoff_compare(r: dict[str, Any], path: Path) -> None:
         ax.barh(ys, [data[k]["p50_ms"] for k in kinds], color="#2171b5", label="p50")
         ax.set_yticks(ys, [KIND_LABELS[k].replace(", ", "\n") for k in kinds], fontsize=8)
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("ms (log scale)")
         ax.set_title(title, fontsize=10)
@@ -490,7 +492,7 @@ def _token_values(r: dict[str, Any]) -> dict[str, str]:
         )
         if "semaphore" in cr:
             crash_note += f" and the persistent semaphore in {_f(cr['semaphore']['p50_ms'], 1)} ms"
-        crash_note += f" ({_f(m / t if t else math.nan, 0)}x the token semaphore's). "
+        crash_note += f"; the mutex takes {_f(m / t if t else math.nan, 0)}x as long. "
         if m > 100:
             crash_note += (
                 "A crashed holder publishes no release notice: the broker deletes its "

@@ -1,6 +1,6 @@
 """Run every benchmark against a private RabbitMQ node and write JSON, plots and the doc.
 
-    python -m benchmarks.run            # full run (~8 min): benchmarks/results/latest.json,
+    python -m benchmarks.run            # full run (~6 min): benchmarks/results/latest.json,
                                         # docs/benchmarks.md, docs/img/bench-*.png
     python -m benchmarks.run --quick    # smoke run (<90 s) into benchmarks/results/quick/
     python -m benchmarks.run --render-only benchmarks/results/latest.json

@@ -137,7 +137,8 @@ class PermitState(HeldState):
 
     async def release(self) -> None:
         """Cancel our consumer (so the token is not re-delivered to us), then reject the
-        token with requeue: the broker hands it to the best waiting consumer."""
+        token with requeue: the broker hands it to the best waiting consumer. Neither
+        waits for a reply; the channel is closed in the background."""
         if self.released:
             return
         self.released = True
@@ -147,7 +148,9 @@ class PermitState(HeldState):
         if ch.is_closed or not self.session.alive:
             return
         try:
-            await ch.basic_cancel(self.consumer_tag)
+            # No need to wait for cancel-ok: the broker handles a channel's methods in
+            # order, so the consumer is gone before the reject requeues the token.
+            await ch.basic_cancel(self.consumer_tag, nowait=True)
             await ch.basic_reject(self.delivery_tag, requeue=True)
         except Exception as exc:
             log.debug("polite release failed (%s); closing the channel returns the token", exc)

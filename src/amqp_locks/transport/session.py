@@ -109,6 +109,7 @@ class Session:
         self._next_listener = 0
         self._idle: list[AbstractChannel] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._watchdog_task: asyncio.Task[None] | None = None
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -130,7 +131,7 @@ class Session:
             raise connect_error(exc, self.url) from exc
         self.last_rx = time.monotonic()
         self.conn.closing.add_done_callback(self._on_connection_closed)
-        self.spawn(self._watchdog())
+        self._watchdog_task = asyncio.get_running_loop().create_task(self._watchdog())
         log.debug("connected to %s as %r", censor(self.url), self.connection_name)
 
     @property
@@ -193,6 +194,8 @@ class Session:
             await asyncio.wait(list(self._tasks), timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
         if self.conn is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.conn.close(), 5.0)

@@ -97,6 +97,8 @@ def exit_code_for(exc: BaseException) -> tuple[int, str]:
         return Exit.UNAVAILABLE, text
     if isinstance(exc, DevBrokerError):
         return Exit.UNAVAILABLE, f"private broker: {text}"
+    if any(c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc).__mro__):
+        return Exit.UNAVAILABLE, f"database unavailable: {text.splitlines()[0] if text else ''}"
     if isinstance(exc, OSError):
         return Exit.UNAVAILABLE, text
     return Exit.SOFTWARE, f"unexpected {type(exc).__name__}: {text}"

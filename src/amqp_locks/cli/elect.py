@@ -25,7 +25,7 @@ from ..lockers import (
 from ..lockers.config import build_locker
 from ..service import LockableService, State
 from ..transport.broker import Broker
-from .common import CliError, Globals, get_globals, lock_name
+from .common import CliError, Globals, error_line, get_globals, lock_name
 from .exitcodes import Exit
 from .run import Supervisor, exit_status, own_group, spawn
 
@@ -85,7 +85,7 @@ class Election:
         try:
             proc = spawn(self.argv, env, group)
         except CliError as exc:
-            self.g.info(f"error: {exc.message}")
+            error_line(exc.message)
             self.status = exc.code
             return
         sup = Supervisor(proc, self.grace, self.g, group)

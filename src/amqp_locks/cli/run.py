@@ -23,7 +23,7 @@ from ..mutex import Mutex
 from ..semaphore import PersistentSemaphore, SemaphoreAdmin
 from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
 from ..transport.broker import Broker
-from .common import CliError, Globals, get_globals, lock_name
+from .common import CliError, Globals, error_line, get_globals, lock_name
 from .exitcodes import Exit
 
 #: Signals forwarded to COMMAND while it runs (SIGINT too: `kill -INT` from a script must
@@ -205,8 +205,8 @@ class Supervisor:
             if self.lost_reason is not None or self.proc.poll() is not None:
                 return  # COMMAND already ended: it ran under the lock throughout
             self.lost_reason = reason or "lost"
-        self.g.info(
-            f"error: {what} lost ({self.lost_reason}); stopping COMMAND "
+        error_line(
+            f"{what} lost ({self.lost_reason}); stopping COMMAND "
             f"(SIGTERM, SIGKILL after {self.grace:g}s)"
         )
         self.lost_at = time.monotonic()

@@ -87,7 +87,9 @@ class Cli:
         self.procs: list[Proc] = []
 
     def argv(self, args: Sequence[str]) -> list[str]:
-        return [*CMD, "--url", self.url, *args]
+        # A short heartbeat also shortens Broker.close (its watchdog ticks every
+        # heartbeat/10, at most 1 s, and close waits for the tick).
+        return [*CMD, "--url", self.url, "--heartbeat", "3", *args]
 
     def run(
         self, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None, **kw: Any

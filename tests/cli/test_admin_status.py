@@ -40,14 +40,12 @@ def test_semaphore_admin_commands(cli: Cli, name: str) -> None:
 
     removed = cli.run("semaphore", "remove", name, "1")
     assert removed.stdout.startswith("removed 1 slot(s) 4")
-    assert cli.run("semaphore", "max", name).stdout == "3\n"
 
     holder.popen.send_signal(signal.SIGTERM)
     assert holder.finish()[0] == 128 + signal.SIGTERM
     assert cli.run("semaphore", "wait", name, "--timeout", "10").returncode == 0
     destroyed = cli.run("semaphore", "destroy", name)
-    assert destroyed.stdout.startswith("removed 3 slot(s)")
-    assert cli.run("semaphore", "max", name).stdout == "0\n"
+    assert destroyed.stdout.startswith("removed 3 slot(s) 3,2,1")
 
 
 def test_token_admin_commands(cli: Cli, name: str) -> None:
@@ -56,8 +54,6 @@ def test_token_admin_commands(cli: Cli, name: str) -> None:
     assert setup.stdout == "2\n"
     name = name + "x"
     assert cli.run("token", "add", name, "1").stdout == "3\n"
-    st = json.loads(cli.run("token", "status", name, "--json").stdout)
-    assert (st["permits"], st["ready"], st["held"]) == (3, 3, 0)
     audit = cli.run("token", "audit", name, "--timeout", "0.2", "--json")
     assert audit.returncode == 0 and json.loads(audit.stdout)["seen"] == [1, 2, 3]
     assert cli.run("token", "remove", name, "2", "--timeout", "5").stdout.split() == ["1", "2"]

@@ -91,6 +91,9 @@ class LockableService:
         self._thread: threading.Thread | None = None
         self.masterships = 0
         self.work_error: BaseException | None = None
+        #: Why `run()` ended with an exception (also logged), e.g. when run on `start()`'s
+        #: background thread.
+        self.error: BaseException | None = None
 
     @classmethod
     def from_config(cls, path: str, work: Work, **options: Any) -> LockableService:
@@ -138,6 +141,12 @@ class LockableService:
                     self.locker.start()
                 except LockerStopped:
                     return
+                except Exception as exc:
+                    # e.g. LockedElsewhere (fail_if_locked) or an unusable lock directory:
+                    # reported, kept on `error`, and raised to whoever called run().
+                    self.error = exc
+                    log.exception("%r: could not take the lock", self.locker)
+                    raise
                 if self._serve_as_master():
                     return  # the work finished (or stop was asked): we are done
         finally:
@@ -145,10 +154,18 @@ class LockableService:
             self._set(State.STOPPED)
 
     def start(self) -> threading.Thread:
-        """`run()` on a background thread."""
-        self._thread = threading.Thread(target=self.run, name="amqp-locks-service", daemon=True)
+        """`run()` on a background thread (an exception ends it, logged, on `error`)."""
+        self._thread = threading.Thread(
+            target=self._run_logged, name="amqp-locks-service", daemon=True
+        )
         self._thread.start()
         return self._thread
+
+    def _run_logged(self) -> None:
+        try:
+            self.run()
+        except Exception as exc:
+            self.error = exc
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the work, give up the lock (interrupting a standby wait), and wait."""

@@ -325,3 +325,17 @@ def test_lease_policy_rides_out_errors_only_while_valid(tmp_path: Path) -> None:
     time.sleep(0.5)  # the scenario: the lease runs out during the outage
     assert policy.on_error(locker, OSError("db still down")) is False
     locker.close()
+
+
+def test_service_reports_a_locker_that_cannot_start(tmp_path: Path) -> None:
+    holder = SharedFileLocker(tmp_path, **FAST)
+    holder.start()
+    service = LockableService(
+        SharedFileLocker(tmp_path, fail_if_locked=True, **FAST), lambda stop: None
+    )
+    thread = service.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(service.error, LockedElsewhere)  # not lost silently
+    assert service.state is State.STOPPED
+    holder.stop()

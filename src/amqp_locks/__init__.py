@@ -4,6 +4,7 @@ The sync API lives here; the asyncio twin is :mod:`amqp_locks.aio`. Both drive t
 on a private I/O thread.
 """
 
+from . import events, metrics
 from .errors import (
     AccessRefused,
     AcquireRacesExceeded,
@@ -80,4 +81,6 @@ __all__ = [
     "TokenSemaphoreNotFound",
     "TokenStatus",
     "__version__",
+    "events",
+    "metrics",
 ]

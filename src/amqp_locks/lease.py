@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
+from . import events
 from .errors import AmqpLocksError, LeaseReleased, QueueNotFound, ResourceLocked
 from .fencing import ensure_fence, take_token
 from .names import fence_queue
@@ -78,6 +79,7 @@ class HeldState:
         self.lost_reason = reason
         self.lost_event.set()
         held = time.monotonic() - self.acquired_at
+        events.emit(events.Event("lost", self.kind, self.name, held, reason))
         log.warning(
             "lost %s %d of %r (token %d) after %.3fs: %s",
             self.kind,
@@ -103,6 +105,12 @@ class HeldState:
                 self._callbacks.append(cb)
                 return
         _run_callbacks([cb])
+
+    def _emit_release(self) -> None:
+        """A release of a lock not already counted as lost (observers count each once)."""
+        if self.lost_reason is None:
+            held = time.monotonic() - self.acquired_at
+            events.emit(events.Event("release", self.kind, self.name, held))
 
     async def verify(self) -> bool:
         raise NotImplementedError
@@ -200,6 +208,7 @@ class LeaseState(HeldState):
         if self.released:
             return
         self.released = True
+        self._emit_release()
         session = self.session
         session.remove_listener(self._listener)
         session.leases.discard(self)

@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
+from .events import observed
 from .lease import Lease, LeaseState, grant
 from .names import validate_name, wakeup_queue
 from .transport.broker import BrokerCore, BrokerLike
@@ -125,13 +126,17 @@ class Mutex:
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
         core = self.broker._core
-        return await acquire_mutex(
-            core,
+        return await observed(
+            "mutex",
             self.name,
-            blocking=blocking,
-            timeout=timeout,
-            fencing=self.fencing,
-            backoff=self.backoff,
+            acquire_mutex(
+                core,
+                self.name,
+                blocking=blocking,
+                timeout=timeout,
+                fencing=self.fencing,
+                backoff=self.backoff,
+            ),
         )
 
     def __repr__(self) -> str:

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from . import events
 from .errors import ConfigurationError
 from .lockers.base import Locker, LockerStopped
 from .lockers.lease import LeaseDatabaseLocker
@@ -120,6 +121,9 @@ class LockableService:
             "%s: %s -> %s (%r)", self.locker.holder_id, self._state.value, state.value, self.locker
         )
         self._state = state
+        events.emit(
+            events.Event("state", type(self.locker).__name__, self.locker.name, 0.0, state.value)
+        )
         if self.on_state is not None:
             try:
                 self.on_state(self, state)

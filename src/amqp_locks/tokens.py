@@ -41,6 +41,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from .errors import ConfigurationError, LockError, QueueNotFound
+from .events import observed
 from .fencing import broker_major, broker_version, ensure_fence, take_token
 from .lease import HeldState, Lease
 from .mutex import held_mutex
@@ -142,6 +143,7 @@ class PermitState(HeldState):
         if self.released:
             return
         self.released = True
+        self._emit_release()
         self.session.remove_listener(self._listener)
         self.session.leases.discard(self)
         ch = self.channel
@@ -306,12 +308,16 @@ class TokenSemaphore:
     # --- holders --------------------------------------------------------------------------
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> PermitState | None:
-        return await acquire_permit(
-            self._core,
+        return await observed(
+            "permit",
             self.name,
-            priority=self.priority,
-            blocking=blocking,
-            timeout=check_timeout(timeout),
+            acquire_permit(
+                self._core,
+                self.name,
+                priority=self.priority,
+                blocking=blocking,
+                timeout=check_timeout(timeout),
+            ),
         )
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:

@@ -28,6 +28,7 @@ from ..errors import (
     ResourceLocked,
     SemaphoreNotFound,
 )
+from ..events import observed
 from ..lease import Lease, LeaseState, grant
 from ..names import holder_queue, slot_queue, validate_name, wakeup_queue
 from ..transport.broker import BrokerCore, BrokerLike
@@ -184,15 +185,24 @@ class PersistentSemaphore:
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
         core = self.broker._core
-        return await acquire_loop(
-            core,
-            wakeup_queue(self.name, "sem"),
-            lambda s, hint: try_acquire(
-                core, s, self.name, max_races=self.max_races, race_skew=self.race_skew, hint=hint
+        return await observed(
+            "slot",
+            self.name,
+            acquire_loop(
+                core,
+                wakeup_queue(self.name, "sem"),
+                lambda s, hint: try_acquire(
+                    core,
+                    s,
+                    self.name,
+                    max_races=self.max_races,
+                    race_skew=self.race_skew,
+                    hint=hint,
+                ),
+                blocking=blocking,
+                timeout=timeout,
+                backoff=self.backoff,
             ),
-            blocking=blocking,
-            timeout=timeout,
-            backoff=self.backoff,
         )
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:

@@ -13,6 +13,7 @@ from amqp_locks.names import (
     check_slot_number,
     fence_queue,
     holder_queue,
+    sentinel_queue,
     slot_queue,
     token_queue,
     validate_name,
@@ -35,6 +36,7 @@ def test_queue_names_follow_the_seed() -> None:
         "images-12-B",
         "x-fence",
         "x-sem-waiters",
+        "x-mutex-sentinels",
         "db.semaphore",
         "amq.foo",
         "a\nb",
@@ -52,7 +54,7 @@ def test_refuses_non_str() -> None:
 
 
 def test_length_limit_counts_utf8_bytes_once_suffixed() -> None:
-    budget = MAX_QUEUE_NAME_BYTES - len("-mutex-waiters")
+    budget = MAX_QUEUE_NAME_BYTES - len("-mutex-sentinels")  # the longest suffix
     assert validate_name("x" * budget)
     with pytest.raises(InvalidName, match="bytes"):
         validate_name("x" * (budget + 1))
@@ -69,12 +71,14 @@ def test_slot_numbers_are_checked(k: object) -> None:
         check_slot_number(k)  # type: ignore[arg-type]
 
 
-def test_wakeup_queues_fit_and_differ_by_kind() -> None:
-    budget = MAX_QUEUE_NAME_BYTES - len("-mutex-waiters")
+def test_wakeup_and_sentinel_queues_fit_and_differ_by_kind() -> None:
+    budget = MAX_QUEUE_NAME_BYTES - len("-mutex-sentinels")
     longest = "n" * budget
     assert validate_name(longest)
-    assert len(wakeup_queue(longest, "mutex").encode()) == MAX_QUEUE_NAME_BYTES
+    assert len(sentinel_queue(longest, "mutex").encode()) == MAX_QUEUE_NAME_BYTES
+    assert len(wakeup_queue(longest, "mutex").encode()) < MAX_QUEUE_NAME_BYTES
     assert wakeup_queue("a", "mutex") != wakeup_queue("a", "sem")
+    assert sentinel_queue("a", "mutex") != sentinel_queue("a", "sem")
 
 
 names = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=40)
@@ -83,6 +87,7 @@ names = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), min_s
 def _queues(name: str) -> set[str]:
     qs = {name, fence_queue(name), token_queue(name)}
     qs |= {wakeup_queue(name, "sem"), wakeup_queue(name, "mutex")}
+    qs |= {sentinel_queue(name, "sem"), sentinel_queue(name, "mutex")}
     for k in (1, 2, 10, 99):
         qs |= {slot_queue(name, k), holder_queue(name, k)}
     return qs

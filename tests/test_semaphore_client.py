@@ -20,6 +20,7 @@ from amqp_locks import (
     Broker,
     ConfigurationError,
     Lease,
+    Mutex,
     PersistentSemaphore,
     SemaphoreAdmin,
     SemaphoreNotFound,
@@ -298,6 +299,34 @@ def _spawn_holder(url: str, name: str, kind: str) -> tuple[subprocess.Popen[str]
     line = p.stdout.readline().split()
     assert line[:1] == ["HELD"], line
     return p, int(line[1]), int(line[2])
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "mutex"])
+def test_kill_9_of_a_holder_wakes_a_waiter_by_push(
+    amqp_url: str, broker: Broker, name: str, kind: str
+) -> None:
+    """The dead holder's sentinel goes to the waiter: with fallback polling set to 30 s,
+    only that push can hand it the lock in time."""
+    if kind == "semaphore":
+        SemaphoreAdmin(broker, name).create(1)
+    proc, _, token = _spawn_holder(amqp_url, name, kind)
+    lock = (
+        PersistentSemaphore(broker, name, backoff=Backoff(30, 30))
+        if kind == "semaphore"
+        else Mutex(broker, name, backoff=Backoff(30, 30))
+    )
+    got: list[Lease | None] = []
+    waiting = threading.Thread(target=lambda: got.append(lock.acquire(timeout=60)))
+    waiting.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _bound(broker):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    waiting.join(15)
+    assert not waiting.is_alive(), "the waiter was not woken by the dead holder's sentinel"
+    assert got and got[0] is not None and got[0].fencing_token > token
+    got[0].release()
 
 
 def test_kill_9_of_a_holder_frees_its_slot(amqp_url: str, broker: Broker, name: str) -> None:

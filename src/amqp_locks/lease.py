@@ -30,6 +30,7 @@ from .errors import AmqpLocksError, LeaseReleased, QueueNotFound, ResourceLocked
 from .fencing import ensure_fence, take_token
 from .names import fence_queue
 from .transport.errors import channel_error
+from .transport.wakeups import HOLDER_PRIORITY, SENTINEL_ARGS
 
 if TYPE_CHECKING:
     from .transport.broker import BrokerCore
@@ -127,8 +128,11 @@ class LeaseState(HeldState):
     watch_queues: Sequence[str]
     must_exist: Sequence[str]
     notice_key: str
+    #: The lock's sentinel queue (transport/wakeups.py): our death wakes a waiter.
+    sentinels: str | None = None
     _watch: AbstractChannel | None = None
     _tags: dict[str, str] = field(default_factory=dict)
+    _sentinel_tag: int | None = None
 
     # --- setting up the watch (runs as the last acquire step) -------------------------
 
@@ -160,13 +164,54 @@ class LeaseState(HeldState):
             except Exception as exc:
                 raise channel_error(exc, q) from exc
             self._tags[str(ok.consumer_tag)] = q
+        if self.sentinels is not None:
+            await self._hold_sentinel(ch, self.sentinels)
+
+    async def _hold_sentinel(self, ch: AbstractChannel, queue: str) -> None:
+        """Publish a sentinel and hold one unacked (consuming ahead of the waiters): if our
+        connection dies, the broker hands it to a waiter. Best effort: without it, waiters
+        fall back to polling after a crash."""
+
+        async def hold(message: DeliveredMessage) -> None:
+            tag = getattr(message.delivery, "delivery_tag", None)
+            if isinstance(tag, int):
+                self._sentinel_tag = tag
+                # consumer_timeout would close a channel holding it for 30 min: re-arm
+                asyncio.get_running_loop().call_later(PARK_REFRESH, self._rearm, ch, tag)
+
+        try:
+            await ch.queue_declare(queue, arguments=SENTINEL_ARGS)
+            await ch.basic_consume(
+                queue, hold, no_ack=False, arguments={"x-priority": HOLDER_PRIORITY}
+            )
+            await ch.basic_publish(str(self.number).encode(), routing_key=queue)
+        except Exception as exc:
+            if ch.is_closed:
+                raise channel_error(exc, queue) from exc
+            log.debug("no sentinel for %r (%s): waiters poll after a crash", self.name, exc)
+
+    def _rearm(self, ch: AbstractChannel, tag: int) -> None:
+        if ch.is_closed or self.released or self._sentinel_tag != tag or self.sentinels is None:
+            return
+        queue = self.sentinels
+
+        async def rearm() -> None:
+            with contextlib.suppress(Exception):
+                await ch.basic_ack(tag)
+                await ch.basic_publish(str(self.number).encode(), routing_key=queue)
+
+        self.session.spawn(rearm())
 
     def _unpark(self, ch: AbstractChannel, tag: int) -> None:
         if not ch.is_closed and not self.released:
             self.session.spawn(_ack_quietly(ch, tag))
 
     def _on_cancel(self, frame: Basic.Cancel) -> None:
-        queue = self._tags.get(str(frame.consumer_tag), "?")
+        queue = self._tags.get(str(frame.consumer_tag))
+        if queue is None:  # the sentinel consumer: losing it loses no lock
+            log.info("sentinel consumer of %r cancelled by the broker", self.name)
+            self._sentinel_tag = None
+            return
         if queue == self.held_queue:
             self.lose(f"lock queue {queue!r} was deleted by someone else")
         else:
@@ -221,6 +266,10 @@ class LeaseState(HeldState):
         finally:
             session.held.discard(self.held_queue)
             if watch is not None and not watch.is_closed:
+                if self._sentinel_tag is not None:
+                    # A clean release wakes a waiter by its notice; drop the sentinel.
+                    with contextlib.suppress(Exception):
+                        await watch.basic_ack(self._sentinel_tag)
                 session.spawn(_close_quietly(watch))
         session.notify_soon(self.notice_key, [self.number if self.kind == "slot" else 0])
         log.debug(

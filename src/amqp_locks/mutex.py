@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
 from .events import observed
 from .lease import Lease, LeaseState, grant
-from .names import validate_name, wakeup_queue
+from .names import sentinel_queue, validate_name, wakeup_queue
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.session import Session
 from .waiting import Backoff, acquire_loop
@@ -42,6 +42,7 @@ async def try_mutex(
         watch_queues=(name,),
         must_exist=(),
         notice_key=wakeup_queue(name, "mutex"),
+        sentinels=sentinel_queue(name, "mutex"),
     )
     try:
         granted = await grant(state, None, fencing=fencing)
@@ -71,6 +72,7 @@ async def acquire_mutex(
     return await acquire_loop(
         core,
         wakeup_queue(name, "mutex"),
+        sentinel_queue(name, "mutex"),
         lambda s, _hint: try_mutex(core, s, name, fencing=fencing),
         blocking=blocking,
         timeout=timeout,

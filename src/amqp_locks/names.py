@@ -15,9 +15,9 @@ from .errors import ConfigurationError, InvalidName
 MAX_QUEUE_NAME_BYTES = 255
 #: The largest slot number whose queue names we promise to fit (`N-1000000-A`).
 MAX_SLOT_DIGITS = 7
-_LONGEST_SUFFIX = max(len("-") + MAX_SLOT_DIGITS + len("-A"), len("-mutex-waiters"))
+_LONGEST_SUFFIX = max(len("-") + MAX_SLOT_DIGITS + len("-A"), len("-mutex-sentinels"))
 
-_RESERVED = re.compile(r"(-\d+-[AB]|-fence|-waiters|\.semaphore(-ledger)?)$")
+_RESERVED = re.compile(r"(-\d+-[AB]|-fence|-waiters|-sentinels|\.semaphore(-ledger)?)$")
 
 
 def validate_name(name: str) -> str:
@@ -69,6 +69,11 @@ def token_queue(name: str) -> str:
 def wakeup_queue(name: str, kind: str) -> str:
     """The queue whose notices wake one waiter of lock `name` ("sem" or "mutex")."""
     return f"{name}-{kind}-waiters"
+
+
+def sentinel_queue(name: str, kind: str) -> str:
+    """The queue of holders' sentinels: one returns to it when a holder dies."""
+    return f"{name}-{kind}-sentinels"
 
 
 def check_slot_number(k: int) -> int:

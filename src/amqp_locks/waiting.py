@@ -43,6 +43,7 @@ def check_timeout(timeout: float | None) -> float | None:
 async def acquire_loop(
     core: BrokerCore,
     wakeups: str,
+    sentinels: str | None,
     attempt: Callable[[Session, int | None], Coroutine[Any, Any, T | None]],
     *,
     blocking: bool,
@@ -65,7 +66,7 @@ async def acquire_loop(
     delay = backoff.initial
     while True:
         session = await core.session()  # a new one if the last was lost
-        async with subscribe(session, wakeups) as sub:
+        async with subscribe(session, wakeups, sentinels) as sub:
             while session.alive:
                 notice, hint = sub.take()
                 try:

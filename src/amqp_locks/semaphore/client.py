@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..events import observed
 from ..lease import Lease, LeaseState, grant
-from ..names import holder_queue, slot_queue, validate_name, wakeup_queue
+from ..names import holder_queue, sentinel_queue, slot_queue, validate_name, wakeup_queue
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, acquire_loop
@@ -86,6 +86,7 @@ async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> Lease
         watch_queues=(a, b),
         must_exist=(a,),
         notice_key=wakeup_queue(name, "sem"),
+        sentinels=sentinel_queue(name, "sem"),
     )
     try:
         granted = await grant(state, HOLDER_ARGS, fencing=True)
@@ -191,6 +192,7 @@ class PersistentSemaphore:
             acquire_loop(
                 core,
                 wakeup_queue(self.name, "sem"),
+                sentinel_queue(self.name, "sem"),
                 lambda s, hint: try_acquire(
                     core,
                     s,

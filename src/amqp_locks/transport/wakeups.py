@@ -7,7 +7,12 @@ prefetch 1 and manual ack, so the broker hands each notice to exactly one waiter
 robin): that waiter retries at once and acks the notice after its attempt; the others keep
 sleeping. A waiter that leaves with a notice in hand (it timed out, or got a slot anyway)
 closes its channel and the broker gives the notice to the next waiter. A crashed holder
-publishes nothing: waiters also re-check on a bounded back-off.
+publishes nothing, but it held a *sentinel*: every holder of a persistent-semaphore slot
+or mutex publishes one message to the lock's sentinel queue (`N-sem-sentinels`) and
+consumes it back, unacked, with a higher consumer priority than the waiters. When the
+holder's connection dies the broker returns that message to the queue and pushes it to a
+waiter at once — a crash wakes a waiter as promptly as a clean release. Waiters still
+re-check on a bounded back-off in case both pushes are lost.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ log = logging.getLogger("amqp_locks.transport")
 #: Arguments every waiter declares the wake-up queue with (they must agree: 406 otherwise).
 #: A queue declared but never consumed (waiter crashed in between) expires after 10 min.
 WAKEUP_ARGS: dict[str, Any] = {"x-expires": 600_000}
+#: The sentinel queue (see below) is not auto-deleted, so it cannot vanish between a
+#: declare and a consume on a lease's watch channel; unused for 10 minutes, it expires.
+SENTINEL_ARGS: dict[str, Any] = {"x-expires": 600_000}
+#: Holders consume sentinels before waiters do.
+HOLDER_PRIORITY = 1
 
 
 class Waiter:
@@ -36,33 +46,33 @@ class Waiter:
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self._channel: AbstractChannel | None = None
-        self._tag: int | None = None
+        self._tags: list[tuple[AbstractChannel, int]] = []
         self._hint: int | None = None
         #: True once the broker confirmed our consumer (tests and status tools read it).
         self.ready = False
 
     async def _on_notice(self, message: DeliveredMessage) -> None:
         tag = getattr(message.delivery, "delivery_tag", None)
-        if isinstance(tag, int):
-            self._tag = tag
+        if isinstance(tag, int) and message.channel is not None:
+            self._tags.append((message.channel, tag))
         body = message.body.strip()
-        self._hint = int(body) if body.isdigit() else None
+        self._hint = int(body) if body.isdigit() and int(body) > 0 else None
         self.event.set()
 
-    def take(self) -> tuple[int | None, int | None]:
-        """Before an attempt: the notice (if any) this attempt answers, and the slot it
-        announced (a hint where to look first)."""
+    def take(self) -> tuple[list[tuple[AbstractChannel, int]], int | None]:
+        """Before an attempt: the notices (and sentinels) this attempt answers, and the
+        slot the last one announced (a hint where to look first)."""
         self.event.clear()
-        tag, self._tag = self._tag, None
+        tags, self._tags = self._tags, []
         hint, self._hint = self._hint, None
-        return tag, hint
+        return tags, hint
 
-    async def answered(self, tag: int | None) -> None:
-        """After the attempt: ack the notice so the next one can be delivered to us."""
-        ch = self._channel
-        if tag is not None and ch is not None and not ch.is_closed:
-            with contextlib.suppress(Exception):
-                await ch.basic_ack(tag)
+    async def answered(self, tags: list[tuple[AbstractChannel, int]]) -> None:
+        """After the attempt: ack them, so the next ones can be delivered to us."""
+        for ch, tag in tags:
+            if not ch.is_closed:
+                with contextlib.suppress(Exception):
+                    await ch.basic_ack(tag)
 
     async def wait(self, timeout: float | None) -> bool:
         """Sleep until a notice (True) or the timeout (False)."""
@@ -74,8 +84,11 @@ class Waiter:
 
 
 @contextlib.asynccontextmanager
-async def subscribe(session: Session, queue: str) -> AsyncIterator[Waiter]:
-    """Consume `queue` for the duration of the block; degrade to polling if we cannot."""
+async def subscribe(
+    session: Session, queue: str, sentinels: str | None = None
+) -> AsyncIterator[Waiter]:
+    """Consume the wake-up `queue` (and the `sentinels` queue, if the lock has one) for
+    the duration of the block; degrade to polling if we cannot."""
     waiter = Waiter()
     session.waiters.add(waiter)
     try:
@@ -87,6 +100,9 @@ async def subscribe(session: Session, queue: str) -> AsyncIterator[Waiter]:
                 await ch.queue_declare(queue, auto_delete=True, arguments=WAKEUP_ARGS)
                 try:
                     await ch.basic_consume(queue, waiter._on_notice, no_ack=False)
+                    if sentinels is not None:
+                        await ch.queue_declare(sentinels, arguments=SENTINEL_ARGS)
+                        await ch.basic_consume(sentinels, waiter._on_notice, no_ack=False)
                     waiter.ready = True
                     break
                 except Exception:

@@ -38,9 +38,10 @@ from .latency import Budget, _delete_queues, _uncontended_one, unique_name
 from .stats import ms, summarize_reps
 
 #: Lock kinds compared, in report order.
-KINDS = ("token", "token_quorum", "mutex", "semaphore")
+KINDS = ("token", "token_nofence", "token_quorum", "mutex", "semaphore")
 LABELS = {
     "token": "token semaphore (classic token queue)",
+    "token_nofence": "token semaphore (classic token queue, fencing=False)",
     "token_quorum": "token semaphore (quorum token queue)",
     "mutex": "mutex",
     "semaphore": "persistent semaphore, C=1",
@@ -73,6 +74,8 @@ def _make(broker: Broker, kind: str, name: str) -> Any:
         return TokenSemaphore(broker, name)
     if kind == "token_quorum":
         return TokenSemaphore(broker, name, quorum=True)
+    if kind == "token_nofence":
+        return TokenSemaphore(broker, name, fencing=False)
     if kind == "mutex":
         return Mutex(broker, name)
     if kind == "semaphore":

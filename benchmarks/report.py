@@ -295,9 +295,10 @@ def _code_version(env: dict[str, Any]) -> str:
 
 # ------------------------------------------------------- token semaphore, lockers
 
-HANDOFF_KINDS = ("token", "token_quorum", "mutex", "semaphore")
+HANDOFF_KINDS = ("token", "token_nofence", "token_quorum", "mutex", "semaphore")
 KIND_LABELS = {
     "token": "token semaphore, classic token queue",
+    "token_nofence": "token semaphore, classic token queue, fencing=False",
     "token_quorum": "token semaphore, quorum token queue",
     "mutex": "mutex",
     "semaphore": "persistent semaphore, C=1",
@@ -471,7 +472,7 @@ def _token_values(r: dict[str, Any]) -> dict[str, str]:
     crash_errors = [f"{k}: {e}" for k in cr for e in cr[k].get("errors", [])]
     # Issue 3's goal, judged from the measurement.
     goal = []
-    for k in ("token", "token_quorum"):
+    for k in ("token", "token_nofence", "token_quorum"):
         if k not in ho:
             continue
         ratio = ho[k]["p50_ms"] / rtt_ms

@@ -262,3 +262,12 @@ def test_quorum_tokens_keep_rising_after_destroy_and_setup(broker: Broker, name:
     with ts.acquire(timeout=5) as second:  # type: ignore[union-attr]
         assert second.number == first.number
         assert second.fencing_token > first.fencing_token
+
+
+def test_fencing_can_be_skipped_on_classic_queues(broker: Broker, name: str) -> None:
+    TokenSemaphore(broker, name).setup(1)
+    fast = TokenSemaphore(broker, name, fencing=False)
+    with fast.acquire(timeout=5) as permit:  # type: ignore[union-attr]
+        assert permit.fencing_token == 0 and permit.number == 1
+    with TokenSemaphore(broker, name).acquire(timeout=5) as fenced:  # type: ignore[union-attr]
+        assert fenced.fencing_token >= 1

@@ -184,6 +184,7 @@ async def acquire_permit(
     priority: int,
     blocking: bool,
     timeout: float | None,
+    fencing: bool = True,
 ) -> PermitState | None:
     """Consume one token (push). None when not blocking and none is free, or timed out."""
     session = await core.session()
@@ -249,8 +250,10 @@ async def acquire_permit(
         if quorum:
             base = headers.get(BASE_HEADER, 0)
             fencing_token = (base if isinstance(base, int) else 0) + _delivery_count(message) + 1
-        else:
+        elif fencing:
             fencing_token = await shielded(take_token(session, name), lambda _: _close(ch))
+        else:
+            fencing_token = 0  # classic queue, fencing=False: no fence round trip
         state = PermitState(
             core=core,
             session=session,
@@ -278,7 +281,9 @@ class TokenSemaphore:
     """A counting (or binary) semaphore of `permits` token messages in `name.semaphore`.
 
     ``priority`` is this client's consumer priority: the broker gives a freed token to the
-    waiting consumer with the highest priority. Admin methods (`setup`, `add_permits`,
+    waiting consumer with the highest priority. ``fencing=False`` skips the fence round
+    trip on classic token queues (``fencing_token`` is then 0); quorum token queues carry
+    their fencing counter for free. Admin methods (`setup`, `add_permits`,
     `remove_permits`, `status`, `audit`, `repair`) run under the administration mutex.
     """
 
@@ -289,6 +294,7 @@ class TokenSemaphore:
         *,
         priority: int = 0,
         quorum: bool = False,
+        fencing: bool = True,
         mutex_timeout: float | None = 30.0,
     ) -> None:
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -299,6 +305,7 @@ class TokenSemaphore:
         self.name = validate_name(name)
         self.priority = priority
         self.quorum = quorum
+        self.fencing = fencing
         self.mutex_timeout = check_timeout(mutex_timeout)
 
     @property
@@ -317,6 +324,7 @@ class TokenSemaphore:
                 priority=self.priority,
                 blocking=blocking,
                 timeout=check_timeout(timeout),
+                fencing=self.fencing,
             ),
         )
 

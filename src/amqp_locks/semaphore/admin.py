@@ -25,6 +25,7 @@ from ..fencing import ensure_fence, repair_fence
 from ..mutex import held_mutex
 from ..names import (
     MAX_SLOT_DIGITS,
+    check_slot_number,
     fence_queue,
     holder_queue,
     slot_queue,
@@ -267,7 +268,7 @@ class SemaphoreAdmin:
         timeout = check_timeout(timeout)
         if interval <= 0:
             raise ConfigurationError(f"interval must be > 0, got {interval}")
-        wanted = [_count(k, "slot", minimum=1) for k in slots]
+        wanted = [check_slot_number(k) for k in slots]
 
         async def waiter(session: Session) -> list[int]:
             return await self._wait(session, wanted, timeout, interval)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -263,22 +262,7 @@ def test_threads_contending_never_exceed_slots(broker: Broker, name: str) -> Non
 def test_processes_contending_never_exceed_slots(amqp_url: str, broker: Broker, name: str) -> None:
     slots, procs_n, rounds = 3, 6, 15
     SemaphoreAdmin(broker, name).create(slots)
-    ctx = multiprocessing.get_context("spawn")
-    lock = ctx.Lock()
-    occupancy = ctx.Array("i", slots + 1, lock=False)
-    counters = ctx.Array("i", 4, lock=False)
-    procs = [
-        ctx.Process(
-            target=workers.contend,
-            args=(amqp_url, name, slots, rounds, lock, occupancy, counters),
-        )
-        for _ in range(procs_n)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(240)
-    assert [p.exitcode for p in procs] == [0] * procs_n
+    counters = workers.contend_in_processes(amqp_url, name, slots, procs_n, rounds)
     assert counters[3] == procs_n * rounds
     assert counters[2] == 0, f"{counters[2]} overlaps"
     assert counters[1] <= slots

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
 import threading
 import time
@@ -118,22 +117,7 @@ def test_processes_contending_never_exceed_permits(
 ) -> None:
     permits, procs_n, rounds = 2, 6, 12
     TokenSemaphore(broker, name).setup(permits)
-    ctx = multiprocessing.get_context("spawn")
-    lock = ctx.Lock()
-    occupancy = ctx.Array("i", permits + 1, lock=False)
-    counters = ctx.Array("i", 4, lock=False)
-    procs = [
-        ctx.Process(
-            target=workers.contend,
-            args=(amqp_url, name, permits, rounds, lock, occupancy, counters, "token"),
-        )
-        for _ in range(procs_n)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(240)
-    assert [p.exitcode for p in procs] == [0] * procs_n
+    counters = workers.contend_in_processes(amqp_url, name, permits, procs_n, rounds, kind="token")
     assert counters[3] == procs_n * rounds
     assert counters[2] == 0, f"{counters[2]} overlaps"
     assert counters[1] <= permits

@@ -60,3 +60,28 @@ def hold(url: str, name: str, kind: str) -> None:
 
 if __name__ == "__main__":
     hold(sys.argv[1], sys.argv[2], sys.argv[3])
+
+
+def contend_in_processes(
+    url: str, name: str, slots: int, procs_n: int, rounds: int, kind: str = "semaphore"
+) -> list[int]:
+    """Run `procs_n` spawned `contend` processes; returns the shared counters
+    [current holders, max seen, violations, grants] once all exited cleanly."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    lock = ctx.Lock()
+    occupancy = ctx.Array("i", slots + 1, lock=False)
+    counters = ctx.Array("i", 4, lock=False)
+    procs = [
+        ctx.Process(
+            target=contend, args=(url, name, slots, rounds, lock, occupancy, counters, kind)
+        )
+        for _ in range(procs_n)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0] * procs_n
+    return list(counters)

@@ -60,7 +60,12 @@ async def acquire_loop(
     timeout = check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     session = await core.session()
-    granted = await _attempt(attempt(session, None))
+    try:
+        granted = await _attempt(attempt(session, None))
+    except ConnectionLost:
+        # The node died under the attempt: once more on a new connection (in a cluster,
+        # to the next node); whatever the lost connection held died with it.
+        granted = await _attempt(attempt(await core.session(), None))
     if granted is not None or not blocking or timeout == 0:
         return granted
     delay = backoff.initial
@@ -81,6 +86,8 @@ async def acquire_loop(
                     return None
                 wait = delay if remaining is None else min(delay, remaining)
                 woken = await sub.wait(wait)
+                if sub.broken:
+                    break  # the wake-up queue's node died: subscribe again, then retry
                 delay = backoff.initial if woken else min(delay * 2, backoff.maximum)
 
 

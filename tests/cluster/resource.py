@@ -7,6 +7,8 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from amqp_locks import Lease
+
 
 @dataclass
 class FencedResource:
@@ -14,41 +16,45 @@ class FencedResource:
 
     `write` accepts a token >= the highest seen for its key and refuses a lower one: a
     holder whose lock was re-granted is fenced off once the new holder has written.
-    `enter`/`leave` count holders the library reports as holding: more than `permits` at
-    once is an overlap.
+    `enter`/`leave` track holders inside the critical section; entering while `permits`
+    others are inside whose leases are not known lost is an overlap.
     """
 
     permits: int
     highest: dict[object, int] = field(default_factory=dict)
-    accepted: list[tuple[object, int]] = field(default_factory=list)
-    refused: list[tuple[object, int]] = field(default_factory=list)
+    accepted: int = 0
+    refused: int = 0
     grants: dict[object, list[int]] = field(default_factory=lambda: defaultdict(list))
-    inside: set[object] = field(default_factory=set)
+    inside: dict[object, Lease] = field(default_factory=dict)
     overlaps: int = 0
-    max_inside: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def write(self, key: object, token: int) -> bool:
         with self._lock:
             if token < self.highest.get(key, 0):
-                self.refused.append((key, token))
+                self.refused += 1
                 return False
             self.highest[key] = token
-            self.accepted.append((key, token))
+            self.accepted += 1
             return True
 
-    def enter(self, holder: object, key: object, token: int) -> None:
+    def enter(self, holder: object, key: object, lease: Lease) -> None:
         with self._lock:
-            self.grants[key].append(token)
-            self.inside.add(holder)
-            self.max_inside = max(self.max_inside, len(self.inside))
-            if len(self.inside) > self.permits:
+            self.grants[key].append(lease.fencing_token)
+            live = [h for h, other in self.inside.items() if not other.lost.is_set()]
+            if len(live) >= self.permits:
                 self.overlaps += 1
+            self.inside[holder] = lease
 
     def leave(self, holder: object) -> None:
         with self._lock:
-            self.inside.discard(holder)
+            self.inside.pop(holder, None)
 
-    def tokens_strictly_increase(self) -> bool:
-        """Per key, every grant's token is above the previous grant's."""
-        return all(all(a < b for a, b in zip(t, t[1:])) for t in self.grants.values())
+    def duplicate_tokens(self) -> dict[object, list[int]]:
+        """Per key, tokens handed to more than one grant (must be empty)."""
+        dupes = {}
+        for key, tokens in self.grants.items():
+            seen = sorted(t for t in set(tokens) if tokens.count(t) > 1)
+            if seen:
+                dupes[key] = seen
+        return dupes

@@ -97,6 +97,7 @@ class BrokerCore:
         loss_timeout: float | None = None,
         connect_timeout: float = 10.0,
         connection_name: str | None = None,
+        cluster: bool | None = None,
     ) -> None:
         if heartbeat <= 0:
             raise ConfigurationError(f"heartbeat must be > 0 seconds, got {heartbeat}")
@@ -107,6 +108,7 @@ class BrokerCore:
         self._next = 0
         #: The node of the current (or last) connection.
         self.url = self.urls[0]
+        self.cluster = len(self.urls) > 1 if cluster is None else bool(cluster)
         self.heartbeat = float(heartbeat)
         # The broker declares us dead after two heartbeat periods of silence at the
         # earliest (it checks every period, needs two checks without data). One period of
@@ -153,6 +155,7 @@ class BrokerCore:
                 heartbeat=self.heartbeat,
                 loss_timeout=self.loss_timeout,
                 connection_name=self.connection_name,
+                cluster=self.cluster,
             )
             try:
                 await session.connect(self.connect_timeout)
@@ -233,6 +236,7 @@ class BrokerBase:
         loss_timeout: float | None = None,
         connect_timeout: float = 10.0,
         connection_name: str | None = None,
+        cluster: bool | None = None,
     ) -> None:
         self._core = BrokerCore(
             url,
@@ -240,6 +244,7 @@ class BrokerBase:
             loss_timeout=loss_timeout,
             connect_timeout=connect_timeout,
             connection_name=connection_name,
+            cluster=cluster,
         )
 
     @property
@@ -266,7 +271,11 @@ class Broker(BrokerBase):
     ``url`` defaults to ``$AMQP_URL``, then to the private development node; several nodes
     of a cluster may be given (a list, or one string with comma-separated URLs): the
     Broker connects to the first that answers and, when that connection is lost, to the
-    next one (leases held through the lost connection are reported lost). ``heartbeat``
+    next one (leases held through the lost connection are reported lost). ``cluster``
+    (default: whether several URLs were given) says the broker is a cluster whose queue
+    leaders can die: fencing tokens are then read by a consumer, because RabbitMQ answers
+    a ``basic.get`` on a quorum queue without a leader by closing the whole connection;
+    set it for a single URL that fronts a cluster (a load balancer). ``heartbeat``
     (seconds) bounds how long a dead peer goes unnoticed; leases are marked lost after
     ``loss_timeout`` (default: one heartbeat period) without a frame from the broker.
     """

@@ -258,6 +258,11 @@ class BrokerBase:
         return [censor(u) for u in self._core.urls]
 
     @property
+    def cluster(self) -> bool:
+        """Cluster mode (see the class docstring): several URLs, or ``cluster=True``."""
+        return self._core.cluster
+
+    @property
     def heartbeat(self) -> float:
         return self._core.heartbeat
 

@@ -1,6 +1,6 @@
 """Node failure in a private 3-node cluster: how fast each primitive recovers.
 
-`python -m benchmarks.cluster_failover [--trials N]` (starts the `amqplocksbench` cluster
+`python -m benchmarks.cluster_failover [--trials N]` (starts the `amqplockscfail` cluster
 with `amqp_locks.devcluster`, stops it afterwards). Per trial and primitive: a holder
 connected to node 1 and a waiter connected to node 2; node 1 (which also leads the lock's
 quorum queues) is killed with SIGKILL. Measured from the kill: when the holder's lease is
@@ -28,7 +28,7 @@ from amqp_locks import (
     devcluster,
 )
 
-CLUSTER = "amqplocksbench"
+CLUSTER = "amqplockscfail"
 
 
 def _broker(info: devcluster.ClusterInfo, first: int) -> Broker:

@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from . import devbroker
 from .devbroker import DevBrokerError, NodeInfo
-from .localserver import locked, pid_alive
+from .localserver import locked, pid_alive, port_free
 
 __all__ = [
     "DEFAULT_NAME",
@@ -150,20 +150,53 @@ def _join(seed: NodeInfo, info: NodeInfo) -> None:
     devbroker.rabbitmqctl(info, "await_startup", "--timeout", "60", timeout=90)
 
 
-def _start_one(base: Path, name: str, index: int, wait: float) -> NodeInfo:
+def _ephemeral_range() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def _pick_ports(count: int) -> list[int]:
+    """`count` free ports *below* the kernel's ephemeral range. Nodes booting together
+    make many outgoing connections (epmd, distribution, rabbitmqctl): a listener port
+    taken from the ephemeral range, as bind(0) gives, can be grabbed by one of them
+    before the node listens on it (eaddrinuse at boot)."""
+    ephemeral = _ephemeral_range()
+    reserved = {devbroker._EPMD_PORT, 5672, 25672, *devbroker._CTL_DIST_PORTS}
+    low, high = 20000, min(ephemeral.start, 32768)
+    start = secrets.randbelow(high - low) + low
+    ports: list[int] = []
+    for offset in range(high - low):
+        port = low + (start - low + offset) % (high - low)
+        if port in reserved or port in ephemeral:
+            continue
+        if port_free(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise DevBrokerError(f"no {count} free ports in {low}..{high - 1} on 127.0.0.1")
+
+
+def _start_one(
+    base: Path, name: str, index: int, wait: float, ports: tuple[int, int] | None = None
+) -> NodeInfo:
+    """Start node `index` on its previous ports (clients hold every node's URL), else on
+    `ports`."""
     d = _node_dir(base, name, index)
     node_name = _node_name(name, index)
-    state = devbroker._read_state(d)
-    if state is not None:
-        # Same ports as before: clients hold URLs of every node.
-        prev = state[0]
-        with locked(d):
+    with locked(d):
+        state = devbroker._read_state(d)
+        if state is not None:
+            prev = state[0]
             if devbroker._running(prev, state[1]):
                 return prev
-            return devbroker._start(
-                node_name, d, prev.amqp_port, prev.dist_port, wait, strict=True
-            )
-    return devbroker.start(node_name, d, wait=wait)
+            ports = (prev.amqp_port, prev.dist_port)
+        if ports is None:
+            picked = _pick_ports(2)
+            ports = (picked[0], picked[1])
+        return devbroker._start(node_name, d, ports[0], ports[1], wait, strict=True)
 
 
 def start(
@@ -186,8 +219,14 @@ def start(
             "reset it first (python -m amqp_locks.devcluster reset)"
         )
     _prepare(base, name, size)
+    fresh = _pick_ports(2 * size)  # used only by nodes that never ran: distinct for all
     nodes = _parallel(
-        [lambda i=i: _start_one(base, name, i, wait) for i in range(1, size + 1)]  # type: ignore[misc]
+        [
+            lambda i=i: _start_one(  # type: ignore[misc]
+                base, name, i, wait, (fresh[2 * i - 2], fresh[2 * i - 1])
+            )
+            for i in range(1, size + 1)
+        ]
     )
     for node in nodes[1:]:
         _join(nodes[0], node)

@@ -248,6 +248,7 @@ async def acquire_permit(
         try:
             message = await asyncio.wait_for(asyncio.shield(got), timeout)
         except TimeoutError:
+            got.cancel()  # nobody awaits it any more (on_closed must not set it)
             # Closing the channel returns a token that may be arriving right now.
             await _close(ch)
             return None
@@ -282,6 +283,8 @@ async def acquire_permit(
         return state
     except BaseException:
         if not state_box:
+            if not got.done():
+                got.cancel()
             session.spawn(_close(ch))  # returns a token that may be arriving right now
         raise
 

@@ -4,6 +4,7 @@ counts holders that overlap beyond the permits."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -17,7 +18,8 @@ class FencedResource:
     `write` accepts a token >= the highest seen for its key and refuses a lower one: a
     holder whose lock was re-granted is fenced off once the new holder has written.
     `enter`/`leave` track holders inside the critical section; entering while `permits`
-    others are inside whose leases are not known lost is an overlap.
+    others are inside whose leases are not known lost is an overlap, and how long those
+    leases then took to be marked lost is recorded.
     """
 
     permits: int
@@ -27,6 +29,8 @@ class FencedResource:
     grants: dict[object, list[int]] = field(default_factory=lambda: defaultdict(list))
     inside: dict[object, Lease] = field(default_factory=dict)
     overlaps: int = 0
+    #: Per overlap: seconds until the older holders' leases were marked lost.
+    windows: list[float] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def write(self, key: object, token: int) -> bool:
@@ -41,10 +45,20 @@ class FencedResource:
     def enter(self, holder: object, key: object, lease: Lease) -> None:
         with self._lock:
             self.grants[key].append(lease.fencing_token)
-            live = [h for h, other in self.inside.items() if not other.lost.is_set()]
+            live = [other for other in self.inside.values() if not other.lost.is_set()]
             if len(live) >= self.permits:
                 self.overlaps += 1
+                threading.Thread(target=self._measure, args=(live,), daemon=True).start()
             self.inside[holder] = lease
+
+    def _measure(self, live: list[Lease]) -> None:
+        """How long after an overlapping grant the older holders were told they lost
+        (the crash window that only fencing covers); 10 s means never."""
+        start = time.monotonic()
+        told = [lease.lost.wait(10) for lease in live]
+        window = time.monotonic() - start
+        with self._lock:
+            self.windows.append(window if all(told) else 10.0)
 
     def leave(self, holder: object) -> None:
         with self._lock:

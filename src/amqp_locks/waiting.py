@@ -9,8 +9,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .errors import ConfigurationError, ConnectionLost
+import aiormq.exceptions
+
+from .errors import AmqpLocksError, ConfigurationError, ConnectionLost
 from .transport.broker import BrokerCore
+from .transport.errors import channel_error
 from .transport.session import Session
 from .transport.shield import shielded
 from .transport.wakeups import subscribe
@@ -93,8 +96,15 @@ async def acquire_loop(
 
 async def _attempt(coro: Coroutine[Any, Any, T | None]) -> T | None:
     """One attempt, run to completion even if the caller is cancelled meanwhile (see
-    :mod:`~amqp_locks.transport.shield`); a grant it makes after all is released again."""
-    return await shielded(coro, _release)
+    :mod:`~amqp_locks.transport.shield`); a grant it makes after all is released again.
+    A raw AMQP failure that slipped through a step (the connection reset by a dying node)
+    becomes its typed error, so the caller's reconnect logic sees a ConnectionLost."""
+    try:
+        return await shielded(coro, _release)
+    except AmqpLocksError:
+        raise
+    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        raise channel_error(exc) from exc
 
 
 async def _release(granted: Any) -> None:

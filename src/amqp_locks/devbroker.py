@@ -335,6 +335,7 @@ def _write_config(info: NodeInfo) -> None:
         f"consumer_timeout = {CONSUMER_TIMEOUT_MS}\n"
         "log.console = false\n"
         "log.file.level = warning\n"
+        + _extra_config(d)
     )
     (d / "enabled_plugins").write_text("[].\n")
     # Shadows /etc/rabbitmq/rabbitmq-env.conf so system settings cannot leak in.
@@ -344,6 +345,17 @@ def _write_config(info: NodeInfo) -> None:
         alphabet = string.ascii_uppercase
         cookie.write_text("".join(secrets.choice(alphabet) for _ in range(32)))
         cookie.chmod(0o400)  # Erlang refuses cookies readable by others
+
+
+#: Settings appended to a node's rabbitmq.conf on every start (`devcluster` writes them).
+EXTRA_CONFIG = "extra.conf"
+
+
+def _extra_config(base_dir: Path) -> str:
+    try:
+        return (base_dir / EXTRA_CONFIG).read_text()
+    except FileNotFoundError:
+        return ""
 
 
 def _run_ctl(

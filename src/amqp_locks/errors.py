@@ -26,6 +26,15 @@ class BrokerUnreachable(BrokerError):
     """No TCP/AMQP connection could be made to the broker."""
 
 
+class ClusterUnreachable(BrokerUnreachable):
+    """None of several broker nodes could be reached; ``failures`` pairs each URL
+    (password censored) with why it failed."""
+
+    def __init__(self, message: str, failures: list[tuple[str, AmqpLocksError]]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
 class AuthenticationFailed(BrokerError):
     """The broker refused the credentials (wrong user or password)."""
 

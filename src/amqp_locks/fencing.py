@@ -113,9 +113,15 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
 
     The fast path is one `basic.get` round trip (the reject needs no reply). If another
     client holds the fence message at that instant, we consume with prefetch 1 and get it
-    pushed the moment it is returned — no polling.
+    pushed the moment it is returned — no polling. Brokers in cluster mode always consume.
     """
     queue = fence_queue(name)
+    if session.cluster:
+        # In a cluster, never basic.get: while the fence's leader is being re-elected
+        # (about 0.5 s after its node dies) RabbitMQ 3.10 answers it with 541
+        # INTERNAL_ERROR "nodedown", which closes the whole connection and loses every
+        # lease on it. A consumer just waits for the new leader.
+        return await _take_pushed(session, queue, timeout) + 1
 
     async def get_and_return(ch: AbstractChannel) -> int | None:
         message = await ch.basic_get(queue, no_ack=False)

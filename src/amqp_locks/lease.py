@@ -26,7 +26,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from . import events
-from .errors import AmqpLocksError, LeaseReleased, QueueNotFound, ResourceLocked
+from .errors import AmqpLocksError, ConnectionLost, LeaseReleased, QueueNotFound, ResourceLocked
 from .fencing import ensure_fence, take_token
 from .names import fence_queue
 from .transport.errors import channel_error
@@ -263,6 +263,13 @@ class LeaseState(HeldState):
             return
         try:
             await session.delete(self.held_queue)
+        except ConnectionLost:
+            if session.alive:
+                raise
+            # The connection died under the release: the broker deletes the exclusive
+            # queue with it, so the lock is free all the same. No waiter notice from us.
+            log.debug("connection lost while releasing %r: released by the broker", self.name)
+            return
         finally:
             session.held.discard(self.held_queue)
             if watch is not None and not watch.is_closed:

@@ -40,9 +40,9 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from .errors import ConfigurationError, LockError, QueueNotFound
+from .errors import ConfigurationError, ConnectionLost, LockError, QueueNotFound
 from .events import observed
-from .fencing import broker_major, broker_version, ensure_fence, take_token
+from .fencing import broker_major, broker_version, ensure_fence, fence_arguments, take_token
 from .lease import HeldState, Lease
 from .mutex import held_mutex
 from .names import token_queue, validate_name
@@ -219,6 +219,15 @@ async def acquire_permit(
 
     ch.on_consumer_cancel_callbacks.add(on_cancel)
 
+    def on_closed(_: Any) -> None:
+        # Our connection (or channel) died while we waited: no token can arrive here.
+        if not got.done():
+            got.set_exception(
+                ConnectionLost(f"channel waiting on {queue!r} closed: {session.lost_reason}")
+            )
+
+    ch.closing.add_done_callback(on_closed)
+
     async def start_consuming() -> Any:
         await ch.basic_qos(prefetch_count=1)
         return await ch.basic_consume(
@@ -239,6 +248,7 @@ async def acquire_permit(
         try:
             message = await asyncio.wait_for(asyncio.shield(got), timeout)
         except TimeoutError:
+            got.cancel()  # nobody awaits it any more (on_closed must not set it)
             # Closing the channel returns a token that may be arriving right now.
             await _close(ch)
             return None
@@ -273,6 +283,8 @@ async def acquire_permit(
         return state
     except BaseException:
         if not state_box:
+            if not got.done():
+                got.cancel()
             session.spawn(_close(ch))  # returns a token that may be arriving right now
         raise
 
@@ -315,18 +327,31 @@ class TokenSemaphore:
     # --- holders --------------------------------------------------------------------------
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> PermitState | None:
-        return await observed(
-            "permit",
-            self.name,
-            acquire_permit(
-                self._core,
-                self.name,
-                priority=self.priority,
-                blocking=blocking,
-                timeout=check_timeout(timeout),
-                fencing=self.fencing,
-            ),
-        )
+        return await observed("permit", self.name, self._acquire_reconnecting(blocking, timeout))
+
+    async def _acquire_reconnecting(
+        self, blocking: bool, timeout: float | None
+    ) -> PermitState | None:
+        """Wait for a token; when the connection dies meanwhile (its node died), wait on a
+        new one (the next node of a cluster) for the time that is left."""
+        timeout = check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        retried = False
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return await acquire_permit(
+                    self._core,
+                    self.name,
+                    priority=self.priority,
+                    blocking=blocking,
+                    timeout=left,
+                    fencing=self.fencing,
+                )
+            except ConnectionLost:
+                if (not blocking and retried) or (left is not None and left <= 0):
+                    raise
+                retried = True
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""
@@ -371,7 +396,12 @@ class TokenSemaphore:
         await session.declare(
             token_queue(self.name), durable=True, arguments=token_arguments(session, self.quorum)
         )
-        await session.declare(ledger_queue(self.name), durable=True)
+        # A quorum semaphore's ledger is replicated too, or losing its node would stop
+        # status/audit/admin. An existing ledger is kept whatever its type.
+        ledger = ledger_queue(self.name)
+        if not await session.exists_passive(ledger):
+            args = fence_arguments(session) if self.quorum else None
+            await session.declare(ledger, durable=True, arguments=args)
 
     def add_permits(self, count: int) -> list[int]:
         """Publish `count` new tokens; returns their ids."""

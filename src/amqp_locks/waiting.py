@@ -9,8 +9,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .errors import ConfigurationError, ConnectionLost
+import aiormq.exceptions
+
+from .errors import AmqpLocksError, ConfigurationError, ConnectionLost
 from .transport.broker import BrokerCore
+from .transport.errors import channel_error
 from .transport.session import Session
 from .transport.shield import shielded
 from .transport.wakeups import subscribe
@@ -60,7 +63,12 @@ async def acquire_loop(
     timeout = check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     session = await core.session()
-    granted = await _attempt(attempt(session, None))
+    try:
+        granted = await _attempt(attempt(session, None))
+    except ConnectionLost:
+        # The node died under the attempt: once more on a new connection (in a cluster,
+        # to the next node); whatever the lost connection held died with it.
+        granted = await _attempt(attempt(await core.session(), None))
     if granted is not None or not blocking or timeout == 0:
         return granted
     delay = backoff.initial
@@ -81,13 +89,22 @@ async def acquire_loop(
                     return None
                 wait = delay if remaining is None else min(delay, remaining)
                 woken = await sub.wait(wait)
+                if sub.broken:
+                    break  # the wake-up queue's node died: subscribe again, then retry
                 delay = backoff.initial if woken else min(delay * 2, backoff.maximum)
 
 
 async def _attempt(coro: Coroutine[Any, Any, T | None]) -> T | None:
     """One attempt, run to completion even if the caller is cancelled meanwhile (see
-    :mod:`~amqp_locks.transport.shield`); a grant it makes after all is released again."""
-    return await shielded(coro, _release)
+    :mod:`~amqp_locks.transport.shield`); a grant it makes after all is released again.
+    A raw AMQP failure that slipped through a step (the connection reset by a dying node)
+    becomes its typed error, so the caller's reconnect logic sees a ConnectionLost."""
+    try:
+        return await shielded(coro, _release)
+    except AmqpLocksError:
+        raise
+    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        raise channel_error(exc) from exc
 
 
 async def _release(granted: Any) -> None:

@@ -13,13 +13,19 @@ import concurrent.futures
 import logging
 import os
 import socket
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from yarl import URL
 
-from ..errors import ConfigurationError
+from ..errors import (
+    AccessRefused,
+    AmqpLocksError,
+    AuthenticationFailed,
+    ClusterUnreachable,
+    ConfigurationError,
+)
 from .errors import censor
 from .iothread import IOThread
 from .session import Session
@@ -31,13 +37,11 @@ T = TypeVar("T")
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
-def resolve_url(url: str | None) -> URL:
-    """`url`, else `$AMQP_URL`, else the private development node (`amqp-locks broker`)."""
-    raw = url or os.environ.get("AMQP_URL")
-    if not raw:
-        from .. import devbroker
+#: What ``Broker(url=...)`` takes: one URL, several comma-separated, or a sequence.
+UrlSpec = str | Sequence[str] | None
 
-        raw = devbroker.url()
+
+def _parse_url(raw: str) -> URL:
     try:
         parsed = URL(raw)
     except (TypeError, ValueError) as exc:
@@ -47,6 +51,33 @@ def resolve_url(url: str | None) -> URL:
             f"invalid AMQP URL {censor(parsed)!r}: expected amqp://user:pass@host:port/vhost"
         )
     return parsed
+
+
+def resolve_urls(url: UrlSpec) -> list[URL]:
+    """The nodes to connect to, in order of preference: `url`, else `$AMQP_URL`, else the
+    private development node (`amqp-locks broker`).
+
+    A string may list several nodes of one cluster separated by commas (a comma inside a
+    password must be percent-encoded as ``%2C``)."""
+    if url is not None and not isinstance(url, str):
+        raws = [str(u).strip() for u in url]
+        if not raws:
+            raise ConfigurationError("empty list of AMQP URLs")
+    else:
+        text = url or os.environ.get("AMQP_URL")
+        if not text:
+            from .. import devbroker
+
+            text = devbroker.url()
+        raws = [part.strip() for part in text.split(",")]
+    if any(not r for r in raws):
+        raise ConfigurationError(f"empty URL in the AMQP URL list {raws!r}")
+    return [_parse_url(r) for r in raws]
+
+
+def resolve_url(url: str | None) -> URL:
+    """The first node of :func:`resolve_urls` (for callers that want exactly one)."""
+    return resolve_urls(url)[0]
 
 
 def default_connection_name(purpose: str = "") -> str:
@@ -60,18 +91,24 @@ class BrokerCore:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: UrlSpec = None,
         *,
         heartbeat: float = 10.0,
         loss_timeout: float | None = None,
         connect_timeout: float = 10.0,
         connection_name: str | None = None,
+        cluster: bool | None = None,
     ) -> None:
         if heartbeat <= 0:
             raise ConfigurationError(f"heartbeat must be > 0 seconds, got {heartbeat}")
         if connect_timeout <= 0:
             raise ConfigurationError(f"connect_timeout must be > 0, got {connect_timeout}")
-        self.url = resolve_url(url)
+        self.urls = resolve_urls(url)
+        #: Index in `urls` of the node the next connection tries first.
+        self._next = 0
+        #: The node of the current (or last) connection.
+        self.url = self.urls[0]
+        self.cluster = len(self.urls) > 1 if cluster is None else bool(cluster)
         self.heartbeat = float(heartbeat)
         # The broker declares us dead after two heartbeat periods of silence at the
         # earliest (it checks every period, needs two checks without data). One period of
@@ -100,15 +137,45 @@ class BrokerCore:
             current = self._session
             if current is not None and current.alive:
                 return current
+            session = await self._connect()
+            self._session = session
+            return session
+
+    async def _connect(self) -> Session:
+        """Connect to the first node that answers, starting after the one whose connection
+        was lost (it is likely dead). Credentials and vhost errors are the same on every
+        node of a cluster: they are raised at once, not hidden by trying the others."""
+        failures: list[tuple[URL, AmqpLocksError]] = []
+        count = len(self.urls)
+        for i in range(count):
+            index = (self._next + i) % count
+            url = self.urls[index]
             session = Session(
-                self.url,
+                url,
                 heartbeat=self.heartbeat,
                 loss_timeout=self.loss_timeout,
                 connection_name=self.connection_name,
+                cluster=self.cluster,
             )
-            await session.connect(self.connect_timeout)
-            self._session = session
+            try:
+                await session.connect(self.connect_timeout)
+            except (AuthenticationFailed, AccessRefused):
+                raise
+            except AmqpLocksError as exc:
+                if count == 1:
+                    raise
+                log.info("node %s unreachable: %s", censor(url), exc)
+                failures.append((url, exc))
+                continue
+            self.url = url
+            # After a loss, try the next node first: this one may be the one that died.
+            self._next = (index + 1) % count
             return session
+        raise ClusterUnreachable(
+            "no broker node reachable: "
+            + "; ".join(f"{censor(u)}: {e}" for u, e in failures),
+            [(censor(u), e) for u, e in failures],
+        )
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         if self._closed:
@@ -163,12 +230,13 @@ class BrokerBase:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: UrlSpec = None,
         heartbeat: float = 10.0,
         *,
         loss_timeout: float | None = None,
         connect_timeout: float = 10.0,
         connection_name: str | None = None,
+        cluster: bool | None = None,
     ) -> None:
         self._core = BrokerCore(
             url,
@@ -176,12 +244,23 @@ class BrokerBase:
             loss_timeout=loss_timeout,
             connect_timeout=connect_timeout,
             connection_name=connection_name,
+            cluster=cluster,
         )
 
     @property
     def url(self) -> str:
-        """The broker URL, password censored."""
+        """The URL of the node connected to (or to be tried first), password censored."""
         return censor(self._core.url)
+
+    @property
+    def urls(self) -> list[str]:
+        """Every node's URL, in the order given, passwords censored."""
+        return [censor(u) for u in self._core.urls]
+
+    @property
+    def cluster(self) -> bool:
+        """Cluster mode (see the class docstring): several URLs, or ``cluster=True``."""
+        return self._core.cluster
 
     @property
     def heartbeat(self) -> float:
@@ -194,7 +273,14 @@ class BrokerBase:
 class Broker(BrokerBase):
     """A connection to RabbitMQ, owned by a private I/O thread. Thread-safe.
 
-    ``url`` defaults to ``$AMQP_URL``, then to the private development node. ``heartbeat``
+    ``url`` defaults to ``$AMQP_URL``, then to the private development node; several nodes
+    of a cluster may be given (a list, or one string with comma-separated URLs): the
+    Broker connects to the first that answers and, when that connection is lost, to the
+    next one (leases held through the lost connection are reported lost). ``cluster``
+    (default: whether several URLs were given) says the broker is a cluster whose queue
+    leaders can die: fencing tokens are then read by a consumer, because RabbitMQ answers
+    a ``basic.get`` on a quorum queue without a leader by closing the whole connection;
+    set it for a single URL that fronts a cluster (a load balancer). ``heartbeat``
     (seconds) bounds how long a dead peer goes unnoticed; leases are marked lost after
     ``loss_timeout`` (default: one heartbeat period) without a frame from the broker.
     """

@@ -86,8 +86,12 @@ class Session:
         heartbeat: float,
         loss_timeout: float,
         connection_name: str,
+        cluster: bool = False,
     ) -> None:
         self.url = url
+        #: The broker is one node of a cluster (see `Broker(cluster=...)`): quorum queues
+        #: are read by consumers, never `basic.get` (fencing.take_token says why).
+        self.cluster = cluster
         self.heartbeat = heartbeat
         self.loss_timeout = loss_timeout
         self.connection_name = connection_name

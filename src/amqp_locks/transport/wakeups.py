@@ -50,6 +50,14 @@ class Waiter:
         self._hint: int | None = None
         #: True once the broker confirmed our consumer (tests and status tools read it).
         self.ready = False
+        #: The broker cancelled our consumer or closed our channel: in a cluster, the
+        #: node holding the (non-replicated) wake-up queue died. Subscribe again.
+        self.broken = False
+
+    def _on_broken(self, *_: Any) -> None:
+        if self.ready:
+            self.broken = True
+            self.event.set()
 
     async def _on_notice(self, message: DeliveredMessage) -> None:
         tag = getattr(message.delivery, "delivery_tag", None)
@@ -95,6 +103,7 @@ async def subscribe(
         try:
             ch = await session.open_channel()
             waiter._channel = ch
+            _watch_channel(ch, waiter)
             await ch.basic_qos(prefetch_count=1)
             for _ in range(3):  # the last waiter leaving may auto-delete it in between
                 await ch.queue_declare(queue, auto_delete=True, arguments=WAKEUP_ARGS)
@@ -109,15 +118,22 @@ async def subscribe(
                     if ch.is_closed:
                         ch = await session.open_channel()
                         waiter._channel = ch
+                        _watch_channel(ch, waiter)
                         await ch.basic_qos(prefetch_count=1)
         except Exception as exc:
             log.debug("no wake-ups from %r (%s); polling only", queue, exc)
         yield waiter
     finally:
         session.waiters.discard(waiter)
+        waiter.ready = False  # our own close below is no breakage
         if waiter._channel is not None and not waiter._channel.is_closed:
             # Closing returns an unanswered notice to the queue, for the next waiter.
             session.spawn(_close(waiter._channel))
+
+
+def _watch_channel(ch: AbstractChannel, waiter: Waiter) -> None:
+    ch.on_consumer_cancel_callbacks.add(waiter._on_broken)
+    ch.closing.add_done_callback(lambda _: waiter._on_broken() if ch is waiter._channel else None)
 
 
 async def _close(ch: AbstractChannel) -> None:

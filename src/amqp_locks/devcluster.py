@@ -1,0 +1,374 @@
+"""A private RabbitMQ cluster of N nodes on 127.0.0.1, for cluster tests and demos.
+
+Each node is an ordinary :mod:`~amqp_locks.devbroker` node (its own directory, AMQP and
+distribution ports, ``consumer_timeout`` of a year) named ``<name><i>@localhost``; the
+nodes share one Erlang cookie and run ``cluster_partition_handling = pause_minority``
+(the setting production clusters of locks need: a minority side stops serving instead of
+granting locks the majority also grants). Node 1 is the seed; the others join it once
+with ``rabbitmqctl join_cluster`` and remember the cluster in their data directory, so a
+node that is stopped, killed or restarted rejoins by itself.
+
+All nodes are started concurrently: a clustered node that restarts waits at boot for the
+peer that stopped last, so sequential starts of a stopped cluster could deadlock.
+
+CLI: ``python -m amqp_locks.devcluster start|stop|status|urls|kill|restart|reset``
+(``scripts/cluster``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import string
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from . import devbroker
+from .devbroker import DevBrokerError, NodeInfo
+from .localserver import locked, pid_alive, port_free
+
+__all__ = [
+    "DEFAULT_NAME",
+    "ClusterInfo",
+    "kill_node",
+    "main",
+    "members",
+    "reset",
+    "start",
+    "start_node",
+    "status",
+    "stop",
+    "stop_node",
+]
+
+DEFAULT_NAME = "amqplocksc"
+DEFAULT_SIZE = 3
+#: Appended to every node's rabbitmq.conf (devbroker.EXTRA_CONFIG).
+CLUSTER_CONFIG = (
+    "# amqp_locks.devcluster\n"
+    "cluster_partition_handling = pause_minority\n"
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """A cluster's nodes (running or not) and where its files live."""
+
+    name: str
+    base_dir: Path
+    nodes: tuple[NodeInfo, ...]
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """All nodes' URLs, comma-separated: what ``Broker(url)`` and ``$AMQP_URL`` take."""
+        return ",".join(self.urls)
+
+    def node(self, index: int) -> NodeInfo:
+        """Node ``index`` (1-based, like the node names)."""
+        return self.nodes[index - 1]
+
+
+def _base(name: str, base_dir: Path | None) -> Path:
+    return devbroker._resolve(name, base_dir)
+
+
+def _node_name(name: str, index: int) -> str:
+    return f"{name}{index}"
+
+
+def _node_dir(base: Path, name: str, index: int) -> Path:
+    return base / _node_name(name, index)
+
+
+def _size(base: Path) -> int | None:
+    try:
+        return int(json.loads((base / "cluster.json").read_text())["size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _prepare(base: Path, name: str, size: int) -> None:
+    """Cookie shared by every node, the cluster settings, and the recorded size."""
+    base.mkdir(parents=True, exist_ok=True)
+    cookie_file = base / "erlang.cookie"
+    if not cookie_file.exists():
+        cookie_file.write_text("".join(secrets.choice(string.ascii_uppercase) for _ in range(32)))
+        cookie_file.chmod(0o400)
+    cookie = cookie_file.read_text()
+    for i in range(1, size + 1):
+        d = _node_dir(base, name, i)
+        d.mkdir(parents=True, exist_ok=True)
+        node_cookie = d / ".erlang.cookie"
+        if not node_cookie.exists() or node_cookie.read_text() != cookie:
+            node_cookie.unlink(missing_ok=True)
+            node_cookie.write_text(cookie)
+            node_cookie.chmod(0o400)  # Erlang refuses cookies readable by others
+        (d / devbroker.EXTRA_CONFIG).write_text(CLUSTER_CONFIG)
+    (base / "cluster.json").write_text(json.dumps({"name": name, "size": size}) + "\n")
+
+
+def _parallel(fns: Sequence[Callable[[], T]]) -> list[T]:
+    """Run `fns` on threads, re-raising the first failure after all have finished."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(fns))) as pool:
+        futures = [pool.submit(fn) for fn in fns]
+        concurrent.futures.wait(futures)
+        return [f.result() for f in futures]
+
+
+def members(info: NodeInfo) -> tuple[list[str], list[str]]:
+    """(all cluster members, running members) as `node` sees them."""
+    raw = json.loads(devbroker.rabbitmqctl(info, "cluster_status", "--formatter", "json"))
+    return list(raw.get("disk_nodes", [])) + list(raw.get("ram_nodes", [])), list(
+        raw.get("running_nodes", [])
+    )
+
+
+def _join(seed: NodeInfo, info: NodeInfo) -> None:
+    """Make `info` a member of `seed`'s cluster (a no-op when it already is)."""
+    known, _ = members(info)
+    if seed.node in known:
+        return
+    devbroker.rabbitmqctl(info, "stop_app")
+    devbroker.rabbitmqctl(info, "join_cluster", seed.node, timeout=120)
+    devbroker.rabbitmqctl(info, "start_app", timeout=120)
+    devbroker.rabbitmqctl(info, "await_startup", "--timeout", "60", timeout=90)
+
+
+def _ephemeral_range() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def _pick_ports(count: int) -> list[int]:
+    """`count` free ports *below* the kernel's ephemeral range. Nodes booting together
+    make many outgoing connections (epmd, distribution, rabbitmqctl): a listener port
+    taken from the ephemeral range, as bind(0) gives, can be grabbed by one of them
+    before the node listens on it (eaddrinuse at boot)."""
+    ephemeral = _ephemeral_range()
+    reserved = {devbroker._EPMD_PORT, 5672, 25672, *devbroker._CTL_DIST_PORTS}
+    low, high = 20000, min(ephemeral.start, 32768)
+    start = secrets.randbelow(high - low) + low
+    ports: list[int] = []
+    for offset in range(high - low):
+        port = low + (start - low + offset) % (high - low)
+        if port in reserved or port in ephemeral:
+            continue
+        if port_free(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise DevBrokerError(f"no {count} free ports in {low}..{high - 1} on 127.0.0.1")
+
+
+def _start_one(
+    base: Path, name: str, index: int, wait: float, ports: tuple[int, int] | None = None
+) -> NodeInfo:
+    """Start node `index` on its previous ports (clients hold every node's URL), else on
+    `ports`."""
+    d = _node_dir(base, name, index)
+    node_name = _node_name(name, index)
+    with locked(d):
+        state = devbroker._read_state(d)
+        if state is not None:
+            prev = state[0]
+            if devbroker._running(prev, state[1]):
+                return prev
+            ports = (prev.amqp_port, prev.dist_port)
+        if ports is None:
+            picked = _pick_ports(2)
+            ports = (picked[0], picked[1])
+        return devbroker._start(node_name, d, ports[0], ports[1], wait, strict=True)
+
+
+def start(
+    name: str = DEFAULT_NAME, size: int = DEFAULT_SIZE, base_dir: Path | None = None,
+    wait: float = 180.0,
+) -> ClusterInfo:
+    """Start every node that is not running and join them into one cluster (idempotent).
+
+    Restarted nodes keep their ports and data. ``size`` is fixed when the cluster is first
+    made; asking for another size of an existing cluster is refused (``reset`` it first).
+    """
+    if size < 1:
+        raise DevBrokerError(f"a cluster needs at least 1 node, got {size}")
+    devbroker.ensure_installed()
+    base = _base(name, base_dir)
+    known = _size(base)
+    if known is not None and known != size:
+        raise DevBrokerError(
+            f"cluster {name!r} in {base} has {known} nodes, not {size}; "
+            "reset it first (python -m amqp_locks.devcluster reset)"
+        )
+    _prepare(base, name, size)
+    fresh = _pick_ports(2 * size)  # used only by nodes that never ran: distinct for all
+    nodes = _parallel(
+        [
+            lambda i=i: _start_one(  # type: ignore[misc]
+                base, name, i, wait, (fresh[2 * i - 2], fresh[2 * i - 1])
+            )
+            for i in range(1, size + 1)
+        ]
+    )
+    for node in nodes[1:]:
+        _join(nodes[0], node)
+    return ClusterInfo(name, base, tuple(nodes))
+
+
+def info(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> ClusterInfo:
+    """The cluster's nodes as last started (running or not); raises if never started."""
+    base = _base(name, base_dir)
+    size = _size(base)
+    if size is None:
+        raise DevBrokerError(f"no cluster {name!r} in {base}: start it first")
+    nodes = []
+    for i in range(1, size + 1):
+        state = devbroker._read_state(_node_dir(base, name, i))
+        if state is None:
+            raise DevBrokerError(f"node {_node_name(name, i)} of {name!r} was never started")
+        nodes.append(state[0])
+    return ClusterInfo(name, base, tuple(nodes))
+
+
+def status(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> dict[str, bool]:
+    """Which nodes answer AMQP, by Erlang node name (empty if the cluster was never made)."""
+    base = _base(name, base_dir)
+    size = _size(base) or 0
+    result: dict[str, bool] = {}
+    for i in range(1, size + 1):
+        d = _node_dir(base, name, i)
+        result[f"{_node_name(name, i)}@localhost"] = devbroker._status(d) is not None
+    return result
+
+
+def _index(cluster: ClusterInfo, index: int) -> NodeInfo:
+    if not 1 <= index <= len(cluster.nodes):
+        raise DevBrokerError(f"node index {index} out of range 1..{len(cluster.nodes)}")
+    return cluster.node(index)
+
+
+def kill_node(name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None) -> bool:
+    """SIGKILL node `index`'s VM (a crash: no clean shutdown, sockets reset by the kernel).
+    Returns whether it was running. Waits until the process is gone."""
+    node = _index(info(name, base_dir), index)
+    with locked(node.base_dir):
+        state = devbroker._read_state(node.base_dir)
+        pid = state[1] if state else None
+        if not devbroker._is_our_beam(node, pid):
+            return False
+        assert pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        devbroker._reap(node.base_dir)
+        devbroker._write_state(node, None)
+        return True
+
+
+def stop_node(name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None) -> bool:
+    """Stop node `index` cleanly (`rabbitmqctl stop`); returns whether it was running."""
+    node = _index(info(name, base_dir), index)
+    return devbroker.stop(node.name, node.base_dir)
+
+
+def start_node(
+    name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None, wait: float = 180.0
+) -> NodeInfo:
+    """Start node `index` again on its old ports; it rejoins the cluster from its data."""
+    cluster = info(name, base_dir)
+    _index(cluster, index)
+    node = _start_one(cluster.base_dir, name, index, wait)
+    if len(cluster.nodes) > 1:  # a member already: a no-op; wiped by hand: joins again
+        _join(cluster.node(2 if index == 1 else 1), node)
+    return node
+
+
+def stop(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> int:
+    """Stop every node (concurrently); returns how many were running."""
+    base = _base(name, base_dir)
+    size = _size(base) or 0
+    stopped = _parallel(
+        [
+            lambda i=i: devbroker.stop(_node_name(name, i), _node_dir(base, name, i))  # type: ignore[misc]
+            for i in range(1, size + 1)
+        ]
+    )
+    return sum(stopped)
+
+
+def reset(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> None:
+    """Stop the cluster and delete its files (data, cookie, logs)."""
+    base = _base(name, base_dir)
+    stop(name, base_dir)
+    if (base / "cluster.json").exists():
+        shutil.rmtree(base)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; ``start``/``urls`` print the comma-separated URL list only."""
+    parser = argparse.ArgumentParser(
+        prog="python -m amqp_locks.devcluster",
+        description="Private RabbitMQ cluster on 127.0.0.1.",
+    )
+    parser.add_argument(
+        "command", choices=["start", "stop", "status", "urls", "kill", "restart", "reset"]
+    )
+    parser.add_argument("node", nargs="?", type=int, help="node index for kill/restart (1..N)")
+    parser.add_argument("--name", default=DEFAULT_NAME, help="cluster name (default: %(default)s)")
+    parser.add_argument("--nodes", type=int, default=DEFAULT_SIZE, help="cluster size for start")
+    parser.add_argument("--base-dir", type=Path, default=None, help="cluster directory")
+    parser.add_argument("--wait", type=float, default=180.0, help="startup timeout (s)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("kill", "restart") and args.node is None:
+            parser.error(f"{args.command} needs a node index")
+        if args.command == "start":
+            print(start(args.name, args.nodes, args.base_dir, args.wait).url)
+        elif args.command == "urls":
+            print(info(args.name, args.base_dir).url)
+        elif args.command == "stop":
+            print(f"stopped {stop(args.name, args.base_dir)} node(s)", file=sys.stderr)
+        elif args.command == "reset":
+            reset(args.name, args.base_dir)
+        elif args.command == "kill":
+            killed = kill_node(args.name, args.node, args.base_dir)
+            print("killed" if killed else "not running", file=sys.stderr)
+        elif args.command == "restart":
+            stop_node(args.name, args.node, args.base_dir)
+            print(start_node(args.name, args.node, args.base_dir, args.wait).url)
+        else:
+            nodes = status(args.name, args.base_dir)
+            if not nodes:
+                print("no cluster")
+                return 3
+            for node, up in nodes.items():
+                print(f"{node} {'running' if up else 'down'}")
+            return 0 if all(nodes.values()) else 3
+    except DevBrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""A private 3-node RabbitMQ cluster (`amqplocksc1..3`), started once per test session.
+
+Never the shared single test node: these tests kill nodes. Before each test every node
+runs again (a failed test may have left one down).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from amqp_locks import Broker, devcluster
+
+CLUSTER = "amqplocksc"
+
+
+def _base_dir() -> Path | None:
+    base = os.environ.get("AMQP_LOCKS_TEST_HOME")
+    return Path(base) / CLUSTER if base else None
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[devcluster.ClusterInfo]:
+    base = _base_dir()
+    was_running = any(devcluster.status(CLUSTER, base).values())
+    info = devcluster.start(CLUSTER, 3, base)
+    yield info
+    if not was_running and os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
+        devcluster.stop(CLUSTER, base)
+
+
+@pytest.fixture(autouse=True)
+def all_nodes_up(cluster: devcluster.ClusterInfo) -> None:
+    for index, (_node, up) in enumerate(devcluster.status(CLUSTER, _base_dir()).items(), 1):
+        if not up:
+            devcluster.start_node(CLUSTER, index, _base_dir())
+
+
+class Nodes:
+    """Kill/restart nodes of the test cluster; brokers that prefer a given node."""
+
+    def __init__(self, info: devcluster.ClusterInfo) -> None:
+        self.info = info
+        self._brokers: list[Broker] = []
+
+    def urls_from(self, index: int) -> list[str]:
+        """Every node's URL, node `index` first (the Broker connects there first)."""
+        urls = self.info.urls
+        return urls[index - 1 :] + urls[: index - 1]
+
+    def broker(self, index: int, heartbeat: float = 5.0) -> Broker:
+        b = Broker(self.urls_from(index), heartbeat=heartbeat, connect_timeout=5.0)
+        b.connect()
+        assert b.url.endswith(f":{self.info.node(index).amqp_port}/%2F"), b.url
+        self._brokers.append(b)
+        return b
+
+    @staticmethod
+    def waiting(broker: Broker) -> bool:
+        """Whether an acquire through `broker` is subscribed to its lock's wake-ups."""
+        session = broker._core._session
+        return session is not None and any(w.ready for w in list(session.waiters))
+
+    def kill(self, index: int) -> None:
+        assert devcluster.kill_node(CLUSTER, index, _base_dir())
+
+    def restart(self, index: int) -> None:
+        devcluster.start_node(CLUSTER, index, _base_dir())
+
+    def port(self, index: int) -> int:
+        return self.info.node(index).amqp_port
+
+    def close(self) -> None:
+        for b in self._brokers:
+            b.close()
+
+
+@pytest.fixture
+def nodes(cluster: devcluster.ClusterInfo) -> Iterator[Nodes]:
+    n = Nodes(cluster)
+    yield n
+    n.close()
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `cond` until true or fail naming `what` (a condition, not a fixed sleep)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)

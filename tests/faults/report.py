@@ -1,0 +1,67 @@
+"""Measured figures of fault runs, kept for the soak report and docs/failure-semantics.md.
+
+Every scenario appends one JSON line (test id, primitive, verdict, figures) to
+``$AMQP_LOCKS_FAULT_RESULTS`` (default ``tests/faults/results/runs.jsonl``, git-ignored).
+:func:`markdown` turns such a file into the summary table `scripts/soak` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .checker import Verdict
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def results_file() -> Path:
+    path = Path(os.environ.get("AMQP_LOCKS_FAULT_RESULTS") or RESULTS / "runs.jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def record(test: str, kind: str, verdict: Verdict, **figures: Any) -> dict[str, Any]:
+    """Append one run's verdict and figures (seconds, counts) to the results file."""
+    v = asdict(verdict)
+    v["min_margin"] = verdict.min_margin
+    v["unended"] = len(verdict.unended)
+    row = {"time": time.time(), "test": test, "kind": kind, "verdict": v, "figures": figures}
+    with results_file().open("a") as f:
+        f.write(json.dumps(row, default=float) + "\n")
+    return row
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return str(value)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One table row per run: the verdict's counts and the scenario's figures."""
+    out = [
+        "| test | primitive | grants | overlaps | key overlaps | stale accepted | rejected "
+        "| regressions | leaked | min margin (s) | figures |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        v = r["verdict"]
+        figures = ", ".join(f"{k}={_fmt(x)}" for k, x in r["figures"].items())
+        margin = "" if v["min_margin"] is None else f"{v['min_margin']:.3f}"
+        out.append(
+            f"| {r['test']} | {r['kind']} | {v['grants']} | {v['overlaps']} | "
+            f"{v['key_overlaps']} | {v['stale_accepted']} | {v['rejected']} | "
+            f"{v['token_regressions']} | {v['leaked']} | {margin} | {figures} |"
+        )
+    return "\n".join(out) + "\n"

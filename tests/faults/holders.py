@@ -132,10 +132,16 @@ def _run(spec: HolderSpec) -> None:
         n += 1
         granted_at = rec.record("grant", gid, key, token).t
 
-        def lost(lease: Any, gid: str = gid, key: int = key, token: int = token) -> None:
-            seen = [t for t in lost_seen if t >= granted_at]
+        def lost(
+            lease: Any,
+            gid: str = gid,
+            key: int = key,
+            token: int = token,
+            since: float = granted_at,
+        ) -> None:
+            seen = [t for t in lost_seen if t >= since]
             at = seen[0] if seen else time.monotonic()
-            rec.record("lost", gid, key, token, str(lease.lost_reason), t=max(at, granted_at))
+            rec.record("lost", gid, key, token, str(lease.lost_reason), t=max(at, since))
 
         lease.on_lost(lost)
         write(gid, key, token)  # register the token at the resource right after the grant

@@ -15,8 +15,8 @@ from typing import Any
 from amqp_locks import (
     Broker,
     Mutex,
-    QueueNotFound,
     PersistentSemaphore,
+    QueueNotFound,
     SemaphoreAdmin,
     TokenSemaphore,
 )

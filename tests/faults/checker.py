@@ -161,3 +161,14 @@ def check(
         if seen is None or mine > seen:
             newest_seen[w.key] = mine
     return v
+
+
+def peak(spans: Iterable[Interval], since: float = float("-inf")) -> int:
+    """The most grants believed at one instant at or after `since` (intervals clipped to
+    start there): what a capacity change must bring down."""
+    clipped = [
+        Interval(i.grant, i.key, i.token, max(i.start, since), i.end, i.ended_by)
+        for i in spans
+        if i.end > since
+    ]
+    return _sweep(clipped, 0)[2]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .checker import check, intervals
+from .checker import check, intervals, peak
 from .history import Event, Recorder, load
 from .resource import ProtectedResource, ResourceClient, Write
 
@@ -189,3 +189,21 @@ def test_resource_serves_other_processes(tmp_path: Path) -> None:
         ]
     finally:
         resource.close()
+
+
+def test_peak_counts_believers_from_an_instant_on() -> None:
+    events = [
+        ev(0, "grant", "a", key=1),
+        ev(0, "grant", "b", key=2),
+        ev(1, "grant", "c", key=3),
+        ev(2, "lost", "c", key=3),  # c's slot was removed at 1.5; c learnt at 2
+        ev(4, "release", "a", key=1),
+        ev(5, "release", "b", key=2),
+    ]
+    spans = intervals(events, 5)
+    assert (peak(spans), peak(spans, since=1.5), peak(spans, since=2), peak(spans, 4.5)) == (
+        3,
+        3,
+        2,
+        1,
+    )

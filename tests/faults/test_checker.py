@@ -207,3 +207,12 @@ def test_peak_counts_believers_from_an_instant_on() -> None:
         2,
         1,
     )
+
+
+def test_a_cut_belief_stops_counting_at_the_cut_and_gives_no_margin() -> None:
+    cut = {"old": 4.0}  # "old" was paused at 4 (before "new" was granted at 5)
+    v = check(PAUSED, permits=1, cut=cut)
+    assert (v.overlaps, v.key_overlaps, v.margins, v.unended) == (0, 0, [], [])
+    late = check(PAUSED, permits=1, cut={"old": 6.0})  # paused after the re-grant
+    assert (late.overlaps, late.overlap_seconds) == (1, pytest.approx(1.0))
+    assert check(PAUSED, permits=1, cut={"other": 1.0}).overlaps == 1

@@ -6,21 +6,29 @@ scheduling still varies between runs. Faults: SIGKILL (the holder is replaced by
 one), SIGSTOP for a short or a long time, a blackhole of the holder's proxy for a short or
 a long time, a connection reset, added latency.
 
+Faults strike a holder that holds the lock at that moment when the plan says so (most of
+them), else the plan's slot: faults on idle waiters test little.
+
 Judging: the design promises nothing for a paused process, so each grant's belief is cut
 at the moment its holder was first paused while holding (what it does after it resumes is
-fencing's business: stale writes must all be refused). On those beliefs there must be no
-overlap at all; on the full history no stale write may be accepted and no token regress.
+fencing's business: stale writes must all be refused). A reset is seen by both ends at the
+same instant, so the old holder may take its few milliseconds to process it while the
+broker hands the lock on: beliefs are cut at a reset too, and the time the holder took to
+learn is reported instead. On the cut ("promised") beliefs there must be no overlap at all;
+on the full history no stale write may be accepted and no token regress.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .checker import Verdict, check, intervals
+from .history import open_grants
 from .holders import Holder
 from .run import FaultRun
 
@@ -41,6 +49,8 @@ class Step:
     slot: int
     length: float = 0.0
     amount: float = 0.0
+    #: Strike a holder that holds the lock now, if there is one (else `slot`).
+    at_holder: bool = True
 
 
 def plan(seed: int, duration: float, slots: int, heartbeat: float) -> list[Step]:
@@ -60,7 +70,8 @@ def plan(seed: int, duration: float, slots: int, heartbeat: float) -> list[Step]
             )
         elif action == "delay":
             length, amount = rng.uniform(1.0, 3.0), rng.uniform(0.005, 0.1)
-        steps.append(Step(round(t, 3), action, slot, round(length, 3), round(amount, 4)))
+        at_holder = rng.random() < 0.8
+        steps.append(Step(round(t, 3), action, slot, round(length, 3), round(amount, 4), at_holder))
         t += rng.uniform(0.3, 1.5)
     return steps
 
@@ -76,6 +87,8 @@ class Chaos:
     generation: dict[int, int] = field(default_factory=dict)
     _undo: list[tuple[float, Any]] = field(default_factory=list)
     applied: dict[str, int] = field(default_factory=dict)
+    #: Every fault as applied: time, worker struck, the plan's step.
+    log: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.steps = plan(self.seed, self.duration, self.slots, self.run.heartbeat)
@@ -120,17 +133,31 @@ class Chaos:
             nxt = min([when, *(due for due, _ in self._undo)])
             time.sleep(max(0.0, min(nxt - now, 0.05)))
 
+    def _target(self, step: Step) -> int:
+        if step.at_holder:
+            holding = open_grants(self.run.events(), "")
+            slots = sorted(
+                slot
+                for slot, worker in self.current.items()
+                if any(g.grant.startswith(f"{worker}#") for g in holding)
+            )
+            if slots:
+                return slots[step.slot % len(slots)]
+        return step.slot
+
     def _apply(self, step: Step) -> None:
-        worker = self.current[step.slot]
+        slot = self._target(step)
+        worker = self.current[slot]
         h = self.run.holders[worker]
         proxy = self.run.proxies[worker]
         now = time.monotonic()
         if not h.alive:
             return
+        self.log.append({"t": now, "worker": worker, **asdict(step)})
         if step.action == "kill":
             self.run.kill(worker)
             proxy.passthrough()
-            self._spawn(step.slot)
+            self._spawn(slot)
         elif step.action == "pause":
             if h.paused:
                 return
@@ -141,6 +168,7 @@ class Chaos:
             self._undo.append((now + step.length, proxy.heal))
         elif step.action == "reset":
             proxy.reset()
+            h.faults.append((now, "reset"))
         elif step.action == "delay":
             proxy.delay(step.amount)
             self._undo.append((now + step.length, lambda: proxy.delay(0)))
@@ -165,31 +193,40 @@ class Chaos:
         return out
 
     def judge(self, leaked: int | None) -> tuple[Verdict, Verdict, dict[str, Any]]:
-        """(full verdict, verdict on beliefs cut at each holder's first pause while holding,
-        figures)."""
+        """(full verdict, verdict on the promised beliefs — cut at each holder's first pause
+        or reset while holding —, figures)."""
         events = self.run.events()
         end = time.monotonic()
         pauses = self.paused_at()
         cut: dict[str, float] = {}
+        reset_detection: list[float] = []
         for i in intervals(events, end):
             worker = i.grant.split("#")[0]
-            during = [a for a, b in pauses.get(worker, []) if b > i.start and a < i.end]
-            if during:
-                cut[i.grant] = max(i.start, min(during))
+            faults = self.run.holders[worker].faults if worker in self.run.holders else []
+            paused = [a for a, b in pauses.get(worker, []) if b > i.start and a < i.end]
+            resets = [t for t, what in faults if what == "reset" and i.start <= t < i.end]
+            if resets and i.ended_by == "lost":
+                reset_detection.append(i.end - min(resets))
+            if paused or resets:
+                cut[i.grant] = max(i.start, min(paused + resets))
         log = self.run.fenced.log
         full = check(events, log, permits=self.run.permits, run_end=end, leaked=leaked)
-        unpaused = check(events, log, permits=self.run.permits, run_end=end, cut=cut)
+        promised = check(events, log, permits=self.run.permits, run_end=end, cut=cut)
+        (self.run.dir / "faults.jsonl").write_text(
+            "".join(json.dumps(entry) + "\n" for entry in self.log)
+        )
         figures = {
             "seed": self.seed,
             "duration": self.duration,
             "holders": self.slots,
             "faults": dict(self.applied),
-            "grants_paused_while_holding": len(cut),
+            "grants_cut": len(cut),
             "lost_events": sum(1 for e in events if e.kind == "lost"),
-            "unpaused_overlaps": unpaused.overlaps,
-            "unpaused_key_overlaps": unpaused.key_overlaps,
-            "unpaused_min_margin": unpaused.min_margin,
-            "unpaused_margins": len(unpaused.margins),
+            "promised_overlaps": promised.overlaps,
+            "promised_key_overlaps": promised.key_overlaps,
+            "promised_min_margin": promised.min_margin,
+            "promised_margins": len(promised.margins),
+            "reset_detection_max": max(reset_detection, default=None),
             "full_overlap_seconds": full.overlap_seconds,
         }
-        return full, unpaused, figures
+        return full, promised, figures

@@ -147,6 +147,33 @@ def scenario_long_blackhole(make: Make, kind: str) -> dict[str, float]:
     return figures
 
 
+def scenario_one_way_blackhole(make: Make, kind: str, direction: str) -> dict[str, float]:
+    """Only one direction cut. "down" (the broker's frames lost): the watchdog hears nothing
+    and gives up as for a full partition. "up" (ours lost): the broker's heartbeats still
+    arrive; the holder must still learn before the broker, missing ours, re-grants."""
+    run = make(kind, heartbeat=HB_FAST)
+    run.holder("a", proxied=True)
+    ga = run.wait_event("grant", "a", 30)
+    run.holder("b")
+    proxy = run.proxies["a"]
+    run.wait_waiting(1, holders=1)
+    assert proxy.wait_downstream(HB_FAST), "no heartbeat from the broker"
+    proxy.blackhole(direction)  # type: ignore[arg-type]
+    cut_at = time.monotonic()
+    gb = run.wait_event("grant", "b", 10 * HB_FAST)
+    proxy.heal()
+    lost = run.end_of(ga.grant)
+    assert lost is not None and lost.kind == "lost", run.events()
+    run.stop()
+    v = run.verdict(leaked=_leaked(run))
+    figures = {"detected": lost.t - cut_at, "regranted": gb.t - cut_at, "margin": gb.t - lost.t}
+    report.record(f"blackhole-{direction}", kind, v, **figures)
+    assert (v.overlaps, v.key_overlaps, v.stale_accepted) == (0, 0, 0), v.summary()
+    assert v.min_margin is not None and v.min_margin > 0, v.summary()
+    assert v.token_regressions == 0 and v.leaked == 0, v.summary()
+    return figures
+
+
 FAST_KINDS = ["semaphore", "token", "mutex"]
 ALL_KINDS = list(primitives.KINDS)
 
@@ -169,3 +196,11 @@ def test_short_partition_changes_nothing(fault_run: Make, kind: str) -> None:
 @pytest.mark.parametrize("kind", FAST_KINDS)
 def test_long_partition_is_detected_before_the_regrant(fault_run: Make, kind: str) -> None:
     scenario_long_blackhole(fault_run, kind)
+
+
+@pytest.mark.parametrize("direction", ["up", "down"])
+@pytest.mark.parametrize("kind", FAST_KINDS)
+def test_one_way_partition_is_detected_before_the_regrant(
+    fault_run: Make, kind: str, direction: str
+) -> None:
+    scenario_one_way_blackhole(fault_run, kind, direction)

@@ -34,13 +34,17 @@ def random_run(make: Make, kind: str, *, duration: float, holders: int) -> dict[
     )
     run.stop()
     leaked = primitives.leaked(run.kind, run.url, run.name, run.permits)
-    full, unpaused, figures = chaos.judge(leaked)
+    full, promised, figures = chaos.judge(leaked)
     report.record("random", kind, full, **figures)
-    summary = f"{replay}\nfull: {full.summary()}\nunpaused: {unpaused.summary()}\n{figures}"
+    summary = (
+        f"{replay}\nfull: {full.summary()}\npromised: {promised.summary()}\n{figures}\n"
+        f"faults: {run.dir / 'faults.jsonl'}, history: {run.history}"
+    )
     assert sum(chaos.applied.values()) >= 1, summary
     assert (full.stale_accepted, full.token_regressions) == (0, 0), summary
-    assert (unpaused.overlaps, unpaused.key_overlaps) == (0, 0), summary
-    assert unpaused.min_margin is None or unpaused.min_margin > 0, summary
+    assert (promised.overlaps, promised.key_overlaps) == (0, 0), summary
+    assert promised.min_margin is None or promised.min_margin > 0, summary
+    assert figures["reset_detection_max"] is None or figures["reset_detection_max"] < 1.0
     assert full.leaked == 0, summary
     return figures
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -106,3 +107,33 @@ def test_frozen_broker(fault_run: Make, fault_node: devbroker.NodeInfo) -> None:
     finally:
         back_at = node.resume(fault_node)
     _judge("broker-frozen", runs, fault_at, back_at)
+
+
+def test_memory_alarm_does_not_cost_the_lease(fault_node: devbroker.NodeInfo) -> None:
+    """During a resource alarm RabbitMQ stops reading a connection that publishes, and
+    pauses its heartbeat timeout for it: the watchdog must not take the unanswered pings
+    for a partition (the lease is held all along, and verifies once the alarm clears)."""
+    from amqp_locks import Broker, Mutex
+
+    name = f"alarm{time.monotonic_ns()}"
+    with Broker(fault_node.url, heartbeat=HB) as b:
+        lease = Mutex(b, name).acquire(timeout=10)
+        assert lease is not None
+        session = b._core.run(b._core.session())
+        devbroker.rabbitmqctl(fault_node, "set_vm_memory_high_watermark", "0.0000001")
+        try:
+            # A publish during the alarm (an acquire's probe would do) blocks the connection.
+            b._core.run(_spawn_publish(session))
+            deadline = time.monotonic() + 20
+            while not session._blocked():  # the broker told us: connection.blocked
+                assert time.monotonic() < deadline, "no connection.blocked from the broker"
+                time.sleep(0.05)
+            assert not lease.lost.wait(4 * HB), lease.lost_reason
+        finally:
+            devbroker.rabbitmqctl(fault_node, "set_vm_memory_high_watermark", "0.4")
+        assert lease.verify() and not lease.lost.is_set()
+        lease.release()
+
+
+async def _spawn_publish(session: Any) -> None:
+    session.spawn(session.publish("", "amqp-locks-nowhere", b"x"))

@@ -161,7 +161,13 @@ class FaultProxy:
                         continue
                 now = time.monotonic()
                 while pending and pending[0][0] <= now:
-                    dst.sendall(pending.popleft()[1])
+                    try:
+                        dst.sendall(pending.popleft()[1])
+                    except OSError:
+                        # dst's end is gone; the news (an RST) would travel the other way:
+                        # while that way is cut, the sender must not learn it.
+                        self._wait_open(pair, "up" if way == "down" else "down")
+                        raise
                     if way == "down":
                         with self._cond:
                             self._down_chunks += 1
@@ -173,7 +179,7 @@ class FaultProxy:
                     continue
                 wait = _TICK if not pending else min(_TICK, max(0.0, pending[0][0] - now))
                 readable, _, _ = select.select([src], [], [], wait)
-                if not readable:
+                if not readable or way in self._cut:  # cut while we waited: read nothing
                     continue
                 data = src.recv(65536)
                 if not data:
@@ -183,6 +189,12 @@ class FaultProxy:
         except (OSError, ValueError):
             pass
         pair.close(rst=False)
+
+
+    def _wait_open(self, pair: _Pair, way: str) -> None:
+        with self._cond:
+            while way in self._cut and not pair.closed and not self._stop.is_set():
+                self._cond.wait(_TICK)
 
 
 class _Pair:

@@ -118,3 +118,20 @@ def test_wait_downstream_sees_the_next_server_chunk(proxy: FaultProxy) -> None:
         assert not proxy.wait_downstream(0.2)  # nothing flows by itself
         threading.Timer(0.1, lambda: s.sendall(b"z")).start()
         assert proxy.wait_downstream(5)
+
+
+def test_a_closed_end_is_not_reported_across_a_cut(proxy: FaultProxy) -> None:
+    """The client dies while the way up is cut: its RST could not reach the server, so
+    the server's side stays open until the cut heals."""
+    s = _connect(proxy)
+    _round_trip(s)
+    proxy.blackhole("up")
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    s.close()  # RST to the proxy
+    time.sleep(0.3)  # the scenario: the server keeps talking into the void meanwhile
+    assert proxy.connections == 1
+    proxy.heal()
+    deadline = time.monotonic() + 5
+    while proxy.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proxy.connections == 0

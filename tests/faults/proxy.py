@@ -190,7 +190,6 @@ class FaultProxy:
             pass
         pair.close(rst=False)
 
-
     def _wait_open(self, pair: _Pair, way: str) -> None:
         with self._cond:
             while way in self._cut and not pair.closed and not self._stop.is_set():

@@ -65,3 +65,41 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{v['token_regressions']} | {v['leaked']} | {margin} | {figures} |"
         )
     return "\n".join(out) + "\n"
+
+
+def summary(rows: list[dict[str, Any]], *, header: dict[str, Any]) -> str:
+    """The soak's markdown report: how it ran, then every run's verdict and figures."""
+    lines = ["# Fault soak report", ""]
+    lines += [f"- {k}: {v}" for k, v in header.items()]
+    failing = [
+        r
+        for r in rows
+        if r["verdict"]["stale_accepted"]
+        or r["verdict"]["token_regressions"]
+        or r["verdict"]["leaked"]
+        or r["figures"].get("promised_overlaps")
+    ]
+    lines += [f"- runs recorded: {len(rows)}, with (b)/(c)/promised-(a) findings: {len(failing)}"]
+    lines += ["", markdown([{**r, "figures": _brief(r["figures"])} for r in rows])]
+    return "\n".join(lines)
+
+
+def _brief(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in figures.items() if k != "plan"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Markdown summary of a fault results file.")
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--meta", action="append", default=[], help="KEY=VALUE for the header")
+    args = parser.parse_args(argv)
+    header = dict(m.split("=", 1) for m in args.meta)
+    rows = load(args.results) if args.results.exists() else []
+    print(summary(rows, header=header))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -80,8 +80,40 @@ def summary(rows: list[dict[str, Any]], *, header: dict[str, Any]) -> str:
         or r["figures"].get("promised_overlaps")
     ]
     lines += [f"- runs recorded: {len(rows)}, with (b)/(c)/promised-(a) findings: {len(failing)}"]
-    lines += ["", markdown([{**r, "figures": _brief(r["figures"])} for r in rows])]
+    lines += ["", "## By scenario and primitive (min .. max over runs)", "", aggregate(rows)]
+    lines += ["## Every run", "", markdown([{**r, "figures": _brief(r["figures"])} for r in rows])]
     return "\n".join(lines)
+
+
+def aggregate(rows: list[dict[str, Any]]) -> str:
+    """One row per (test, primitive): run count, the verdict's worst counts, and the
+    numeric figures' ranges."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["test"], r["kind"]), []).append(r)
+    out = [
+        "| test | primitive | runs | overlaps (max) | stale accepted (max) | regressions (max) "
+        "| leaked (max) | min margin (s) | figures (min .. max) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (test, kind), group in groups.items():
+        vs = [g["verdict"] for g in group]
+        margins = [v["min_margin"] for v in vs if v["min_margin"] is not None]
+        ranges = []
+        for key in group[0]["figures"]:
+            values = [g["figures"].get(key) for g in group]
+            nums = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            if key in ("seed", "duration", "holders") or not nums:
+                continue
+            lo, hi = min(nums), max(nums)
+            ranges.append(f"{key}={_fmt(lo)}" if lo == hi else f"{key}={_fmt(lo)}..{_fmt(hi)}")
+        out.append(
+            f"| {test} | {kind} | {len(group)} | {max(v['overlaps'] for v in vs)} | "
+            f"{max(v['stale_accepted'] for v in vs)} | {max(v['token_regressions'] for v in vs)} | "
+            f"{max((v['leaked'] or 0) for v in vs)} | "
+            f"{_fmt(min(margins)) if margins else ''} | {', '.join(ranges)} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def _brief(figures: dict[str, Any]) -> dict[str, Any]:

@@ -49,8 +49,9 @@ def random_run(make: Make, kind: str, *, duration: float, holders: int) -> dict[
     return figures
 
 
+@pytest.mark.slow
 def test_random_faults_briefly(fault_run: Make) -> None:
-    """The fast subset's sample: one primitive, a few seconds (the soak runs them all)."""
+    """A quick look: one primitive, a few seconds (`-m slow -k briefly`)."""
     random_run(fault_run, "semaphore", duration=8.0, holders=4)
 
 

@@ -16,8 +16,9 @@ from .proxy import FaultProxy
 
 class _Echo(socketserver.BaseRequestHandler):
     def handle(self) -> None:
-        while data := self.request.recv(65536):
-            self.request.sendall(data)
+        with contextlib.suppress(ConnectionError):
+            while data := self.request.recv(65536):
+                self.request.sendall(data)
 
 
 @pytest.fixture

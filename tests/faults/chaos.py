@@ -99,7 +99,10 @@ class Chaos:
         self.generation[slot] = gen
         worker = f"s{slot}g{gen}"
         self.current[slot] = worker
-        hold = round(self._rng.uniform(0.2, 1.0), 3)
+        # Short holds hand the lock on often; long ones outlast a partition's detection
+        # (about one heartbeat), so the watchdog and the broker race for real.
+        long = self._rng.random() < 0.5
+        hold = round(self._rng.uniform(1.5, 4.0) if long else self._rng.uniform(0.2, 0.6), 3)
         rest = round(self._rng.uniform(0.0, 0.2), 3)
         return self.run.holder(worker, proxied=True, hold=hold, rest=rest)
 
@@ -205,7 +208,8 @@ class Chaos:
             faults = self.run.holders[worker].faults if worker in self.run.holders else []
             paused = [a for a, b in pauses.get(worker, []) if b > i.start and a < i.end]
             resets = [t for t, what in faults if what == "reset" and i.start <= t < i.end]
-            if resets and i.ended_by == "lost":
+            frozen = resets and any(a <= min(resets) < b for a, b in pauses.get(worker, []))
+            if resets and i.ended_by == "lost" and not frozen:  # a paused one learns on resume
                 reset_detection.append(i.end - min(resets))
             if paused or resets:
                 cut[i.grant] = max(i.start, min(paused + resets))

@@ -216,6 +216,7 @@ class Chaos:
         log = self.run.fenced.log
         full = check(events, log, permits=self.run.permits, run_end=end, leaked=leaked)
         promised = check(events, log, permits=self.run.permits, run_end=end, cut=cut)
+        unfenced = check(events, self.run.unfenced.log, permits=self.run.permits, run_end=end)
         (self.run.dir / "faults.jsonl").write_text(
             "".join(json.dumps(entry) + "\n" for entry in self.log)
         )
@@ -232,5 +233,7 @@ class Chaos:
             "promised_margins": len(promised.margins),
             "reset_detection_max": max(reset_detection, default=None),
             "full_overlap_seconds": full.overlap_seconds,
+            "stale_refused": full.rejected,
+            "stale_accepted_unfenced": unfenced.stale_accepted,
         }
         return full, promised, figures

@@ -78,7 +78,9 @@ class ProtectedResource:
         server = socketserver.ThreadingUnixStreamServer(self.address, Handler)
         server.daemon_threads = True
         self._server = server
-        threading.Thread(target=server.serve_forever, daemon=True, name="resource").start()
+        threading.Thread(
+            target=server.serve_forever, args=(0.05,), daemon=True, name="resource"
+        ).start()  # a short poll: close() returns at once
         return self.address
 
     def close(self) -> None:

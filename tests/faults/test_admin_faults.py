@@ -61,7 +61,7 @@ def test_removing_a_held_slot(fault_run: Make) -> None:
     )
     told = run.end_of(victim.grant)
     assert told is not None and told.kind == "lost" and "removed" in told.detail, told
-    time.sleep(1.0)  # the scenario: holders keep cycling on the two slots left
+    time.sleep(0.5)  # the scenario: holders keep cycling on the two slots left
     run.stop()
     events = run.events()
     spans = intervals(events, time.monotonic())
@@ -84,7 +84,7 @@ def test_removing_a_permit_while_holders_work(fault_run: Make, kind: str) -> Non
         removed = TokenSemaphore(b, run.name).remove_permits(1, timeout=30)
     done_at = time.monotonic()
     assert len(removed) == 1
-    time.sleep(1.0)  # the scenario: holders keep cycling on the two permits left
+    time.sleep(0.5)  # the scenario: holders keep cycling on the two permits left
     run.stop()
     events = run.events()
     spans = intervals(events, time.monotonic())

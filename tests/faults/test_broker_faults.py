@@ -128,7 +128,7 @@ def test_memory_alarm_does_not_cost_the_lease(fault_node: devbroker.NodeInfo) ->
             while not session._blocked():  # the broker told us: connection.blocked
                 assert time.monotonic() < deadline, "no connection.blocked from the broker"
                 time.sleep(0.05)
-            assert not lease.lost.wait(4 * HB), lease.lost_reason
+            assert not lease.lost.wait(3 * HB), lease.lost_reason
         finally:
             devbroker.rabbitmqctl(fault_node, "set_vm_memory_high_watermark", "0.4")
         assert lease.verify() and not lease.lost.is_set()

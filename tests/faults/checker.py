@@ -12,6 +12,11 @@
 (c) **leaks** are the scenario's to measure (capacity after the run, from the broker or
     database); :class:`Verdict` carries the figure so one object says it all.
 
+``cut`` (optional) stops counting a grant's belief at a given instant: a fault run cuts the
+beliefs of holders it paused at the pause, because the design promises nothing for a
+process that cannot run (fencing covers what it does after it resumes, and (b) is always
+judged on the full log).
+
 ``margins`` are, per ``lost`` event, the time from the holder learning it lost the lock to
 the next grant of the same key: positive means the holder knew before anyone else got it
 (the design's promise for missed heartbeats and lease expiry); negative is an overlap.
@@ -20,7 +25,7 @@ the next grant of the same key: positive means the holder knew before anyone els
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .history import ENDS, Event
@@ -120,10 +125,20 @@ def check(
     permits: int,
     run_end: float | None = None,
     leaked: int | None = None,
+    cut: Mapping[str, float] | None = None,
 ) -> Verdict:
     events = sorted(events, key=lambda e: e.t)
     end = run_end if run_end is not None else (events[-1].t if events else 0.0)
     spans = intervals(events, end)
+    if cut:
+        spans = [
+            Interval(
+                i.grant, i.key, i.token, i.start, max(i.start, min(i.end, cut[i.grant])), "cut"
+            )
+            if i.grant in cut and cut[i.grant] < i.end
+            else i
+            for i in spans
+        ]
     v = Verdict(permits=permits, grants=len(spans), leaked=leaked)
     v.unended = [i.grant for i in spans if not i.ended_by]
 
@@ -161,3 +176,14 @@ def check(
         if seen is None or mine > seen:
             newest_seen[w.key] = mine
     return v
+
+
+def peak(spans: Iterable[Interval], since: float = float("-inf")) -> int:
+    """The most grants believed at one instant at or after `since` (intervals clipped to
+    start there): what a capacity change must bring down."""
+    clipped = [
+        Interval(i.grant, i.key, i.token, max(i.start, since), i.end, i.ended_by)
+        for i in spans
+        if i.end > since
+    ]
+    return _sweep(clipped, 0)[2]

@@ -78,3 +78,14 @@ def load(path: str | os.PathLike[str]) -> list[Event]:
         Event(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()
     ]
     return sorted(events, key=lambda e: e.t)
+
+
+def open_grants(events: list[Event], prefix: str) -> list[Event]:
+    """Grants whose id starts with `prefix` and that have not ended yet (what a holder
+    believes it holds: the parent records them ``killed`` before it kills the holder)."""
+    ended = {e.grant for e in events if e.kind in ENDS}
+    return [
+        e
+        for e in events
+        if e.kind == "grant" and e.grant.startswith(prefix) and e.grant not in ended
+    ]

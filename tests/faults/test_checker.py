@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .checker import check, intervals
+from .checker import check, intervals, peak
 from .history import Event, Recorder, load
 from .resource import ProtectedResource, ResourceClient, Write
 
@@ -189,3 +189,30 @@ def test_resource_serves_other_processes(tmp_path: Path) -> None:
         ]
     finally:
         resource.close()
+
+
+def test_peak_counts_believers_from_an_instant_on() -> None:
+    events = [
+        ev(0, "grant", "a", key=1),
+        ev(0, "grant", "b", key=2),
+        ev(1, "grant", "c", key=3),
+        ev(2, "lost", "c", key=3),  # c's slot was removed at 1.5; c learnt at 2
+        ev(4, "release", "a", key=1),
+        ev(5, "release", "b", key=2),
+    ]
+    spans = intervals(events, 5)
+    assert (peak(spans), peak(spans, since=1.5), peak(spans, since=2), peak(spans, 4.5)) == (
+        3,
+        3,
+        2,
+        1,
+    )
+
+
+def test_a_cut_belief_stops_counting_at_the_cut_and_gives_no_margin() -> None:
+    cut = {"old": 4.0}  # "old" was paused at 4 (before "new" was granted at 5)
+    v = check(PAUSED, permits=1, cut=cut)
+    assert (v.overlaps, v.key_overlaps, v.margins, v.unended) == (0, 0, [], [])
+    late = check(PAUSED, permits=1, cut={"old": 6.0})  # paused after the re-grant
+    assert (late.overlaps, late.overlap_seconds) == (1, pytest.approx(1.0))
+    assert check(PAUSED, permits=1, cut={"other": 1.0}).overlaps == 1

@@ -3,8 +3,10 @@
 A :class:`Session` lives on the I/O loop. It owns the aiormq connection, a pool of
 channels (a channel-breaking error costs only that channel), the pipelined existence probes,
 and the loss watchdog: when no byte has arrived from the broker for ``loss_timeout`` seconds
-(two missed heartbeats) every lease held through the session is marked lost *before* the
-transport is aborted, so the holder learns of the loss before the broker can re-grant.
+(two missed heartbeats), or the broker has answered nothing we sent for as long (it may not
+hear us: a one-way partition lets its heartbeats through), every lease held through the
+session is marked lost *before* the transport is aborted, so the holder learns of the loss
+before the broker can re-grant.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ LostCallback = Callable[[str], None]
 CLOSED_BY_CLIENT = "closed by the client"
 
 _CHANNEL_ERRORS = (ex.AMQPError, ConnectionError, ex.ChannelInvalidStateError, RuntimeError)
+
+#: The watchdog asks the broker for a reply this many times per ``loss_timeout``.
+PINGS_PER_LOSS_TIMEOUT = 4
 
 
 class _OwnCancelsFilter(logging.Filter):
@@ -96,6 +101,9 @@ class Session:
         self.loss_timeout = loss_timeout
         self.connection_name = connection_name
         self.last_rx = time.monotonic()
+        #: When the newest request the broker answered was sent: the broker had read all
+        #: we sent until then (its heartbeat timeout counts from the last frame it read).
+        self.heard_at = time.monotonic()
         self.transport_writer: asyncio.StreamWriter | None = None
         self.conn: aiormq.Connection | None = None
         self.lost_reason: str | None = None
@@ -114,6 +122,7 @@ class Session:
         self._idle: list[AbstractChannel] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog_task: asyncio.Task[None] | None = None
+        self._ping_task: asyncio.Task[None] | None = None
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -133,9 +142,11 @@ class Session:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             raise connect_error(exc, self.url) from exc
-        self.last_rx = time.monotonic()
+        self.last_rx = self.heard_at = time.monotonic()
         self.conn.closing.add_done_callback(self._on_connection_closed)
-        self._watchdog_task = asyncio.get_running_loop().create_task(self._watchdog())
+        loop = asyncio.get_running_loop()
+        self._watchdog_task = loop.create_task(self._watchdog())
+        self._ping_task = loop.create_task(self._pinger())
         log.debug("connected to %s as %r", censor(self.url), self.connection_name)
 
     @property
@@ -150,16 +161,55 @@ class Session:
         return task
 
     async def _watchdog(self) -> None:
-        """Declare the connection dead after `loss_timeout` of silence from the broker."""
+        """Declare the connection dead after `loss_timeout` of silence from the broker, or
+        of no answer to what we sent (heartbeats only prove the broker talks to us)."""
         step = max(0.05, min(1.0, self.loss_timeout / 10))
         while self.alive:
             await asyncio.sleep(step)
-            silent = time.monotonic() - self.last_rx
-            if silent > self.loss_timeout and self.alive:
-                self._lose(f"no frame from the broker for {silent:.1f}s (missed heartbeats)")
+            now = time.monotonic()
+            if self._blocked():
+                # A resource alarm: the broker stops reading us and pauses its own
+                # heartbeat timeout for us, so an unanswered ping means nothing yet.
+                self.heard_at = now
+            silent, unheard = now - self.last_rx, now - self.heard_at
+            if silent > self.loss_timeout:
+                reason = f"no frame from the broker for {silent:.1f}s (missed heartbeats)"
+            elif unheard > self.loss_timeout:
+                reason = (
+                    f"the broker answered nothing we sent for {unheard:.1f}s "
+                    "(it may not hear us: heartbeats arrive one way only)"
+                )
+            else:
+                continue
+            if self.alive:
+                self._lose(reason)
                 if self.transport_writer is not None:
                     self.transport_writer.transport.abort()
-                return
+            return
+
+    async def _pinger(self) -> None:
+        """Ask for a reply (`basic.qos` on a channel of its own) `PINGS_PER_LOSS_TIMEOUT`
+        times per `loss_timeout`: each answer moves `heard_at` to when it was asked."""
+        interval = self.loss_timeout / PINGS_PER_LOSS_TIMEOUT
+        ch: AbstractChannel | None = None
+        while self.alive:
+            try:
+                if ch is None or ch.is_closed:
+                    ch = await self.open_channel()
+                asked = time.monotonic()
+                await ch.basic_qos(prefetch_count=0)
+                self.heard_at = max(self.heard_at, asked)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the watchdog decides; a broken channel is reopened
+                log.debug("ping on %r failed: %s", self.connection_name, exc)
+            await asyncio.sleep(interval)
+
+    def _blocked(self) -> bool:
+        """RabbitMQ sent connection.blocked (a resource alarm) and not yet unblocked.
+        aiormq keeps that state privately; without it we assume not blocked."""
+        unblocked = getattr(self.conn, "_Connection__connection_unblocked", None)
+        return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
 
     def _on_connection_closed(self, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
@@ -198,8 +248,9 @@ class Session:
             await asyncio.wait(list(self._tasks), timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
-        if self._watchdog_task is not None:
-            self._watchdog_task.cancel()
+        for job in (self._watchdog_task, self._ping_task):
+            if job is not None:
+                job.cancel()
         if self.conn is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.conn.close(), 5.0)

@@ -1,0 +1,56 @@
+"""Fixtures of the fault scenarios: a run factory on the shared test node, and a private node
+(`amqplocksfault`, or ``$AMQP_LOCKS_FAULT_NODE``) that only these tests stop, kill or restart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from amqp_locks import Broker, devbroker
+
+from . import node as fault_node_control
+from . import primitives
+from .run import FaultRun
+
+
+@pytest.fixture
+def fault_run(tmp_path: Path, amqp_url: str, name: str) -> Iterator[Callable[..., FaultRun]]:
+    """make(kind, permits=1, heartbeat=2.0, url=None, name=None): a FaultRun on a lock set
+    up for it; closed (holders killed by pid, proxies closed) and cleaned up afterwards."""
+    runs: list[FaultRun] = []
+
+    def make(
+        kind: str,
+        *,
+        permits: int = 1,
+        heartbeat: float = 2.0,
+        url: str | None = None,
+        lock_name: str | None = None,
+    ) -> FaultRun:
+        target = url or amqp_url
+        lock = lock_name or f"{name}-{len(runs)}"
+        with Broker(target, heartbeat=5) as b:
+            primitives.setup(kind, b, lock, permits)
+        run = FaultRun(
+            tmp_path / f"run{len(runs)}",
+            kind=kind,
+            url=target,
+            name=lock,
+            permits=permits,
+            heartbeat=heartbeat,
+        )
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.close()
+        primitives.cleanup(run.url, run.name)
+
+
+@pytest.fixture(scope="session")
+def fault_node() -> devbroker.NodeInfo:
+    """The private node for broker stop/kill/restart scenarios (left running for reuse)."""
+    return fault_node_control.start()

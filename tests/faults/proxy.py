@@ -1,0 +1,219 @@
+"""A fault-injecting TCP proxy on loopback, in front of any TCP server (a broker, a database).
+
+Tests put it between one client and its server and change what the network does, without
+touching either end:
+
+- ``blackhole()`` — a silent partition: both sockets stay open, no byte moves (bytes sent
+  meanwhile wait, as TCP retransmissions would, and arrive after ``heal()`` unless the
+  connection died first). ``direction="up"`` (client to server) or ``"down"`` cuts one way.
+- ``delay(seconds)`` — every chunk arrives that much later, in both directions, in order.
+- ``reset()`` — every proxied connection is closed with RST: both ends see it at once.
+- ``heal()`` lifts the blackhole; ``passthrough()`` also removes the delay.
+
+Each connection is two pump threads (one per direction) so a delay adds latency without
+throttling the other direction. Faults apply to every connection of the proxy: give each
+client its own proxy to fault one client alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import select
+import socket
+import struct
+import threading
+import time
+from typing import Literal
+
+Direction = Literal["both", "up", "down"]
+_TICK = 0.02
+
+
+class FaultProxy:
+    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.create_server((listen_host, 0))
+        self.host = listen_host
+        self.port: int = self._listener.getsockname()[1]
+        self._cond = threading.Condition()
+        self._cut: set[str] = set()  # directions not flowing: "up", "down"
+        self._delay = 0.0
+        self._down_chunks = 0
+        self._pairs: list[_Pair] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="faultproxy")
+        self._thread.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where clients connect instead of the target (any protocol)."""
+        return (self.host, self.port)
+
+    def url(self, user: str = "guest", password: str = "guest", vhost: str = "%2F") -> str:
+        """An AMQP URL through the proxy."""
+        return f"amqp://{user}:{password}@{self.host}:{self.port}/{vhost}"
+
+    # --- faults ----------------------------------------------------------------------
+
+    def blackhole(self, direction: Direction = "both") -> None:
+        """Stop moving bytes (both ways, or only "up" client->server / "down"); sockets
+        stay open."""
+        with self._cond:
+            self._cut |= {"up", "down"} if direction == "both" else {direction}
+            self._cond.notify_all()
+
+    def heal(self) -> None:
+        """Let bytes flow again both ways (a delay set earlier stays)."""
+        with self._cond:
+            self._cut.clear()
+            self._cond.notify_all()
+
+    def passthrough(self) -> None:
+        """No fault at all: heal and drop any delay."""
+        with self._cond:
+            self._cut.clear()
+            self._delay = 0.0
+            self._cond.notify_all()
+
+    def delay(self, seconds: float) -> None:
+        """Deliver every chunk `seconds` after it was read, both directions, in order."""
+        if seconds < 0:
+            raise ValueError(f"delay must be >= 0, got {seconds}")
+        with self._cond:
+            self._delay = float(seconds)
+            self._cond.notify_all()
+
+    def reset(self) -> None:
+        """Close every proxied connection with RST (both sides see the drop at once)."""
+        with self._cond:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            pair.close(rst=True)
+
+    @property
+    def blackholed(self) -> bool:
+        with self._cond:
+            return bool(self._cut)
+
+    @property
+    def connections(self) -> int:
+        with self._cond:
+            self._pairs = [p for p in self._pairs if not p.closed]
+            return len(self._pairs)
+
+    def wait_downstream(self, timeout: float) -> bool:
+        """Wait until the next chunk is forwarded server->client (e.g. a heartbeat): a
+        partition started right after it begins the client's silence at a known instant."""
+        with self._cond:
+            seen = self._down_chunks
+            return self._cond.wait_for(lambda: self._down_chunks > seen, timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.passthrough()
+        self.reset()
+        self._thread.join(5)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the pumps -------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                readable, _, _ = select.select([self._listener], [], [], 0.1)
+                if not readable:
+                    continue
+                client, _addr = self._listener.accept()
+            except (OSError, ValueError):
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, upstream):
+                s.settimeout(None)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            pair = _Pair(client, upstream)
+            with self._cond:
+                self._pairs.append(pair)
+            for src, dst, way in ((client, upstream, "up"), (upstream, client, "down")):
+                threading.Thread(
+                    target=self._pump, args=(pair, src, dst, way), daemon=True, name=f"pump-{way}"
+                ).start()
+
+    def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket, way: str) -> None:
+        pending: collections.deque[tuple[float, bytes]] = collections.deque()
+        eof = False
+        try:
+            while not pair.closed:
+                with self._cond:
+                    if way in self._cut:
+                        self._cond.wait(_TICK)  # partitioned: read nothing, send nothing
+                        continue
+                now = time.monotonic()
+                while pending and pending[0][0] <= now:
+                    try:
+                        dst.sendall(pending.popleft()[1])
+                    except OSError:
+                        # dst's end is gone; the news (an RST) would travel the other way:
+                        # while that way is cut, the sender must not learn it.
+                        self._wait_open(pair, "up" if way == "down" else "down")
+                        raise
+                    if way == "down":
+                        with self._cond:
+                            self._down_chunks += 1
+                            self._cond.notify_all()
+                if eof:
+                    if not pending:
+                        break
+                    time.sleep(min(_TICK, max(0.0, pending[0][0] - now)))
+                    continue
+                wait = _TICK if not pending else min(_TICK, max(0.0, pending[0][0] - now))
+                readable, _, _ = select.select([src], [], [], wait)
+                if not readable or way in self._cut:  # cut while we waited: read nothing
+                    continue
+                data = src.recv(65536)
+                if not data:
+                    eof = True
+                    continue
+                pending.append((time.monotonic() + self._delay, data))
+        except (OSError, ValueError):
+            pass
+        pair.close(rst=False)
+
+    def _wait_open(self, pair: _Pair, way: str) -> None:
+        with self._cond:
+            while way in self._cut and not pair.closed and not self._stop.is_set():
+                self._cond.wait(_TICK)
+
+
+class _Pair:
+    """One proxied connection: the client's socket and ours to the target."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.sockets = (client, upstream)
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def close(self, *, rst: bool) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                if rst:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                else:
+                    s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()

@@ -1,0 +1,138 @@
+"""The fault proxy in front of a plain TCP echo server (as it fronts a database port)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from .proxy import FaultProxy
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := self.request.recv(65536):
+                self.request.sendall(data)
+
+
+@pytest.fixture
+def echo() -> Iterator[tuple[str, int]]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server.server_address[:2]  # type: ignore[misc]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def proxy(echo: tuple[str, int]) -> Iterator[FaultProxy]:
+    with FaultProxy(*echo) as p:
+        yield p
+
+
+def _connect(proxy: FaultProxy) -> socket.socket:
+    s = socket.create_connection(proxy.address, timeout=5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _round_trip(s: socket.socket, payload: bytes = b"ping") -> float:
+    start = time.monotonic()
+    s.sendall(payload)
+    got = b""
+    while len(got) < len(payload):
+        chunk = s.recv(65536)
+        assert chunk, "connection closed"
+        got += chunk
+    assert got == payload
+    return time.monotonic() - start
+
+
+def test_passes_bytes_and_counts_connections(proxy: FaultProxy) -> None:
+    with _connect(proxy) as s:
+        assert _round_trip(s, b"x" * 200_000) < 1.0
+        assert proxy.connections == 1
+    deadline = time.monotonic() + 5
+    while proxy.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proxy.connections == 0
+
+
+def test_delay_is_added_each_way_and_removed_by_passthrough(proxy: FaultProxy) -> None:
+    with _connect(proxy) as s:
+        assert _round_trip(s) < 0.1
+        proxy.delay(0.2)
+        assert 0.4 <= _round_trip(s) < 0.8  # 0.2 s up + 0.2 s down
+        proxy.passthrough()
+        assert _round_trip(s) < 0.1
+
+
+def test_blackhole_keeps_the_socket_open_and_heal_delivers_what_waited(
+    proxy: FaultProxy,
+) -> None:
+    with _connect(proxy) as s:
+        _round_trip(s)
+        proxy.blackhole()
+        s.sendall(b"held")
+        s.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            s.recv(10)  # silence, not EOF or reset
+        assert proxy.connections == 1
+        proxy.heal()
+        s.settimeout(5)
+        assert s.recv(10) == b"held"
+
+
+def test_one_way_blackhole_cuts_only_that_way(proxy: FaultProxy) -> None:
+    with _connect(proxy) as s:
+        proxy.blackhole("down")  # the server gets our bytes; its answers wait
+        s.sendall(b"a")
+        s.settimeout(0.4)
+        with pytest.raises(TimeoutError):
+            s.recv(10)
+        proxy.heal()
+        s.settimeout(5)
+        assert s.recv(10) == b"a"
+
+
+def test_reset_is_seen_by_the_client_at_once(proxy: FaultProxy) -> None:
+    with _connect(proxy) as s:
+        _round_trip(s)
+        proxy.reset()
+        s.settimeout(5)
+        start = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):
+            assert s.recv(10) == b""
+        assert time.monotonic() - start < 1.0
+        assert proxy.connections == 0
+
+
+def test_wait_downstream_sees_the_next_server_chunk(proxy: FaultProxy) -> None:
+    with _connect(proxy) as s:
+        assert not proxy.wait_downstream(0.2)  # nothing flows by itself
+        threading.Timer(0.1, lambda: s.sendall(b"z")).start()
+        assert proxy.wait_downstream(5)
+
+
+def test_a_closed_end_is_not_reported_across_a_cut(proxy: FaultProxy) -> None:
+    """The client dies while the way up is cut: its RST could not reach the server, so
+    the server's side stays open until the cut heals."""
+    s = _connect(proxy)
+    _round_trip(s)
+    proxy.blackhole("up")
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    s.close()  # RST to the proxy
+    time.sleep(0.3)  # the scenario: the server keeps talking into the void meanwhile
+    assert proxy.connections == 1
+    proxy.heal()
+    deadline = time.monotonic() + 5
+    while proxy.connections and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proxy.connections == 0

@@ -8,13 +8,20 @@ service waits as standby again (ActiveMQ restarts the broker as a slave). An exc
 the keep-alive is handed to the policy — ActiveMQ's IOException handler — which decides
 whether to keep mastership; nothing in the loop dies silently. With `use_lock=False` the
 work runs without any lock (ActiveMQ's development switch).
+
+A lock that expires unless renewed (the lease locker) adds one hard rule: the master stops
+believing `lease_margin` seconds before its lease runs out by its own clock, whatever the
+keep-alive is doing — failing, or hung on a silent network. The keep-alive runs on a helper
+thread so that a call that never answers cannot hold the master past its lease.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -61,6 +68,11 @@ class LockableService:
     ``on_state(service, state)`` is called on every transition. ``work_stop_timeout``
     bounds the wait for the work to stop after demotion before the lock is given up
     anyway (a warning is logged: the work did not honour its stop event).
+
+    ``lease_margin`` (lockers whose lock expires, i.e. the lease locker): the master
+    demotes itself this many seconds before its lease runs out unless a keep-alive renewed
+    it, even if the keep-alive has not answered. Default: half the slack between the lease
+    and the keep-alive period, ``(lease_duration - lock_keep_alive_period) / 2``.
     """
 
     def __init__(
@@ -73,6 +85,7 @@ class LockableService:
         policy: KeepAlivePolicy | None = None,
         on_state: StateCallback | None = None,
         work_stop_timeout: float = 30.0,
+        lease_margin: float | None = None,
     ) -> None:
         if lock_keep_alive_period < 0:
             raise ConfigurationError(
@@ -80,6 +93,14 @@ class LockableService:
             )
         if use_lock:
             locker.check_keep_alive_period(lock_keep_alive_period)
+        if lease_margin is None:
+            lease_margin = 0.0
+            if isinstance(locker, LeaseDatabaseLocker):
+                lease_margin = max(0.0, (locker.lease_duration - lock_keep_alive_period) / 2)
+        if lease_margin < 0:
+            raise ConfigurationError(f"lease_margin must be >= 0, got {lease_margin}")
+        self.lease_margin = float(lease_margin)
+        self._pending: concurrent.futures.Future[bool] | None = None
         self.locker = locker
         self.work = work
         self.use_lock = use_lock
@@ -183,6 +204,7 @@ class LockableService:
     def _serve_as_master(self) -> bool:
         """Hold mastership until demoted (False) or finished/stopped (True)."""
         period = self.lock_keep_alive_period
+        self._pending = None  # a keep-alive of an earlier mastership says nothing about this
         if self.locker.settle_before_work and period > 0:
             # AMQ-4705: give a master that lost the file one keep-alive to notice first.
             if self._stop.wait(period):
@@ -200,6 +222,10 @@ class LockableService:
         demoted = False
         while True:
             wait = period if period > 0 else None
+            deadline = self._believe_until()
+            if deadline is not None:  # wake up in time to demote before the lease runs out
+                left = max(0.0, deadline - time.monotonic())
+                wait = left if wait is None else min(wait, left)
             if self._wait_stop_or_done(wait):
                 break
             if not self._keep_alive_ok():
@@ -213,9 +239,17 @@ class LockableService:
             log.warning(
                 "%s demoted from %r: waiting as standby again", self.locker.holder_id, self.locker
             )
+            # Not master any more: say so before giving the lock up, which may wait for a
+            # keep-alive still hung on a silent connection.
+            self._set(State.STANDBY)
             self.locker.stop()
             return False
         return True
+
+    def _believe_until(self) -> float | None:
+        """The monotonic instant past which this master must not believe (lease lockers)."""
+        until = self.locker.valid_until()
+        return None if until is None else until - self.lease_margin
 
     def _wait_stop_or_done(self, timeout: float | None) -> bool:
         """Wait up to `timeout` for stop() or the work's own end (which sets the stop
@@ -223,14 +257,50 @@ class LockableService:
         return self._stop.wait(timeout)
 
     def _keep_alive_ok(self) -> bool:
+        deadline = self._believe_until()
+        if deadline is not None and time.monotonic() >= deadline:
+            log.error(
+                "%r: lease runs out within %.2fs and was not renewed: demoting",
+                self.locker,
+                self.lease_margin,
+            )
+            return False
+        call = self._pending
+        if call is None:  # else the previous keep-alive has not answered yet: wait for it
+            call = self._pending = self._call_keep_alive()
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return self.locker.keep_alive()
+            ok = call.result(timeout)
+        except concurrent.futures.TimeoutError:
+            log.error(
+                "%r: keep-alive did not answer and the lease runs out within %.2fs: demoting",
+                self.locker,
+                self.lease_margin,
+            )
+            return False
         except Exception as exc:
+            self._pending = None
             try:
                 return self.policy.on_error(self.locker, exc)
             except Exception:
                 log.exception("keep-alive policy failed: demoting")
                 return False
+        self._pending = None
+        return ok
+
+    def _call_keep_alive(self) -> concurrent.futures.Future[bool]:
+        """`locker.keep_alive()` on a helper thread (a hung call cannot hold us)."""
+        fut: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+        def call() -> None:
+            fut.set_running_or_notify_cancel()
+            try:
+                fut.set_result(self.locker.keep_alive())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+        threading.Thread(target=call, name="amqp-locks-keep-alive", daemon=True).start()
+        return fut
 
     def _work_thread(self, stop_work: threading.Event) -> None:
         try:

@@ -80,6 +80,14 @@ class Locker(ABC):
     def check_keep_alive_period(self, period: float) -> None:  # noqa: B027 - optional hook
         """Refuse a keep-alive period this locker cannot work with (lease lockers)."""
 
+    def valid_until(self) -> float | None:
+        """For a lock that expires unless renewed (a lease): the ``time.monotonic()``
+        instant it runs out, by this process's own (corrected) clock — past it the holder
+        must not believe it holds, whatever its keep-alive is doing. None: the lock does
+        not expire by itself (it lives as long as a process, a transaction, a connection).
+        """
+        return None
+
     @property
     def holder_id(self) -> str:
         """Who holds the lock when we do (for logs and status)."""

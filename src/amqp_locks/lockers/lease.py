@@ -96,6 +96,14 @@ class LeaseDatabaseLocker(Locker):
         """Does the lease still hold, judged by the local clock (no database needed)?"""
         return self._held and self._clock() + self.clock_offset() < self.expires_at
 
+    def valid_until(self) -> float | None:
+        """When the lease runs out, as a ``time.monotonic()`` instant (local clock,
+        corrected per `max_allowable_diff_from_db_time`); None when not held."""
+        if not self._held:
+            return None
+        left = self.expires_at - (self._clock() + self.clock_offset())
+        return time.monotonic() + left
+
     def _try_acquire(self) -> bool:
         row = lease_table.c
         try:

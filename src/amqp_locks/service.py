@@ -9,10 +9,11 @@ the keep-alive is handed to the policy — ActiveMQ's IOException handler — wh
 whether to keep mastership; nothing in the loop dies silently. With `use_lock=False` the
 work runs without any lock (ActiveMQ's development switch).
 
-A lock that expires unless renewed (the lease locker) adds one hard rule: the master stops
-believing `lease_margin` seconds before its lease runs out by its own clock, whatever the
-keep-alive is doing — failing, or hung on a silent network. The keep-alive runs on a helper
-thread so that a call that never answers cannot hold the master past its lease.
+The keep-alive runs on a helper thread, so a call hung on a silent network cannot hold the
+master: one that has not answered within `keep_alive_timeout` (default: the keep-alive
+period) counts as failed — a `KeepAliveTimeout` for the policy. A lock that expires unless
+renewed (the lease locker) adds one hard rule: the master stops believing `lease_margin`
+seconds before its lease runs out by its own clock, whatever the keep-alive is doing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from . import events
-from .errors import ConfigurationError
+from .errors import ConfigurationError, LockError
 from .lockers.base import Locker, LockerStopped
 from .lockers.lease import LeaseDatabaseLocker
 
@@ -37,6 +38,10 @@ class State(enum.Enum):
     STOPPED = "stopped"
     STANDBY = "standby"
     MASTER = "master"
+
+
+class KeepAliveTimeout(LockError):
+    """The keep-alive did not answer within `keep_alive_timeout` (handed to the policy)."""
 
 
 class KeepAlivePolicy(Protocol):
@@ -69,6 +74,13 @@ class LockableService:
     bounds the wait for the work to stop after demotion before the lock is given up
     anyway (a warning is logged: the work did not honour its stop event).
 
+    ``keep_alive_timeout``: a keep-alive that has not answered after this many seconds
+    counts as failed (`KeepAliveTimeout`, decided by the policy: every locker but a lease
+    locker with a valid lease demotes). Default: the locker's
+    ``default_keep_alive_timeout(period)`` — the keep-alive period, except for the AMQP
+    locker, whose keep-alive ends by itself when missed heartbeats are detected.
+    ``math.inf`` waits for ever (as before).
+
     ``lease_margin`` (lockers whose lock expires, i.e. the lease locker): the master
     demotes itself this many seconds before its lease runs out unless a keep-alive renewed
     it, even if the keep-alive has not answered. Default: half the slack between the lease
@@ -85,6 +97,7 @@ class LockableService:
         policy: KeepAlivePolicy | None = None,
         on_state: StateCallback | None = None,
         work_stop_timeout: float = 30.0,
+        keep_alive_timeout: float | None = None,
         lease_margin: float | None = None,
     ) -> None:
         if lock_keep_alive_period < 0:
@@ -100,7 +113,13 @@ class LockableService:
         if lease_margin < 0:
             raise ConfigurationError(f"lease_margin must be >= 0, got {lease_margin}")
         self.lease_margin = float(lease_margin)
+        if keep_alive_timeout is None:
+            keep_alive_timeout = locker.default_keep_alive_timeout(lock_keep_alive_period)
+        if keep_alive_timeout is not None and not keep_alive_timeout > 0:
+            raise ConfigurationError(f"keep_alive_timeout must be > 0, got {keep_alive_timeout}")
+        self.keep_alive_timeout = keep_alive_timeout
         self._pending: concurrent.futures.Future[bool] | None = None
+        self._pending_since = 0.0
         self.locker = locker
         self.work = work
         self.use_lock = use_lock
@@ -268,25 +287,37 @@ class LockableService:
         call = self._pending
         if call is None:  # else the previous keep-alive has not answered yet: wait for it
             call = self._pending = self._call_keep_alive()
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._pending_since = time.monotonic()
+        now = time.monotonic()
+        limits = [] if deadline is None else [deadline - now]
+        if self.keep_alive_timeout is not None:
+            limits.append(self._pending_since + self.keep_alive_timeout - now)
         try:
-            ok = call.result(timeout)
+            ok = call.result(max(0.0, min(limits)) if limits else None)
         except concurrent.futures.TimeoutError:
-            log.error(
-                "%r: keep-alive did not answer and the lease runs out within %.2fs: demoting",
-                self.locker,
-                self.lease_margin,
+            if deadline is not None and time.monotonic() >= deadline:
+                log.error(
+                    "%r: keep-alive did not answer and the lease runs out within %.2fs: demoting",
+                    self.locker,
+                    self.lease_margin,
+                )
+                return False
+            # The call stays pending: the next check waits for the same one.
+            return self._policy(
+                KeepAliveTimeout(f"keep-alive did not answer within {self.keep_alive_timeout}s")
             )
-            return False
         except Exception as exc:
             self._pending = None
-            try:
-                return self.policy.on_error(self.locker, exc)
-            except Exception:
-                log.exception("keep-alive policy failed: demoting")
-                return False
+            return self._policy(exc)
         self._pending = None
         return ok
+
+    def _policy(self, exc: BaseException) -> bool:
+        try:
+            return self.policy.on_error(self.locker, exc)
+        except Exception:
+            log.exception("keep-alive policy failed: demoting")
+            return False
 
     def _call_keep_alive(self) -> concurrent.futures.Future[bool]:
         """`locker.keep_alive()` on a helper thread (a hung call cannot hold us)."""

@@ -34,6 +34,12 @@ class AmqpLocker(Locker):
     def _pause(self) -> None:
         """No sleep between attempts: each attempt already waited, woken by push."""
 
+    def default_keep_alive_timeout(self, period: float) -> float | None:
+        """None: the keep-alive cannot outlive the broker's loss timeout — missed heartbeats
+        end the connection and fail the call — so a partition shorter than that is ridden
+        out rather than cut short at one keep-alive period."""
+        return None
+
     def _keep_alive(self) -> bool:
         lease = self._lease
         return lease is not None and not lease.lost.is_set() and lease.verify()

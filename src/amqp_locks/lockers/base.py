@@ -80,6 +80,12 @@ class Locker(ABC):
     def check_keep_alive_period(self, period: float) -> None:  # noqa: B027 - optional hook
         """Refuse a keep-alive period this locker cannot work with (lease lockers)."""
 
+    def default_keep_alive_timeout(self, period: float) -> float | None:
+        """How long a master's keep-alive may go unanswered before it counts as failed
+        (`LockableService(keep_alive_timeout=None)`): one keep-alive period — by then the
+        next one is due. None: no limit (the service waits for the call)."""
+        return period if period > 0 else None
+
     def valid_until(self) -> float | None:
         """For a lock that expires unless renewed (a lease): the ``time.monotonic()``
         instant it runs out, by this process's own (corrected) clock — past it the holder

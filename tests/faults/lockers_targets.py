@@ -148,3 +148,44 @@ def build_target(
         db = request.getfixturevalue("lockfaults_dbs")[backend]
         cfg["url"] = db.url
     return Target(label, kind, backend, cfg, detection_time(kind, cfg), db, node)
+
+
+def upstream_ports(proxy: FaultProxy) -> list[int]:
+    """The local ports of the proxy's connections to the server: how the server sees the
+    proxied clients (PostgreSQL's client_port, MariaDB's PROCESSLIST host)."""
+    with proxy._lock:
+        return [up.getsockname()[1] for _, up in proxy._pairs if up.fileno() >= 0]
+
+
+def end_sessions_from(db: devdb.DbInfo, ports: list[int]) -> int:
+    """The database ends the sessions of clients on `ports` (as its idle-in-transaction
+    timeout, TCP keepalive or an administrator would); returns how many it ended."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db.url)
+    ended = 0
+    try:
+        with engine.connect() as conn:
+            if db.kind == "postgresql":
+                rows = conn.execute(
+                    text("SELECT pid, client_port FROM pg_stat_activity WHERE usename = :u"),
+                    {"u": db.user},
+                ).all()
+                for pid, port in rows:
+                    if port in ports:
+                        conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+                        ended += 1
+            else:
+                rows = conn.execute(
+                    text("SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE USER = :u"),
+                    {"u": db.user},
+                ).all()
+                for pid, host in rows:
+                    port = int(str(host).rpartition(":")[2] or 0)
+                    if port in ports:
+                        conn.execute(text(f"KILL CONNECTION {int(pid)}"))
+                        ended += 1
+            conn.commit()
+    finally:
+        engine.dispose()
+    return ended

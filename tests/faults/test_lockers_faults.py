@@ -21,9 +21,12 @@ from .lockers_harness import Run, leak_check
 from .lockers_targets import (  # noqa: F401 - lockfaults_dbs is a fixture
     ALL,
     EXPIRING,
+    NETWORKED,
     Target,
     build_target,
+    end_sessions_from,
     lockfaults_dbs,
+    upstream_ports,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,6 +77,9 @@ def leak_check_after(run: Run, target: Target) -> tuple[int, float | None]:
         w.stop()
     return leak_check(target.cfg, target.detection)
 
+
+#: When the database ends a partitioned master's session (its detection time).
+SESSION_ENDS_AFTER = 1.5
 
 #: How long a paused master stays paused after its lock was re-granted (the scenario).
 PAUSED_BEYOND_REGRANT = 0.3
@@ -150,6 +156,111 @@ def test_paused_master_without_fencing_gets_a_stale_write_in(target: Target, run
         v = run.verdict(leaked)
         run.report(f"pause-unfenced {target.label}", v, overlap=v.overlap_seconds)
         assert v.rejected == 0 and v.stale_accepted >= 1
+        assert v.leaked == 0
+    finally:
+        run.close()
+
+
+def _partition_lengths(target: Target) -> dict[str, float]:
+    """Short: inside what the holder tolerates — the client's heartbeat loss timeout (amqp),
+    the lease minus the keep-alive period and the margin (lease: 1.5 - 0.25 - 0.625 s), the
+    keep-alive timeout (database: one period, 0.25 s). Long: past the point where the
+    broker or the lease lets a standby in."""
+    if target.kind == "amqp":
+        hb = target.cfg["heartbeat"]
+        return {"short": 0.5 * hb, "long": 4.0 * hb}
+    if target.kind == "lease":
+        return {"short": 0.5, "long": 2.0 * target.cfg["lease"]}
+    return {"short": 0.15, "long": 3.0}
+
+
+@pytest.mark.parametrize("length", ["short", "long"])
+@pytest.mark.parametrize("target", NETWORKED, indirect=True)
+def test_partition_between_master_and_server(target: Target, run_dir: Path, length: str) -> None:
+    """The master reaches the broker/database through a FaultProxy that goes silent (a
+    blackhole: sockets open, no bytes); the standby connects directly."""
+    seconds = _partition_lengths(target)[length]
+    cfg, proxy = target.proxied_cfg()
+    run = _run(target, run_dir)
+    try:
+        master = run.spawn("a", **cfg)
+        master.wait_for("MASTER", 30)
+        standby = run.spawn("b")
+        standby.wait_for("WAITING", 30)
+        proxy.blackhole()
+        cut = time.monotonic()
+        time.sleep(seconds)  # the scenario: a partition this long
+        proxy.heal()
+        healed = time.monotonic()
+        granted_during = [g for g in run.grants() if cut < g.t < healed]
+        demoted_during = master.count("DEMOTED")
+        if length == "long" and (target.expiring or target.kind == "database"):
+            master.wait_for("DEMOTED", 30)
+        if granted_during or length == "long":
+            run.master(30)  # someone is master again after the partition
+        leaked, free_after = leak_check_after(run, target)
+        v = run.verdict(leaked)
+        events = load(run.history)
+        lost = [e.t for e in events if e.kind == "lost"]
+        run.report(
+            f"partition-{length} {target.label} ({seconds}s)",
+            v,
+            detection=(lost[0] - cut) if lost else None,
+            regrant=(granted_during[0].t - cut) if granted_during else None,
+            fresh_lock=free_after,
+        )
+        assert v.overlaps == 0 and v.stale_accepted == 0 and v.token_regressions == 0
+        assert v.leaked == 0
+        if length == "short":  # ridden out: nobody noticed
+            assert not granted_during and demoted_during == 0
+        elif target.expiring:  # re-granted during the partition, after the master demoted
+            assert granted_during and v.min_margin is not None and v.min_margin > 0
+        else:  # the database keeps the silent session's row lock; the master demoted anyway
+            assert not granted_during and master.count("DEMOTED") >= 1
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("target", ["database-postgresql", "database-mariadb"], indirect=True)
+def test_partition_then_the_database_ends_the_masters_session(
+    target: Target, run_dir: Path
+) -> None:
+    """ActiveMQ's weakness of the DatabaseLocker: the master is cut off from the database,
+    and the database ends its session (idle-in-transaction timeout, TCP keepalive, an
+    administrator) while the master still waits on its keep-alive. The row lock is free:
+    the standby takes it. The master must have demoted itself first."""
+    assert target.db is not None
+    cfg, proxy = target.proxied_cfg()
+    run = _run(target, run_dir)
+    try:
+        master = run.spawn("a", **cfg)
+        master.wait_for("MASTER", 30)
+        standby = run.spawn("b")
+        standby.wait_for("WAITING", 30)
+        ports = upstream_ports(proxy)
+        proxy.blackhole()
+        cut = time.monotonic()
+        time.sleep(SESSION_ENDS_AFTER)  # the scenario: the database's detection time
+        assert end_sessions_from(target.db, ports) >= 1
+        ended = time.monotonic()
+        standby.wait_for("MASTER", 30)
+        granted = run.grants()[-1].t
+        time.sleep(0.5)  # the scenario: the partition outlasts the re-grant
+        proxy.heal()
+        leaked, free_after = leak_check_after(run, target)
+        v = run.verdict(leaked)
+        events = load(run.history)
+        lost = [e.t for e in events if e.kind == "lost"]
+        run.report(
+            f"partition+session-ended {target.label}",
+            v,
+            detection=(lost[0] - cut) if lost else None,
+            session_ended=ended - cut,
+            regrant=granted - cut,
+            fresh_lock=free_after,
+        )
+        assert v.overlaps == 0 and v.stale_accepted == 0 and v.token_regressions == 0
+        assert v.min_margin is not None and v.min_margin > 0
         assert v.leaked == 0
     finally:
         run.close()

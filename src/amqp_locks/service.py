@@ -212,9 +212,12 @@ class LockableService:
             self.error = exc
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop the work, give up the lock (interrupting a standby wait), and wait."""
+        """Stop the work, give up the lock (interrupting a standby wait), and wait.
+
+        The lock is given up by `run()` only after the work has stopped: released any
+        earlier, a standby could start its work while ours still runs."""
         self._stop.set()
-        self.locker.stop()
+        self.locker.interrupt()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -231,6 +234,8 @@ class LockableService:
             if not self._keep_alive_ok():
                 self.locker.stop()
                 return False
+        if self._stop.is_set():  # stop() came as the lock was taken: no work, release
+            return True
         self.masterships += 1
         self._set(State.MASTER)
         stop_work = threading.Event()

@@ -145,6 +145,11 @@ class Locker(ABC):
         """Between attempts: sleep one interval, waking at once on `stop()`."""
         self._stopping.wait(self.lock_acquire_sleep_interval)
 
+    def interrupt(self) -> None:
+        """Make a waiting `start()` give up (`LockerStopped`) without releasing a held lock:
+        whoever holds it releases with `stop()` once the work it guards has stopped."""
+        self._stopping.set()
+
     def stop(self) -> None:
         """Interrupt a waiting `start()` and release the lock if held. Idempotent."""
         self._stopping.set()

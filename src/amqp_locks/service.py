@@ -129,6 +129,8 @@ class LockableService:
         self.work_stop_timeout = work_stop_timeout
         self._state = State.STOPPED
         self._stop = threading.Event()
+        #: Wakes the master loop: stop(), the work's end, or the locker's alarm.
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.masterships = 0
         self.work_error: BaseException | None = None
@@ -217,6 +219,7 @@ class LockableService:
         The lock is given up by `run()` only after the work has stopped: released any
         earlier, a standby could start its work while ours still runs."""
         self._stop.set()
+        self._wake.set()
         self.locker.interrupt()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -227,6 +230,7 @@ class LockableService:
         """Hold mastership until demoted (False) or finished/stopped (True)."""
         period = self.lock_keep_alive_period
         self._pending = None  # a keep-alive of an earlier mastership says nothing about this
+        self._wake.clear()
         if self.locker.settle_before_work and period > 0:
             # AMQ-4705: give a master that lost the file one keep-alive to notice first.
             if self._stop.wait(period):
@@ -236,6 +240,7 @@ class LockableService:
                 return False
         if self._stop.is_set():  # stop() came as the lock was taken: no work, release
             return True
+        unwatch = self.locker.watch(self._wake.set)  # a lost connection: keep-alive now
         self.masterships += 1
         self._set(State.MASTER)
         stop_work = threading.Event()
@@ -255,6 +260,7 @@ class LockableService:
             if not self._keep_alive_ok():
                 demoted = True
                 break
+        unwatch()
         stop_work.set()
         worker.join(self.work_stop_timeout)
         if worker.is_alive():
@@ -276,9 +282,13 @@ class LockableService:
         return None if until is None else until - self.lease_margin
 
     def _wait_stop_or_done(self, timeout: float | None) -> bool:
-        """Wait up to `timeout` for stop() or the work's own end (which sets the stop
-        event too); True if either happened."""
-        return self._stop.wait(timeout)
+        """Wait up to `timeout` for stop(), the work's own end (which sets the stop event
+        too) or the locker's alarm; True if stop or the end happened."""
+        if self._stop.is_set():
+            return True
+        self._wake.wait(timeout)
+        self._wake.clear()
+        return self._stop.is_set()
 
     def _keep_alive_ok(self) -> bool:
         deadline = self._believe_until()
@@ -347,6 +357,7 @@ class LockableService:
         finally:
             if not stop_work.is_set():
                 self._stop.set()  # the work ended by itself: the service is done
+                self._wake.set()
 
     def _run_work_until_done(self) -> None:
         self._set(State.MASTER)

@@ -29,6 +29,9 @@ class AmqpLocker(Locker):
         if self._lease is None:
             return False
         self.fencing_token = self._lease.fencing_token
+        # Missed heartbeats or a closed connection mark the lease lost: tell the service at
+        # once rather than at its next keep-alive.
+        self._lease.on_lost(lambda _lease: self._alarm())
         return True
 
     def _pause(self) -> None:

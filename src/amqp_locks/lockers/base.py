@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from ..errors import ConfigurationError, LockError
 
@@ -62,6 +63,8 @@ class Locker(ABC):
         #: Failed attempts so far, and set once `start()` waits as standby (observable).
         self.attempts = 0
         self.standing_by = threading.Event()
+        self._watchers: list[Callable[[], None]] = []
+        self._watch_lock = threading.Lock()  # not _state_lock: a hung keep-alive holds that
 
     # --- what a locker implements ---------------------------------------------------------
 
@@ -79,6 +82,31 @@ class Locker(ABC):
 
     def check_keep_alive_period(self, period: float) -> None:  # noqa: B027 - optional hook
         """Refuse a keep-alive period this locker cannot work with (lease lockers)."""
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from any thread) whenever the held lock may just have been
+        lost — the connection holding it closed, its lease marked lost — so that the
+        master's service runs a keep-alive at once instead of at the next period. Returns
+        a function that removes the callback."""
+        with self._watch_lock:
+            self._watchers.append(callback)
+
+        def unwatch() -> None:
+            with self._watch_lock:
+                if callback in self._watchers:
+                    self._watchers.remove(callback)
+
+        return unwatch
+
+    def _alarm(self) -> None:
+        """Tell the watchers the lock may be lost (a locker calls this; never blocks on I/O)."""
+        with self._watch_lock:
+            watchers = list(self._watchers)
+        for callback in watchers:
+            try:
+                callback()
+            except Exception:
+                log.exception("%r: lock watcher failed", self)
 
     def default_keep_alive_timeout(self, period: float) -> float | None:
         """How long a master's keep-alive may go unanswered before it counts as failed

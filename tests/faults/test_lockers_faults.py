@@ -16,12 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from amqp_locks import devdb
+
 from .history import load
 from .lockers_harness import Run, leak_check
 from .lockers_targets import (  # noqa: F401 - lockfaults_dbs is a fixture
     ALL,
+    DB_NAME,
     EXPIRING,
     NETWORKED,
+    SERVERS,
     Target,
     build_target,
     end_sessions_from,
@@ -262,5 +266,51 @@ def test_partition_then_the_database_ends_the_masters_session(
         assert v.overlaps == 0 and v.stale_accepted == 0 and v.token_regressions == 0
         assert v.min_margin is not None and v.min_margin > 0
         assert v.leaked == 0
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("how", ["restart", "kill"])
+@pytest.mark.parametrize("target", SERVERS, indirect=True)
+def test_database_restart_under_a_master(target: Target, run_dir: Path, how: str) -> None:
+    """The database restarts (or crashes and comes back) under a master and a standby: at
+    most one master throughout; someone is master again afterwards; nothing leaked. The
+    DatabaseLocker's transaction dies with the server (its master demotes); the lease row
+    survives, so a lease master rides out a restart shorter than its lease."""
+    db = target.db
+    assert db is not None
+    run = _run(target, run_dir)
+    try:
+        master = run.spawn("a")
+        master.wait_for("MASTER", 30)
+        standby = run.spawn("b")
+        standby.wait_for("WAITING", 30)
+        down = time.monotonic()
+        if how == "restart":
+            devdb.restart(db.kind, name=DB_NAME, base_dir=db.base_dir)
+        else:
+            devdb.kill(db.kind, name=DB_NAME, base_dir=db.base_dir)
+            devdb.start(db.kind, name=DB_NAME, base_dir=db.base_dir)
+        up = time.monotonic()
+        if target.kind == "database":
+            master.wait_for("DEMOTED", 30)  # its transaction, and so its lock, are gone
+        run.master(target.detection + 10)  # someone is master again afterwards
+        demoted = master.count("DEMOTED")
+        regrants = [g.t - down for g in run.grants() if g.t > down]
+        leaked, free_after = leak_check_after(run, target)
+        v = run.verdict(leaked)
+        lost = [e.t - down for e in load(run.history) if e.kind == "lost"]
+        run.report(
+            f"db-{how} {target.label}",
+            v,
+            restart_took=up - down,
+            demoted=lost[0] if lost else None,
+            master_again=regrants[0] if regrants else None,
+            fresh_lock=free_after,
+        )
+        assert v.overlaps == 0 and v.stale_accepted == 0 and v.token_regressions == 0
+        assert v.leaked == 0
+        if target.kind == "database":
+            assert demoted >= 1
     finally:
         run.close()

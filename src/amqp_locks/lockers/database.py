@@ -32,16 +32,25 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from .base import Locker
-from .sql import ensure_row, lock_table, make_engine
+from .sql import DEFAULT_CONNECT_TIMEOUT, ensure_row, lock_table, make_engine
 
 log = logging.getLogger("amqp_locks.lockers")
 
 
 class DatabaseLocker(Locker):
-    def __init__(self, url: str, name: str = "default", **options: object) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str = "default",
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: object,
+    ) -> None:
         super().__init__(name, **options)  # type: ignore[arg-type]
         self.url = url
-        self._engine = make_engine(url, manual_sqlite_transactions=True)
+        self._engine = make_engine(
+            url, manual_sqlite_transactions=True, connect_timeout=connect_timeout
+        )
         self._sqlite = self._engine.dialect.name == "sqlite"
         self._conn: Connection | None = None
         self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

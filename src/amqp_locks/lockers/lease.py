@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ConfigurationError
 from .base import Locker
-from .sql import db_now, ensure_row, lease_table, make_engine
+from .sql import DEFAULT_CONNECT_TIMEOUT, db_now, ensure_row, lease_table, make_engine
 
 log = logging.getLogger("amqp_locks.lockers")
 
@@ -46,6 +46,7 @@ class LeaseDatabaseLocker(Locker):
         max_allowable_diff_from_db_time: float = 0.0,
         lease_duration: float | None = None,
         clock: Callable[[], float] = time.time,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         **options: object,
     ) -> None:
         super().__init__(name, **options)  # type: ignore[arg-type]
@@ -66,7 +67,7 @@ class LeaseDatabaseLocker(Locker):
         if len(self._id) > 200:
             raise ConfigurationError("lease_holder_id must be at most 200 characters")
         self._clock = clock
-        self._engine = make_engine(url)
+        self._engine = make_engine(url, connect_timeout=connect_timeout)
         self._row_ready = False
         self.expires_at = 0.0  # database time
         self._db_minus_local = 0.0

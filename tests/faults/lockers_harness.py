@@ -70,6 +70,10 @@ class Worker:
         self.current_grant: str | None = None
         self.paused = False
         self.dead = False
+        #: (paused at, resumed at) of every pause; resumed at is inf while paused.
+        self.pauses: list[tuple[float, float]] = []
+        #: Every grant id this process printed.
+        self.granted: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"read-{who}")
         self._reader.start()
 
@@ -81,6 +85,7 @@ class Worker:
                 self.lines.append((time.monotonic(), parts))
                 if parts and parts[0] == "MASTER":
                     self.current_grant = parts[1]
+                    self.granted.append(parts[1])
                 elif parts and parts[0] == "DEMOTED":
                     self.current_grant = None
                 self._cond.notify_all()
@@ -130,6 +135,9 @@ class Worker:
             os.kill(self.pid, signal.SIGCONT)  # harmless: SIGKILL wins either way
         os.kill(self.pid, signal.SIGKILL)
         t = time.monotonic()
+        if self.paused:
+            self.pauses[-1] = (self.pauses[-1][0], t)
+            self.paused = False
         self.proc.wait(10)
         self.dead = True
         with self._cond:
@@ -142,12 +150,19 @@ class Worker:
     def pause(self) -> float:
         os.kill(self.pid, signal.SIGSTOP)
         self.paused = True
-        return time.monotonic()
+        t = time.monotonic()
+        self.pauses.append((t, float("inf")))
+        return t
 
     def resume(self) -> float:
         os.kill(self.pid, signal.SIGCONT)
         self.paused = False
-        return time.monotonic()
+        t = time.monotonic()
+        self.pauses[-1] = (self.pauses[-1][0], t)
+        return t
+
+    def paused_between(self, start: float, end: float) -> bool:
+        return any(p < end and r > start for p, r in self.pauses)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Ask it to stop cleanly (close stdin) and wait; kill it if it does not."""

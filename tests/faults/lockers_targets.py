@@ -27,6 +27,7 @@ INTERVAL = 0.1
 PERIOD = 0.25
 LEASE = 1.5
 HEARTBEAT = 1.0
+CONNECT_TIMEOUT = 2.0
 #: Slack for process scheduling on a loaded 2-core machine (bounds, not measurements).
 SLACK = 2.0
 
@@ -147,6 +148,7 @@ def build_target(
     else:
         db = request.getfixturevalue("lockfaults_dbs")[backend]
         cfg["url"] = db.url
+        cfg["connect_timeout"] = CONNECT_TIMEOUT
     return Target(label, kind, backend, cfg, detection_time(kind, cfg), db, node)
 
 
@@ -189,3 +191,27 @@ def end_sessions_from(db: devdb.DbInfo, ports: list[int]) -> int:
     finally:
         engine.dispose()
     return ended
+
+
+def db_sessions(db: devdb.DbInfo) -> list[tuple[Any, ...]]:
+    """The test user's sessions as the server sees them (for a failing run's message)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db.url)
+    try:
+        with engine.connect() as conn:
+            if db.kind == "postgresql":
+                sql = (
+                    "SELECT pid, client_port, state, backend_xid IS NOT NULL, "
+                    "now() - state_change, left(query, 60) FROM pg_stat_activity "
+                    "WHERE usename = :u AND pid <> pg_backend_pid()"
+                )
+            else:
+                sql = (
+                    "SELECT ID, HOST, COMMAND, STATE, TIME, LEFT(INFO, 60) "
+                    "FROM information_schema.PROCESSLIST WHERE USER = :u "
+                    "AND ID <> CONNECTION_ID()"
+                )
+            return [tuple(r) for r in conn.execute(text(sql), {"u": db.user}).all()]
+    finally:
+        engine.dispose()

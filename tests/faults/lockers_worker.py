@@ -55,6 +55,8 @@ def make_locker(cfg: dict[str, Any]) -> tuple[Locker, Broker | None]:
         common["fail_if_locked"] = True
     if kind == "file":
         return SharedFileLocker(cfg["dir"], **common), None
+    if kind in ("database", "lease") and "connect_timeout" in cfg:
+        common["connect_timeout"] = cfg["connect_timeout"]
     if kind == "database":
         return DatabaseLocker(cfg["url"], cfg["name"], **common), None
     if kind == "lease":

@@ -275,8 +275,12 @@ class Run:
         )
         line = f"[{label}] {verdict.summary()} {extra}"
         print(line, flush=True)
-        with open(self.dir.parent / "lockers-faults-report.txt", "a") as f:
-            f.write(line + "\n")
+        paths = [self.dir.parent / "lockers-faults-report.txt"]
+        if os.environ.get("AMQP_LOCKS_FAULT_REPORT"):  # one file for a whole session
+            paths.append(Path(os.environ["AMQP_LOCKS_FAULT_REPORT"]))
+        for path in paths:
+            with open(path, "a") as f:
+                f.write(line + "\n")
         return line
 
 

@@ -215,3 +215,15 @@ def db_sessions(db: devdb.DbInfo) -> list[tuple[Any, ...]]:
             return [tuple(r) for r in conn.execute(text(sql), {"u": db.user}).all()]
     finally:
         engine.dispose()
+
+
+def params(cases: list[Any], fast: set[Any]) -> list[Any]:
+    """`cases` for a parametrize; those not in `fast` are marked slow (the soak command
+    runs them, CI's ``-m "not slow"`` does not)."""
+    out = []
+    for case in cases:
+        values = case if isinstance(case, tuple) else (case,)
+        ident = "-".join(str(v) for v in values)
+        marks = () if case in fast else (pytest.mark.slow,)
+        out.append(pytest.param(*values, marks=marks, id=ident))
+    return out

@@ -10,6 +10,7 @@ heartbeat 1 s); `pytest -s` prints one measured line per scenario.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -341,5 +342,38 @@ def test_database_restart_under_a_master(target: Target, run_dir: Path, how: str
         assert v.leaked == 0
         if target.kind == "database":
             assert demoted >= 1
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("target", ["file"], indirect=True)
+def test_lock_file_deleted_under_the_master(target: Target, run_dir: Path) -> None:
+    """ActiveMQ's AMQ-4705: a third party deletes the lock file. A standby can lock a new
+    file at once; the master's keep-alive sees the file gone and demotes, and a new master
+    waits one keep-alive period before working so the old one gets there first. Whoever
+    becomes master next (the old master may win the new file), its fencing token must be
+    above every earlier one: the counter cannot live only in the deleted file."""
+    run = _run(target, run_dir)
+    try:
+        master = run.spawn("a")
+        master.wait_for("MASTER", 30)
+        standby = run.spawn("b")
+        standby.wait_for("WAITING", 30)
+        deleted = time.monotonic()
+        os.unlink(Path(target.cfg["dir"]) / "lock")
+        master.wait_for("DEMOTED", 10)
+        run.master(10)  # a master again, on the new file
+        leaked, free_after = leak_check_after(run, target)
+        v = run.verdict(leaked)
+        lost = [e.t - deleted for e in load(run.history) if e.kind == "lost"]
+        run.report(
+            "lock-file-deleted file",
+            v,
+            demoted=lost[0] if lost else None,
+            fresh_lock=free_after,
+        )
+        assert v.overlaps == 0 and v.min_margin is not None and v.min_margin > 0
+        assert v.token_regressions == 0 and v.stale_accepted == 0
+        assert v.leaked == 0
     finally:
         run.close()

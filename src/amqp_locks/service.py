@@ -13,7 +13,8 @@ The keep-alive runs on a helper thread, so a call hung on a silent network canno
 master: one that has not answered within `keep_alive_timeout` (default: the keep-alive
 period) counts as failed — a `KeepAliveTimeout` for the policy. A lock that expires unless
 renewed (the lease locker) adds one hard rule: the master stops believing `lease_margin`
-seconds before its lease runs out by its own clock, whatever the keep-alive is doing.
+seconds before its lease runs out (on its monotonic clock, counted from before the renewal),
+whatever the keep-alive is doing.
 """
 
 from __future__ import annotations

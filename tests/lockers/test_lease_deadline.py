@@ -130,3 +130,35 @@ def test_lease_margin_is_checked_and_defaults_to_half_the_slack(tmp_path: Path) 
     other = LockableService(SharedFileLocker(tmp_path), lambda stop: None)
     assert other.lease_margin == 0.0 and other.locker.valid_until() is None
     locker.close()
+
+
+@pytest.mark.parametrize("offset", [+30.0, -30.0])
+def test_the_deadline_does_not_depend_on_the_wall_clock(tmp_path: Path, offset: float) -> None:
+    """A host clock 30 s off the database's (no allowance set) must neither demote a healthy
+    master at once (clock ahead) nor keep a silent one for 30 s more (clock behind)."""
+    url = f"sqlite:///{tmp_path / 'lease.db'}"
+    locker = TroubledLease(
+        url,
+        "m",
+        lease_duration=LEASE,
+        lock_acquire_sleep_interval=0.05,
+        clock=lambda: time.time() + offset,
+    )
+    service, seen = _master(locker)
+    try:
+        renewed = locker.renewed_until
+        deadline = time.monotonic() + 5
+        while locker.renewed_until < renewed + 2 * LEASE:  # renewing for two leases
+            assert time.monotonic() < deadline and "demoted" not in seen, seen
+            time.sleep(0.05)
+        locker.mode = "hang"
+        hung = time.time()
+        deadline = time.monotonic() + 5
+        while "demoted" not in seen:
+            assert time.monotonic() < deadline, "the master never demoted"
+            time.sleep(0.01)
+        assert seen["demoted"] - hung < LEASE
+    finally:
+        locker.unblock.set()
+        service.stop(10)
+        locker.close()

@@ -116,7 +116,7 @@ class Locker(ABC):
 
     def valid_until(self) -> float | None:
         """For a lock that expires unless renewed (a lease): the ``time.monotonic()``
-        instant it runs out, by this process's own (corrected) clock — past it the holder
+        instant it runs out, on this process's monotonic clock — past it the holder
         must not believe it holds, whatever its keep-alive is doing. None: the lock does
         not expire by itself (it lives as long as a process, a transaction, a connection).
         """

@@ -71,6 +71,10 @@ class LeaseDatabaseLocker(Locker):
         self._row_ready = False
         self.expires_at = 0.0  # database time
         self._db_minus_local = 0.0
+        # The lease's end on this process's monotonic clock, counted from *before* the
+        # statement that set it (so never later than the database's end, whatever the wall
+        # clocks say): what the service's hard deadline uses.
+        self._valid_until_mono = 0.0
 
     @property
     def holder_id(self) -> str:
@@ -98,12 +102,10 @@ class LeaseDatabaseLocker(Locker):
         return self._held and self._clock() + self.clock_offset() < self.expires_at
 
     def valid_until(self) -> float | None:
-        """When the lease runs out, as a ``time.monotonic()`` instant (local clock,
-        corrected per `max_allowable_diff_from_db_time`); None when not held."""
-        if not self._held:
-            return None
-        left = self.expires_at - (self._clock() + self.clock_offset())
-        return time.monotonic() + left
+        """When the lease runs out, as a ``time.monotonic()`` instant: the monotonic time
+        just before the obtain/renewal that set it, plus what the database granted from its
+        own now. Independent of wall clocks (offset or stepped); None when not held."""
+        return self._valid_until_mono if self._held else None
 
     def _try_acquire(self) -> bool:
         row = lease_table.c
@@ -111,6 +113,7 @@ class LeaseDatabaseLocker(Locker):
             if not self._row_ready:
                 ensure_row(self._engine, lease_table, self.name)
                 self._row_ready = True
+            started = time.monotonic()
             with self._engine.begin() as conn:
                 now = db_now(conn)
                 self._observe(now)
@@ -132,12 +135,14 @@ class LeaseDatabaseLocker(Locker):
             log.warning("%r: database unavailable while standing by: %s", self, exc)
             return False
         self.expires_at = expires
+        self._valid_until_mono = started + self.lease_duration
         self.fencing_token = int(version)
         return True
 
     def _keep_alive(self) -> bool:
         """Renew (only if we still hold it; never shortening it). Raises on DB errors."""
         row = lease_table.c
+        started = time.monotonic()
         with self._engine.begin() as conn:
             now = db_now(conn)
             self._observe(now)
@@ -150,6 +155,7 @@ class LeaseDatabaseLocker(Locker):
             if result.rowcount != 1:
                 return False
             self.expires_at = max(self.expires_at, wanted)
+            self._valid_until_mono = max(self._valid_until_mono, started + (self.expires_at - now))
             return True
 
     def _release(self) -> None:

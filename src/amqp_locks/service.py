@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -306,7 +307,7 @@ class LockableService:
             self._pending_since = time.monotonic()
         now = time.monotonic()
         limits = [] if deadline is None else [deadline - now]
-        if self.keep_alive_timeout is not None:
+        if self.keep_alive_timeout is not None and math.isfinite(self.keep_alive_timeout):
             limits.append(self._pending_since + self.keep_alive_timeout - now)
         try:
             ok = call.result(max(0.0, min(limits)) if limits else None)

@@ -98,6 +98,20 @@ def test_a_keep_alive_answering_within_the_timeout_keeps_mastership(tmp_path: Pa
         service.stop(10)
 
 
+def test_an_infinite_timeout_waits_for_the_answer(tmp_path: Path) -> None:
+    locker = HangingFileLocker(tmp_path)
+    service, states = _serve(locker, keep_alive_timeout=math.inf)
+    try:
+        locker.hang.set()
+        time.sleep(0.6)  # the scenario: keep-alives stuck this long, answering afterwards
+        locker.hang.clear()
+        locker.unblock.set()
+        time.sleep(0.3)  # the scenario: then keep-alives answer again for a while
+        assert [s for _, s in states] == [State.STANDBY, State.MASTER]
+    finally:
+        service.stop(10)
+
+
 def test_default_timeouts(tmp_path: Path, amqp_url: str) -> None:
     file_service = LockableService(
         SharedFileLocker(tmp_path), lambda stop: None, lock_keep_alive_period=0.7

@@ -25,6 +25,7 @@ import os
 import select as selectmod
 import socket
 import threading
+import time
 import uuid
 
 from sqlalchemy import select, update
@@ -151,8 +152,8 @@ class DatabaseLocker(Locker):
                 return  # closed under us: released
             if not ready or self._conn is not conn:
                 continue
-            if self._in_call:  # the reply to our own keep-alive
-                self._stopping.wait(0.01)
+            if self._in_call:  # the reply to our own keep-alive: look again shortly
+                time.sleep(0.01)
                 continue
             self._called.clear()
             log.warning("%r: the server spoke on the idle lock connection: checking now", self)

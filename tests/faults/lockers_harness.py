@@ -343,3 +343,22 @@ def leak_check(cfg: dict[str, Any], within: float) -> tuple[int, float | None]:
             took = time.monotonic() - t0
             locker.stop()
             return leaked, took
+
+
+#: An overlap is excused by a pause of either holder that touched this window around it.
+PAUSE_REACH = 5.0
+
+
+def unexplained_overlaps(events: list[Event], workers: list[Worker]) -> list[str]:
+    """Overlapping masterships of which neither holder was paused around the re-grant."""
+    spans = intervals(events, max(e.t for e in events))
+    owner = {g: w for w in workers for g in w.granted}
+    bad = []
+    for n, a in enumerate(spans):
+        for b in spans[n + 1 :]:
+            if b.start >= a.end:
+                continue
+            window = (b.start - PAUSE_REACH, min(a.end, b.end))
+            if not any(owner[g.grant].paused_between(*window) for g in (a, b) if g.grant in owner):
+                bad.append(f"{a.grant} [{a.start:.3f}, {a.end:.3f}] & {b.grant} @{b.start:.3f}")
+    return bad

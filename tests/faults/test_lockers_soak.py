@@ -29,9 +29,8 @@ import pytest
 from amqp_locks import devdb
 
 from ..faultproxy import FaultProxy
-from .checker import intervals
 from .history import load
-from .lockers_harness import Run, Worker, leak_check
+from .lockers_harness import Run, Worker, leak_check, unexplained_overlaps
 from .lockers_targets import (  # noqa: F401 - lockfaults_dbs is a fixture
     ALL,
     DB_NAME,
@@ -44,8 +43,6 @@ from .lockers_targets import (  # noqa: F401 - lockfaults_dbs is a fixture
 SEED = int(os.environ.get("AMQP_LOCKS_FAULT_SEED") or random.SystemRandom().randrange(10**6))
 SECONDS = float(os.environ.get("AMQP_LOCKS_SOAK_SECONDS", "40"))
 WORKERS = 3
-#: An overlap is explained by a pause of either holder that touched this window around it.
-PAUSE_REACH = 5.0
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(int(SECONDS) + 300)]
 
@@ -132,22 +129,6 @@ class Soak:
         time.sleep(self.rng.uniform(0.1, 1.0))  # the schedule: time between faults
 
 
-def unexplained_overlaps(run: Run, workers: list[Worker]) -> list[str]:
-    """Overlapping masterships of which neither holder was paused around the re-grant."""
-    events = load(run.history)
-    spans = intervals(events, events[-1].t)
-    owner = {g: w for w in workers for g in w.granted}
-    bad = []
-    for n, a in enumerate(spans):
-        for b in spans[n + 1 :]:
-            if b.start >= a.end:
-                continue
-            window = (b.start - PAUSE_REACH, min(a.end, b.end))
-            if not any(owner[g.grant].paused_between(*window) for g in (a, b) if g.grant in owner):
-                bad.append(f"{a.grant} [{a.start:.3f}, {a.end:.3f}] & {b.grant} @{b.start:.3f}")
-    return bad
-
-
 @pytest.mark.parametrize("target", ALL, indirect=True)
 def test_random_faults(target: Target, tmp_path: Path) -> None:
     rng = random.Random(f"{SEED}:{target.label}")
@@ -173,7 +154,7 @@ def test_random_faults(target: Target, tmp_path: Path) -> None:
             w.stop()
         leaked, free_after = leak_check(target.cfg, target.detection)
         v = run.verdict(leaked)
-        bad = unexplained_overlaps(run, run.workers)
+        bad = unexplained_overlaps(load(run.history), run.workers)
         run.report(
             f"soak {target.label} seed={SEED} {SECONDS:.0f}s faults={len(soak.log)}",
             v,

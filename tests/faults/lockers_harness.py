@@ -284,13 +284,6 @@ class Run:
         return line
 
 
-def overlap_seconds_between(events: list[Event], a: str, b: str) -> float:
-    """How long grants `a` and `b` both believed they held the lock."""
-    spans = {i.grant: i for i in intervals(events, max(e.t for e in events))}
-    x, y = spans[a], spans[b]
-    return max(0.0, min(x.end, y.end) - max(x.start, y.start))
-
-
 @contextlib.contextmanager
 def fresh_locker(cfg: dict[str, Any]) -> Iterator[Locker]:
     locker, broker = make_locker({**cfg, "fail_if_locked": True})

@@ -498,6 +498,20 @@ def _pg_prepare(info: DbInfo, tools: _Tools, acct: _Account | None) -> list[str]
     return [str(tools.server), "-D", str(data)]
 
 
+#: What PostgreSQL answers while it cannot take connections yet (or any more): starting,
+#: stopping, or replaying its log after a crash (``kill`` then ``start``).
+_PG_NOT_READY = (
+    "starting up",
+    "shutting down",
+    "not yet accepting connections",
+    "in recovery mode",
+)
+
+
+def _pg_not_ready_yet(stderr: str) -> bool:
+    return any(text in stderr for text in _PG_NOT_READY)
+
+
 def _pg_ready(info: DbInfo, tools: _Tools) -> bool:
     """Create the role/database (idempotent), then log in as them over TCP."""
     if not _ping(info.kind, info.port) or tools.client is None:
@@ -509,7 +523,7 @@ def _pg_ready(info: DbInfo, tools: _Tools) -> bool:
         input_text=_PG_SETUP_SQL,
     )
     if admin.returncode != 0:
-        if "starting up" in admin.stderr or "shutting down" in admin.stderr:
+        if _pg_not_ready_yet(admin.stderr):
             return False
         _checked(admin, "creating the amqplocks role and database")
     dsn = f"host={HOST} port={info.port} user={DB_USER} dbname={DB_NAME}"

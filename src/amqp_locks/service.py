@@ -8,18 +8,28 @@ service waits as standby again (ActiveMQ restarts the broker as a slave). An exc
 the keep-alive is handed to the policy — ActiveMQ's IOException handler — which decides
 whether to keep mastership; nothing in the loop dies silently. With `use_lock=False` the
 work runs without any lock (ActiveMQ's development switch).
+
+The keep-alive runs on a helper thread, so a call hung on a silent network cannot hold the
+master: one that has not answered within `keep_alive_timeout` (default: the keep-alive
+period) counts as failed — a `KeepAliveTimeout` for the policy. A lock that expires unless
+renewed (the lease locker) adds one hard rule: the master stops believing `lease_margin`
+seconds before its lease runs out (on its monotonic clock, counted from before the renewal),
+whatever the keep-alive is doing.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from . import events
-from .errors import ConfigurationError
+from .errors import ConfigurationError, LockError
 from .lockers.base import Locker, LockerStopped
 from .lockers.lease import LeaseDatabaseLocker
 
@@ -30,6 +40,10 @@ class State(enum.Enum):
     STOPPED = "stopped"
     STANDBY = "standby"
     MASTER = "master"
+
+
+class KeepAliveTimeout(LockError):
+    """The keep-alive did not answer within `keep_alive_timeout` (handed to the policy)."""
 
 
 class KeepAlivePolicy(Protocol):
@@ -61,6 +75,18 @@ class LockableService:
     ``on_state(service, state)`` is called on every transition. ``work_stop_timeout``
     bounds the wait for the work to stop after demotion before the lock is given up
     anyway (a warning is logged: the work did not honour its stop event).
+
+    ``keep_alive_timeout``: a keep-alive that has not answered after this many seconds
+    counts as failed (`KeepAliveTimeout`, decided by the policy: every locker but a lease
+    locker with a valid lease demotes). Default: the locker's
+    ``default_keep_alive_timeout(period)`` — the keep-alive period, except for the AMQP
+    locker, whose keep-alive ends by itself when missed heartbeats are detected.
+    ``math.inf`` waits for ever (as before).
+
+    ``lease_margin`` (lockers whose lock expires, i.e. the lease locker): the master
+    demotes itself this many seconds before its lease runs out unless a keep-alive renewed
+    it, even if the keep-alive has not answered. Default: half the slack between the lease
+    and the keep-alive period, ``(lease_duration - lock_keep_alive_period) / 2``.
     """
 
     def __init__(
@@ -73,6 +99,8 @@ class LockableService:
         policy: KeepAlivePolicy | None = None,
         on_state: StateCallback | None = None,
         work_stop_timeout: float = 30.0,
+        keep_alive_timeout: float | None = None,
+        lease_margin: float | None = None,
     ) -> None:
         if lock_keep_alive_period < 0:
             raise ConfigurationError(
@@ -80,6 +108,20 @@ class LockableService:
             )
         if use_lock:
             locker.check_keep_alive_period(lock_keep_alive_period)
+        if lease_margin is None:
+            lease_margin = 0.0
+            if isinstance(locker, LeaseDatabaseLocker):
+                lease_margin = max(0.0, (locker.lease_duration - lock_keep_alive_period) / 2)
+        if lease_margin < 0:
+            raise ConfigurationError(f"lease_margin must be >= 0, got {lease_margin}")
+        self.lease_margin = float(lease_margin)
+        if keep_alive_timeout is None:
+            keep_alive_timeout = locker.default_keep_alive_timeout(lock_keep_alive_period)
+        if keep_alive_timeout is not None and not keep_alive_timeout > 0:
+            raise ConfigurationError(f"keep_alive_timeout must be > 0, got {keep_alive_timeout}")
+        self.keep_alive_timeout = keep_alive_timeout
+        self._pending: concurrent.futures.Future[bool] | None = None
+        self._pending_since = 0.0
         self.locker = locker
         self.work = work
         self.use_lock = use_lock
@@ -89,6 +131,8 @@ class LockableService:
         self.work_stop_timeout = work_stop_timeout
         self._state = State.STOPPED
         self._stop = threading.Event()
+        #: Wakes the master loop: stop(), the work's end, or the locker's alarm.
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.masterships = 0
         self.work_error: BaseException | None = None
@@ -172,9 +216,13 @@ class LockableService:
             self.error = exc
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop the work, give up the lock (interrupting a standby wait), and wait."""
+        """Stop the work, give up the lock (interrupting a standby wait), and wait.
+
+        The lock is given up by `run()` only after the work has stopped: released any
+        earlier, a standby could start its work while ours still runs."""
         self._stop.set()
-        self.locker.stop()
+        self._wake.set()
+        self.locker.interrupt()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -183,6 +231,8 @@ class LockableService:
     def _serve_as_master(self) -> bool:
         """Hold mastership until demoted (False) or finished/stopped (True)."""
         period = self.lock_keep_alive_period
+        self._pending = None  # a keep-alive of an earlier mastership says nothing about this
+        self._wake.clear()
         if self.locker.settle_before_work and period > 0:
             # AMQ-4705: give a master that lost the file one keep-alive to notice first.
             if self._stop.wait(period):
@@ -190,6 +240,9 @@ class LockableService:
             if not self._keep_alive_ok():
                 self.locker.stop()
                 return False
+        if self._stop.is_set():  # stop() came as the lock was taken: no work, release
+            return True
+        unwatch = self.locker.watch(self._wake.set)  # a lost connection: keep-alive now
         self.masterships += 1
         self._set(State.MASTER)
         stop_work = threading.Event()
@@ -200,11 +253,16 @@ class LockableService:
         demoted = False
         while True:
             wait = period if period > 0 else None
+            deadline = self._believe_until()
+            if deadline is not None:  # wake up in time to demote before the lease runs out
+                left = max(0.0, deadline - time.monotonic())
+                wait = left if wait is None else min(wait, left)
             if self._wait_stop_or_done(wait):
                 break
             if not self._keep_alive_ok():
                 demoted = True
                 break
+        unwatch()
         stop_work.set()
         worker.join(self.work_stop_timeout)
         if worker.is_alive():
@@ -213,24 +271,84 @@ class LockableService:
             log.warning(
                 "%s demoted from %r: waiting as standby again", self.locker.holder_id, self.locker
             )
+            # Not master any more: say so before giving the lock up, which may wait for a
+            # keep-alive still hung on a silent connection.
+            self._set(State.STANDBY)
             self.locker.stop()
             return False
         return True
 
+    def _believe_until(self) -> float | None:
+        """The monotonic instant past which this master must not believe (lease lockers)."""
+        until = self.locker.valid_until()
+        return None if until is None else until - self.lease_margin
+
     def _wait_stop_or_done(self, timeout: float | None) -> bool:
-        """Wait up to `timeout` for stop() or the work's own end (which sets the stop
-        event too); True if either happened."""
-        return self._stop.wait(timeout)
+        """Wait up to `timeout` for stop(), the work's own end (which sets the stop event
+        too) or the locker's alarm; True if stop or the end happened."""
+        if self._stop.is_set():
+            return True
+        self._wake.wait(timeout)
+        self._wake.clear()
+        return self._stop.is_set()
 
     def _keep_alive_ok(self) -> bool:
+        deadline = self._believe_until()
+        if deadline is not None and time.monotonic() >= deadline:
+            log.error(
+                "%r: lease runs out within %.2fs and was not renewed: demoting",
+                self.locker,
+                self.lease_margin,
+            )
+            return False
+        call = self._pending
+        if call is None:  # else the previous keep-alive has not answered yet: wait for it
+            call = self._pending = self._call_keep_alive()
+            self._pending_since = time.monotonic()
+        now = time.monotonic()
+        limits = [] if deadline is None else [deadline - now]
+        if self.keep_alive_timeout is not None and math.isfinite(self.keep_alive_timeout):
+            limits.append(self._pending_since + self.keep_alive_timeout - now)
         try:
-            return self.locker.keep_alive()
-        except Exception as exc:
-            try:
-                return self.policy.on_error(self.locker, exc)
-            except Exception:
-                log.exception("keep-alive policy failed: demoting")
+            ok = call.result(max(0.0, min(limits)) if limits else None)
+        except concurrent.futures.TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                log.error(
+                    "%r: keep-alive did not answer and the lease runs out within %.2fs: demoting",
+                    self.locker,
+                    self.lease_margin,
+                )
                 return False
+            # The call stays pending: the next check waits for the same one.
+            return self._policy(
+                KeepAliveTimeout(f"keep-alive did not answer within {self.keep_alive_timeout}s")
+            )
+        except Exception as exc:
+            self._pending = None
+            return self._policy(exc)
+        self._pending = None
+        return ok
+
+    def _policy(self, exc: BaseException) -> bool:
+        try:
+            return self.policy.on_error(self.locker, exc)
+        except Exception:
+            log.exception("keep-alive policy failed: demoting")
+            return False
+
+    def _call_keep_alive(self) -> concurrent.futures.Future[bool]:
+        """`locker.keep_alive()` on a helper thread (a hung call cannot hold us)."""
+        fut: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+        def call() -> None:
+            fut.set_running_or_notify_cancel()
+            try:
+                fut.set_result(self.locker.keep_alive())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+        threading.Thread(target=call, name="amqp-locks-keep-alive", daemon=True).start()
+        return fut
 
     def _work_thread(self, stop_work: threading.Event) -> None:
         try:
@@ -241,6 +359,7 @@ class LockableService:
         finally:
             if not stop_work.is_set():
                 self._stop.set()  # the work ended by itself: the service is done
+                self._wake.set()
 
     def _run_work_until_done(self) -> None:
         self._set(State.MASTER)

@@ -4,15 +4,24 @@ A standby waits *pushed*, not polled: `start()` blocks in `Mutex.acquire` with t
 notices of the mutex, re-checking at most every `lock_acquire_sleep_interval` (a crashed
 master publishes nothing; the broker frees its queue at once or after missed heartbeats).
 The keep-alive is the lease not being lost, plus `verify()` (one round trip).
+
+A standby rides out a broker it cannot reach (a restart, a network fault) and keeps
+trying, like the database lockers; only a broker never reached at all is reported
+(`BrokerUnreachable` from `start()`: a wrong URL should not look like a long wait).
 """
 
 from __future__ import annotations
 
+import logging
+
+from ..errors import BrokerUnreachable, ConnectionLost
 from ..lease import Lease
 from ..mutex import Mutex
 from ..transport.broker import BrokerLike
 from ..waiting import Backoff
 from .base import Locker
+
+log = logging.getLogger("amqp_locks.lockers")
 
 
 class AmqpLocker(Locker):
@@ -22,17 +31,37 @@ class AmqpLocker(Locker):
         poll = min(1.0, self.lock_acquire_sleep_interval)
         self._mutex = Mutex(broker, name, backoff=Backoff(min(0.05, poll), poll))
         self._lease: Lease | None = None
+        self._reached = False  # whether an attempt ever got an answer from the broker
 
     def _try_acquire(self) -> bool:
         # Wait (pushed) up to a second per call, so `stop()` is noticed within a second.
-        self._lease = self._mutex.acquire(timeout=min(1.0, self.lock_acquire_sleep_interval))
+        try:
+            self._lease = self._mutex.acquire(timeout=min(1.0, self.lock_acquire_sleep_interval))
+        except (BrokerUnreachable, ConnectionLost) as exc:
+            if isinstance(exc, BrokerUnreachable) and not self._reached:
+                raise  # never reached the broker: a wrong URL or a missing broker, say so
+            # A broker restart or a network fault: a standby waits it out, as the database
+            # lockers do.
+            log.warning("%r: broker unavailable while standing by: %s", self, exc)
+            self._stopping.wait(self.lock_acquire_sleep_interval)
+            return False
+        self._reached = True
         if self._lease is None:
             return False
         self.fencing_token = self._lease.fencing_token
+        # Missed heartbeats or a closed connection mark the lease lost: tell the service at
+        # once rather than at its next keep-alive.
+        self._lease.on_lost(lambda _lease: self._alarm())
         return True
 
     def _pause(self) -> None:
         """No sleep between attempts: each attempt already waited, woken by push."""
+
+    def default_keep_alive_timeout(self, period: float) -> float | None:
+        """None: the keep-alive cannot outlive the broker's loss timeout — missed heartbeats
+        end the connection and fail the call — so a partition shorter than that is ridden
+        out rather than cut short at one keep-alive period."""
+        return None
 
     def _keep_alive(self) -> bool:
         lease = self._lease

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from ..errors import ConfigurationError, LockError
 
@@ -62,6 +63,8 @@ class Locker(ABC):
         #: Failed attempts so far, and set once `start()` waits as standby (observable).
         self.attempts = 0
         self.standing_by = threading.Event()
+        self._watchers: list[Callable[[], None]] = []
+        self._watch_lock = threading.Lock()  # not _state_lock: a hung keep-alive holds that
 
     # --- what a locker implements ---------------------------------------------------------
 
@@ -79,6 +82,45 @@ class Locker(ABC):
 
     def check_keep_alive_period(self, period: float) -> None:  # noqa: B027 - optional hook
         """Refuse a keep-alive period this locker cannot work with (lease lockers)."""
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from any thread) whenever the held lock may just have been
+        lost — the connection holding it closed, its lease marked lost — so that the
+        master's service runs a keep-alive at once instead of at the next period. Returns
+        a function that removes the callback."""
+        with self._watch_lock:
+            self._watchers.append(callback)
+
+        def unwatch() -> None:
+            with self._watch_lock:
+                if callback in self._watchers:
+                    self._watchers.remove(callback)
+
+        return unwatch
+
+    def _alarm(self) -> None:
+        """Tell the watchers the lock may be lost (a locker calls this; never blocks on I/O)."""
+        with self._watch_lock:
+            watchers = list(self._watchers)
+        for callback in watchers:
+            try:
+                callback()
+            except Exception:
+                log.exception("%r: lock watcher failed", self)
+
+    def default_keep_alive_timeout(self, period: float) -> float | None:
+        """How long a master's keep-alive may go unanswered before it counts as failed
+        (`LockableService(keep_alive_timeout=None)`): one keep-alive period — by then the
+        next one is due. None: no limit (the service waits for the call)."""
+        return period if period > 0 else None
+
+    def valid_until(self) -> float | None:
+        """For a lock that expires unless renewed (a lease): the ``time.monotonic()``
+        instant it runs out, on this process's monotonic clock — past it the holder
+        must not believe it holds, whatever its keep-alive is doing. None: the lock does
+        not expire by itself (it lives as long as a process, a transaction, a connection).
+        """
+        return None
 
     @property
     def holder_id(self) -> str:
@@ -130,6 +172,11 @@ class Locker(ABC):
     def _pause(self) -> None:
         """Between attempts: sleep one interval, waking at once on `stop()`."""
         self._stopping.wait(self.lock_acquire_sleep_interval)
+
+    def interrupt(self) -> None:
+        """Make a waiting `start()` give up (`LockerStopped`) without releasing a held lock:
+        whoever holds it releases with `stop()` once the work it guards has stopped."""
+        self._stopping.set()
 
     def stop(self) -> None:
         """Interrupt a waiting `start()` and release the lock if held. Idempotent."""

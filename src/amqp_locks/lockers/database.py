@@ -7,6 +7,12 @@ master's connection dies, the database ends the transaction — at once for a cl
 only after its TCP timeout for a half-open socket (the shortcoming that motivated the lease
 locker). SQLite has no row locks: there `BEGIN IMMEDIATE` takes the database write lock.
 
+While it holds the lock the master watches its connection's socket: the server has nothing
+to say on an idle transaction, so anything readable there (a shutdown notice, an error, the
+end of the connection) means the session may be over — a restart, a crash, an administrator
+— and the service is alarmed to run its keep-alive at once rather than at the next period,
+before the restarted server lets a standby in.
+
 Fencing: the row's `version` rises on every acquisition. A raise inside the long
 transaction would be rolled back with it, so acquisition commits the raise and re-locks at
 once; if someone else slipped in between, the row no longer names us and we stand by.
@@ -16,7 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
+import select as selectmod
 import socket
+import threading
+import time
 import uuid
 
 from sqlalchemy import select, update
@@ -24,20 +33,31 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from .base import Locker
-from .sql import ensure_row, lock_table, make_engine
+from .sql import DEFAULT_CONNECT_TIMEOUT, ensure_row, lock_table, make_engine
 
 log = logging.getLogger("amqp_locks.lockers")
 
 
 class DatabaseLocker(Locker):
-    def __init__(self, url: str, name: str = "default", **options: object) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str = "default",
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        **options: object,
+    ) -> None:
         super().__init__(name, **options)  # type: ignore[arg-type]
         self.url = url
-        self._engine = make_engine(url, manual_sqlite_transactions=True)
+        self._engine = make_engine(
+            url, manual_sqlite_transactions=True, connect_timeout=connect_timeout
+        )
         self._sqlite = self._engine.dialect.name == "sqlite"
         self._conn: Connection | None = None
         self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._row_ready = False
+        self._in_call = False
+        self._called = threading.Event()
 
     @property
     def holder_id(self) -> str:
@@ -116,18 +136,47 @@ class DatabaseLocker(Locker):
             return False
         self._conn = conn
         self.fencing_token = int(version)
+        fd = _socket_of(conn)
+        if fd is not None:
+            threading.Thread(
+                target=self._watch, args=(conn, fd), name="amqp-locks-db-watch", daemon=True
+            ).start()
         return True
+
+    def _watch(self, conn: Connection, fd: int) -> None:
+        """While `conn` holds the lock: alarm when the server says anything on it."""
+        while self._conn is conn:
+            try:
+                ready, _, _ = selectmod.select([fd], [], [], 0.2)
+            except (OSError, ValueError):
+                return  # closed under us: released
+            if not ready or self._conn is not conn:
+                continue
+            if self._in_call:  # the reply to our own keep-alive: look again shortly
+                time.sleep(0.01)
+                continue
+            self._called.clear()
+            log.warning("%r: the server spoke on the idle lock connection: checking now", self)
+            self._alarm()
+            # What arrived stays readable until a keep-alive reads it: wait for one.
+            while self._conn is conn and not self._called.wait(0.2):
+                pass
 
     def _keep_alive(self) -> bool:
         conn = self._conn
         if conn is None:
             return False
         row = lock_table.c
-        result = conn.execute(
-            update(lock_table)
-            .where(row.name == self.name, row.holder == self._id)
-            .values(holder=self._id)
-        )
+        self._in_call = True
+        try:
+            result = conn.execute(
+                update(lock_table)
+                .where(row.name == self.name, row.holder == self._id)
+                .values(holder=self._id)
+            )
+        finally:
+            self._in_call = False
+            self._called.set()
         return result.rowcount == 1
 
     def _release(self) -> None:
@@ -147,6 +196,22 @@ class DatabaseLocker(Locker):
 
     def __repr__(self) -> str:
         return f"DatabaseLocker({self.name!r} on {self._engine.url.render_as_string()!r})"
+
+
+def _socket_of(conn: Connection) -> int | None:
+    """The client socket under a SQLAlchemy connection (psycopg, PyMySQL); None for SQLite
+    or a driver we cannot see into."""
+    dbapi = conn.connection.dbapi_connection
+    fileno = getattr(dbapi, "fileno", None)  # psycopg 3 (and 2)
+    try:
+        if callable(fileno):
+            return int(fileno())
+        sock = getattr(dbapi, "_sock", None)  # PyMySQL
+        if sock is not None:
+            return int(sock.fileno())
+    except Exception:
+        return None
+    return None
 
 
 def _is_lock_conflict(exc: BaseException) -> bool:

@@ -6,7 +6,9 @@ lock a *new* file while the master still holds the old one — two masters (AMQ-
 the keep-alive checks that the path still names the very file we locked (same inode) and
 that nobody modified it (same mtime); the new master waits one keep-alive period before
 working, so an old master gets its keep-alive in first. Each acquisition writes a counter
-into the file: the fencing token.
+into the file: the fencing token. The counter is also kept beside it in `<name>.fence`, so
+that a deleted or replaced lock file does not restart the tokens at 1 (a fencing resource
+would then refuse the new master and accept the old one).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class SharedFileLocker(Locker):
             raise ConfigurationError(f"file locker name must be a file name, got {name!r}")
         self.directory = Path(directory)
         self.path = self.directory / name
+        self.fence_path = self.directory / f"{name}.fence"
         self._fd: int | None = None
         self._identity: tuple[int, int, int] | None = None  # (dev, ino, mtime_ns)
 
@@ -58,9 +61,9 @@ class SharedFileLocker(Locker):
             st_fd, st_path = os.fstat(fd), os.stat(self.path)
             if (st_fd.st_dev, st_fd.st_ino) != (st_path.st_dev, st_path.st_ino):
                 raise FileNotFoundError("lock file replaced while locking")
-            raw = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            counter = int(raw.split()[0]) if raw[:1].isdigit() else 0
+            counter = max(_counter(os.pread(fd, 64, 0)), self._read_fence())
             self.fencing_token = counter + 1
+            self._write_fence(self.fencing_token)
             payload = f"{self.fencing_token} {self.holder_id}\n".encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, payload, 0)
@@ -74,6 +77,23 @@ class SharedFileLocker(Locker):
             return False
         self._fd = fd
         return True
+
+    def _read_fence(self) -> int:
+        try:
+            return _counter(self.fence_path.read_bytes())
+        except FileNotFoundError:
+            return 0
+
+    def _write_fence(self, token: int) -> None:
+        """Replace `<name>.fence` atomically (a crash leaves the old or the new counter)."""
+        tmp = self.directory / f".{self.fence_path.name}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, f"{token}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.fence_path)
 
     def _keep_alive(self) -> bool:
         try:
@@ -94,3 +114,10 @@ class SharedFileLocker(Locker):
 
     def __repr__(self) -> str:
         return f"SharedFileLocker({str(self.path)!r})"
+
+
+def _counter(raw: bytes) -> int:
+    """The counter at the start of a lock or fence file (0 when empty or unreadable)."""
+    text = raw.decode(errors="replace").strip()
+    head = text.split()[0] if text else ""
+    return int(head) if head.isdigit() else 0

@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ConfigurationError
 from .base import Locker
-from .sql import db_now, ensure_row, lease_table, make_engine
+from .sql import DEFAULT_CONNECT_TIMEOUT, db_now, ensure_row, lease_table, make_engine
 
 log = logging.getLogger("amqp_locks.lockers")
 
@@ -46,6 +46,7 @@ class LeaseDatabaseLocker(Locker):
         max_allowable_diff_from_db_time: float = 0.0,
         lease_duration: float | None = None,
         clock: Callable[[], float] = time.time,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         **options: object,
     ) -> None:
         super().__init__(name, **options)  # type: ignore[arg-type]
@@ -66,10 +67,14 @@ class LeaseDatabaseLocker(Locker):
         if len(self._id) > 200:
             raise ConfigurationError("lease_holder_id must be at most 200 characters")
         self._clock = clock
-        self._engine = make_engine(url)
+        self._engine = make_engine(url, connect_timeout=connect_timeout)
         self._row_ready = False
         self.expires_at = 0.0  # database time
         self._db_minus_local = 0.0
+        # The lease's end on this process's monotonic clock, counted from *before* the
+        # statement that set it (so never later than the database's end, whatever the wall
+        # clocks say): what the service's hard deadline uses.
+        self._valid_until_mono = 0.0
 
     @property
     def holder_id(self) -> str:
@@ -96,12 +101,19 @@ class LeaseDatabaseLocker(Locker):
         """Does the lease still hold, judged by the local clock (no database needed)?"""
         return self._held and self._clock() + self.clock_offset() < self.expires_at
 
+    def valid_until(self) -> float | None:
+        """When the lease runs out, as a ``time.monotonic()`` instant: the monotonic time
+        just before the obtain/renewal that set it, plus what the database granted from its
+        own now. Independent of wall clocks (offset or stepped); None when not held."""
+        return self._valid_until_mono if self._held else None
+
     def _try_acquire(self) -> bool:
         row = lease_table.c
         try:
             if not self._row_ready:
                 ensure_row(self._engine, lease_table, self.name)
                 self._row_ready = True
+            started = time.monotonic()
             with self._engine.begin() as conn:
                 now = db_now(conn)
                 self._observe(now)
@@ -123,12 +135,14 @@ class LeaseDatabaseLocker(Locker):
             log.warning("%r: database unavailable while standing by: %s", self, exc)
             return False
         self.expires_at = expires
+        self._valid_until_mono = started + self.lease_duration
         self.fencing_token = int(version)
         return True
 
     def _keep_alive(self) -> bool:
         """Renew (only if we still hold it; never shortening it). Raises on DB errors."""
         row = lease_table.c
+        started = time.monotonic()
         with self._engine.begin() as conn:
             now = db_now(conn)
             self._observe(now)
@@ -141,6 +155,7 @@ class LeaseDatabaseLocker(Locker):
             if result.rowcount != 1:
                 return False
             self.expires_at = max(self.expires_at, wanted)
+            self._valid_until_mono = max(self._valid_until_mono, started + (self.expires_at - now))
             return True
 
     def _release(self) -> None:

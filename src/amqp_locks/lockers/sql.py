@@ -7,6 +7,8 @@ clocks still agree on when a lease expires.
 
 from __future__ import annotations
 
+import math
+
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -46,12 +48,35 @@ lease_table = Table(
 )
 
 
-def make_engine(url: str, *, manual_sqlite_transactions: bool = False) -> Engine:
+#: Seconds a connection attempt may take before it fails (libpq would wait for ever on a
+#: server that accepts TCP but never answers; PyMySQL's own default is also 10 s).
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+def make_engine(
+    url: str,
+    *,
+    manual_sqlite_transactions: bool = False,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+) -> Engine:
     """An engine without pooling: a locker owns its connections and closes them itself,
-    so a stopped locker leaves no connection behind."""
+    so a stopped locker leaves no connection behind. Connection attempts to a server time
+    out after `connect_timeout` seconds (unless the URL sets ``connect_timeout``), and so
+    does every round trip on PyMySQL: a standby stuck connecting could neither take over
+    nor be stopped."""
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(f"database URL must look like dialect://..., got {url!r}")
+    if not connect_timeout > 0:
+        raise ConfigurationError(f"connect_timeout must be > 0 seconds, got {connect_timeout}")
     options: dict[str, object] = {"poolclass": NullPool}
+    if not url.startswith("sqlite") and "connect_timeout" not in url:
+        # libpq counts whole seconds and treats less than 2 as 2.
+        args: dict[str, object] = {"connect_timeout": max(2, math.ceil(connect_timeout))}
+        if "pymysql" in url.split("://", 1)[0]:
+            # PyMySQL's connect_timeout covers only the TCP connect; the server's greeting
+            # (and every later reply) is read with read_timeout, None by default.
+            args["read_timeout"] = args["write_timeout"] = connect_timeout
+        options["connect_args"] = args
     if url.startswith("sqlite") and manual_sqlite_transactions:
         # We issue BEGIN IMMEDIATE ourselves; the driver must not start transactions, and
         # a locked database must answer at once (the standby retries on its interval).

@@ -155,8 +155,7 @@ def build_target(
 def upstream_ports(proxy: FaultProxy) -> list[int]:
     """The local ports of the proxy's connections to the server: how the server sees the
     proxied clients (PostgreSQL's client_port, MariaDB's PROCESSLIST host)."""
-    with proxy._lock:
-        return [up.getsockname()[1] for _, up in proxy._pairs if up.fileno() >= 0]
+    return proxy.upstream_ports()
 
 
 def end_sessions_from(db: devdb.DbInfo, ports: list[int]) -> int:

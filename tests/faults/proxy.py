@@ -102,6 +102,17 @@ class FaultProxy:
             self._pairs = [p for p in self._pairs if not p.closed]
             return len(self._pairs)
 
+    def upstream_ports(self) -> list[int]:
+        """The local ports of our connections to the target: how the server sees the
+        proxied clients (PostgreSQL's ``client_port``, MariaDB's PROCESSLIST host)."""
+        with self._cond:
+            ups = [p.sockets[1] for p in self._pairs if not p.closed]
+        ports = []
+        for up in ups:
+            with contextlib.suppress(OSError):
+                ports.append(up.getsockname()[1])
+        return ports
+
     def wait_downstream(self, timeout: float) -> bool:
         """Wait until the next chunk is forwarded server->client (e.g. a heartbeat): a
         partition started right after it begins the client's silence at a known instant."""

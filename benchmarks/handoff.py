@@ -46,7 +46,26 @@ LABELS = {
     "mutex": "mutex",
     "semaphore": "persistent semaphore, C=1",
 }
-PRELOAD = ["amqp_locks", "amqp_locks.tokens", "amqp_locks.lockers", "sqlalchemy", "benchmarks"]
+PRELOAD = [
+    "amqp_locks",
+    "amqp_locks.tokens",
+    "amqp_locks.lockers",
+    "sqlalchemy",
+    "benchmarks",
+    # The peers compared (benchmarks.compare); a missing one is skipped by the forkserver.
+    "benchmarks.peers.worker",
+    "redis",
+    "redis_lock",
+    "kazoo.client",
+    "kazoo.recipe.lock",
+    "tooz.coordination",
+    "tooz.drivers.redis",
+    "tooz.drivers.pgsql",
+    "tooz.drivers.zookeeper",
+    "tooz.drivers.file",
+    "psycopg",
+    "filelock",
+]
 
 
 def context() -> Any:

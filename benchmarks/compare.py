@@ -44,7 +44,9 @@ Log = Callable[[str], None]
 class Plan:
     waiters: tuple[int, ...]  # handoff: processes blocked when the holder releases
     handoff_samples: int
-    handoff_hold: float  # seconds each holder keeps the lock (waiters queue up meanwhile)
+    #: Seconds each holder keeps the lock, uniformly random: waiters queue up meanwhile, and a
+    #: polling waiter is caught at a random phase of its poll interval.
+    handoff_hold: tuple[float, float]
     handoff_seconds: float  # cap per cell
     processes: int  # throughput contenders
     slot_counts: tuple[int, ...]
@@ -130,7 +132,7 @@ class _Crew:
         return t0
 
     def kill(self, idx: int) -> None:
-        p = self.procs[idx]
+        p = self.procs.pop(idx)
         with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGKILL)
         p.join(10)
@@ -139,7 +141,6 @@ class _Crew:
         self.sync.stop.set()
         for idx in list(self.procs):
             self.kill(idx)
-        self.procs.clear()
 
 
 @contextlib.contextmanager

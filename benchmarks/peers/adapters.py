@@ -67,7 +67,7 @@ class OursLock:
 def prepare_ours(kind: str, url: str, name: str, slots: int) -> Callable[[], None]:
     """Create the lock in the parent (semaphore slots, token permits); returns the cleanup."""
     from amqp_locks import Broker, SemaphoreAdmin
-    from amqp_locks.names import fence_queue
+    from amqp_locks.names import fence_queue, sentinel_queue, wakeup_queue
     from amqp_locks.tokens import TokenSemaphore
 
     with Broker(url) as broker:
@@ -87,7 +87,8 @@ def prepare_ours(kind: str, url: str, name: str, slots: int) -> Callable[[], Non
 
             async def delete() -> None:
                 session = await core.session()
-                for q in (name, fence_queue(name)):
+                helpers = [f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")]
+                for q in (name, fence_queue(name), *helpers):
                     await session.delete(q)
 
             with contextlib.suppress(Exception):

@@ -2,7 +2,7 @@
 
 A worker builds its adapter (own connection), says ``ready``, waits for ``go`` and then:
 
-- ``chain`` (handoff): acquire, hold ``hold`` s, release; then wait until *another*
+- ``chain`` (handoff): acquire, hold a random ``hold`` s, release; then wait until *another*
   process has been granted the lock before asking again, so every release is a handoff
   to one of the N processes that were blocked, never a re-grant to the releaser;
 - ``loop`` (throughput): acquire, release at once, again, until the run's deadline;
@@ -16,6 +16,8 @@ that never returns, by design) loses nothing. Workers are always ended by the pa
 from __future__ import annotations
 
 import logging
+import random
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ class Job:
     targets: dict[str, str]
     group: str  # settings: default | tuned
     mode: str  # chain | loop | hold
-    hold: float = 0.0
+    hold: tuple[float, float] = (0.0, 0.0)  # chain: seconds held, uniformly random
     seconds: float = 0.0
 
 
@@ -68,8 +70,11 @@ def main(job: Job, idx: int, sync: Sync) -> None:
             out.put(("acquiring", idx, time.monotonic()))
             lock.acquire()
             out.put(("acquired", idx, time.monotonic()))
-            sync.stop.wait()  # until killed
+            # Hold until killed. Not on a multiprocessing Event: a process killed while
+            # waiting on one would block the parent's next set() for ever.
+            threading.Event().wait()
             return
+        rng = random.Random(idx)
         sync.go.wait()
         deadline = sync.start_at.value + job.seconds
         while not sync.stop.is_set() and time.monotonic() < deadline:
@@ -80,8 +85,8 @@ def main(job: Job, idx: int, sync: Sync) -> None:
                     sync.grants.value += 1
                     mine = sync.grants.value
                     sync.changed.notify_all()
-                if job.hold:
-                    time.sleep(job.hold)  # the work done under the lock
+                if job.hold[1]:
+                    time.sleep(rng.uniform(*job.hold))  # the work done under the lock
             t_r = time.monotonic()
             lock.release()
             out.put(("grant", idx, t_a, t_r))

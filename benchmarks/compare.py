@@ -19,6 +19,7 @@ fork); all of them are killed at the end of each run, as a crash-safe lock must 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import queue
@@ -113,7 +114,9 @@ class _Crew:
             if msg is None:
                 dead = [i for i, p in self.procs.items() if p.exitcode not in (None, 0)]
                 if dead:
-                    raise RuntimeError(f"worker(s) {dead} died (exit {self.procs[dead[0]].exitcode})")
+                    raise RuntimeError(
+                        f"worker(s) {dead} died (exit {self.procs[dead[0]].exitcode})"
+                    )
                 continue
             if msg[0] == what and (idx is None or msg[1] == idx):
                 return msg
@@ -229,7 +232,9 @@ def _cycles(
         s = summarize_reps(reps)
         s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
         stats[label] = s
-    cycle_reps = [[a + r for a, r in zip(ra, rr, strict=True)] for ra, rr in zip(acq, rel, strict=True)]
+    cycle_reps = [
+        [a + r for a, r in zip(ra, rr, strict=True)] for ra, rr in zip(acq, rel, strict=True)
+    ]
     stats["cycle"] = summarize_reps(cycle_reps)
     return stats
 
@@ -262,7 +267,9 @@ def handoff(
     return out
 
 
-def _handoff_cell(ctx: Any, kind: str, targets: dict[str, str], n: int, plan: Plan) -> dict[str, Any]:
+def _handoff_cell(
+    ctx: Any, kind: str, targets: dict[str, str], n: int, plan: Plan
+) -> dict[str, Any]:
     warmup = 2
     with _lock(kind, 1, targets, f"ho{n}") as name, _crew(ctx) as crew:
         job = worker.Job(
@@ -284,7 +291,7 @@ def _handoff_cell(ctx: Any, kind: str, targets: dict[str, str], n: int, plan: Pl
     grants.sort()
     gaps: list[float] = []
     overlaps = 0
-    for (_, r_prev, _who), (a_next, _, _) in zip(grants, grants[1:], strict=False):
+    for (_, r_prev, _who), (a_next, _, _) in itertools.pairwise(grants):
         if a_next < r_prev:
             overlaps += 1  # two holders at once: the lock failed (never seen so far)
         gaps.append(a_next - r_prev)
@@ -301,9 +308,7 @@ def _handoff_cell(ctx: Any, kind: str, targets: dict[str, str], n: int, plan: Pl
 # ---------------------------------------------------------------------- throughput
 
 
-def throughput(
-    kinds: list[str], targets: dict[str, str], plan: Plan, log: Log
-) -> dict[str, Any]:
+def throughput(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> dict[str, Any]:
     """Per lock and slot count: P processes looping acquire -> release for ``seconds``."""
     ctx = context()
     out: dict[str, Any] = {}

@@ -111,7 +111,7 @@ class _Holders:
         return time.monotonic() - t0
 
     def close(self) -> None:
-        for p, pipe, _ in self.procs:
+        for _, pipe, _ in self.procs:
             with contextlib.suppress(OSError):
                 pipe.send(("exit",))
         for p, _, _ in self.procs:
@@ -247,7 +247,10 @@ def _extras(
     """Memory of idle connections and of fence (quorum) queues, on top of what is held."""
     res: dict[str, Any] = {}
     before = _broker_state(node, beam)
-    brokers = [Broker(url, connection_name=f"amqp-locks bench idle {i}") for i in range(extras["connections"])]
+    brokers = [
+        Broker(url, connection_name=f"amqp-locks bench idle {i}")
+        for i in range(extras["connections"])
+    ]
     try:
         for b in brokers:
             b.connect()

@@ -87,7 +87,9 @@ def prepare_ours(kind: str, url: str, name: str, slots: int) -> Callable[[], Non
 
             async def delete() -> None:
                 session = await core.session()
-                helpers = [f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")]
+                helpers = [
+                    f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")
+                ]
                 for q in (name, fence_queue(name), *helpers):
                     await session.delete(q)
 
@@ -228,7 +230,9 @@ class KazooLock:
 
 def advisory_key(name: str) -> int:
     """A stable signed 64-bit key for ``pg_advisory_lock(bigint)``."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+    return int.from_bytes(
+        hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True
+    )
 
 
 class PgAdvisoryLock:

@@ -337,7 +337,7 @@ def _throughput_cell(
     ctx: Any, kind: str, targets: dict[str, str], slots: int, plan: Plan
 ) -> dict[str, Any]:
     with _lock(kind, slots, targets, f"tp{slots}") as name, _crew(ctx) as crew:
-        job = worker.Job(kind, name, slots, targets, "default", "loop", 0.0, plan.seconds)
+        job = worker.Job(kind, name, slots, targets, "default", "loop", (0.0, 0.0), plan.seconds)
         for i in range(plan.processes):
             crew.spawn(job, i)
         crew.ready(plan.processes)
@@ -465,7 +465,9 @@ def _crash_series(
                 censored += 1
                 break  # held by a dead process for good: no further samples
             out.append(got[2] - t_kill)
-    s = summarize_reps([out]) if out else {"n": 0, "p50_ms": math.nan, "p99_ms": math.nan}
+    s: dict[str, Any] = (
+        summarize_reps([out]) if out else {"n": 0, "p50_ms": math.nan, "p99_ms": math.nan}
+    )
     s["samples_ms"] = [ms(x) for x in out]
     s["censored"] = censored
     s["cap_s"] = cap

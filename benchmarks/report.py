@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
+from . import report_compare
+
 TEMPLATE = Path(__file__).with_name("template.md")
 PLOTS = {
     "floors": "bench-uncontended.png",
@@ -892,7 +894,9 @@ def render(results: dict[str, Any], doc: Path, img_dir: Path) -> None:
     _plot_handoff_compare(results, img_dir / PLOTS["handoff_compare"])
     _plot_failover(results, img_dir / PLOTS["failover"])
     img_rel = Path(os.path.relpath(img_dir, doc.parent)).as_posix()
-    text = string.Template(TEMPLATE.read_text()).substitute(_values(results, img_rel))
+    values = _values(results, img_rel)
+    values.update(report_compare.render(results, img_dir, img_rel))
+    text = string.Template(TEMPLATE.read_text()).substitute(values)
     if results.get("quick"):
         text = "> **Smoke run (`--quick`)**: few samples; not the published figures.\n\n" + text
     doc.write_text(text)

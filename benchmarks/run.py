@@ -74,7 +74,7 @@ def _config(quick: bool) -> dict[str, Any]:
             "uncontended": Budget(reps=2, max_samples=30, seconds=0.75),
             "capacities": [1, 10, 100],
             "sweep": lambda c, slot: Budget(reps=2, max_samples=15, seconds=0.4, warmup=1),
-            "contention": contention.Plan(processes=16, slots=4, seconds=3.0, hold=0.0, grace=5.0),
+            "contention": contention.Plan(processes=16, slots=4, seconds=2.0, hold=0.0, grace=5.0),
             "contention_runs": 1,
             "handoff": handoff.Plan(reps=2, samples=6, warmup=2, settle=0.05, crash_samples=2),
             # Quick: tuned settings only, no database servers (SQLite stands in for them).
@@ -83,18 +83,18 @@ def _config(quick: bool) -> dict[str, Any]:
             # Peers: every lock and measurement once, with few samples (checks the harness).
             "compare": compare.Plan(
                 waiters=(2,),
-                handoff_samples=4,
+                handoff_samples=3,
                 handoff_hold=(0.01, 0.03),
                 handoff_seconds=10.0,
-                processes=4,
+                processes=3,
                 slot_counts=(1, 4),
-                seconds=0.75,
+                seconds=0.5,
                 crash_groups={"tuned": 1},
             ),
             "compare_uncontended": Budget(reps=1, max_samples=10, seconds=0.3, warmup=2),
             "scale_sizes": [1, 100],
             "scale_budget": Budget(reps=1, max_samples=10, seconds=0.3, warmup=2),
-            "scale_extras": {"connections": 5, "fenced": 5},
+            "scale_extras": {"connections": 3, "fenced": 3},
         }
     return {
         "loopback": (2000, 5),

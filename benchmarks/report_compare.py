@@ -524,8 +524,10 @@ def _plot_uncontended(r: dict[str, Any], path: Path) -> None:
 
 def _plot_handoff(r: dict[str, Any], path: Path) -> None:
     p = r["peers"]
-    fig, ax = plt.subplots(figsize=(8, 4.6))
-    for k, cells in p.get("handoff", {}).items():
+    fig, ax = plt.subplots(figsize=(10.5, 4.8))
+    palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i % 2 == 0]
+    palette += [c for i, c in enumerate(plt.get_cmap("tab20b").colors) if i % 4 == 0]
+    for i, (k, cells) in enumerate(p.get("handoff", {}).items()):
         pts = sorted((int(n), s["p50_ms"]) for n, s in cells.items() if _ok(s))
         if not pts:
             continue
@@ -534,8 +536,8 @@ def _plot_handoff(r: dict[str, Any], path: Path) -> None:
             [x for x, _ in pts],
             [y for _, y in pts],
             "o-" if ours else ("s--" if KINDS[k].polls else "^:"),
-            color=_color(k) if not ours else None,
-            linewidth=2.2 if ours else 1.0,
+            color=palette[i % len(palette)],
+            linewidth=2.5 if ours else 1.2,
             label=_plain(k),
         )
     ax.set_xscale("log", base=2)
@@ -545,11 +547,9 @@ def _plot_handoff(r: dict[str, Any], path: Path) -> None:
     ax.set_xticks([int(n) for n in p["plan"]["waiters"]])
     ax.set_xlabel("waiters blocked when the holder releases")
     ax.set_ylabel("release -> next process holds, p50 ms (log)")
-    ax.set_title(
-        "Handoff vs number of waiters (thick: amqp-locks; dashed: polling peers)", fontsize=10
-    )
+    ax.set_title("Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)", fontsize=10)
     ax.grid(which="both", alpha=0.3)
-    ax.legend(fontsize=6.5, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

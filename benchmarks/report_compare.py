@@ -332,46 +332,50 @@ def _headline(r: dict[str, Any]) -> str:
     return _table(["metric", "ours (best primitive)", "best peer", "ours / best peer", ""], rows)
 
 
-def _pollers_verdict(r: dict[str, Any]) -> tuple[str, list[str]]:
-    """Target: handoff and crash failover >= 10x faster than every polling peer (defaults)."""
+def _pollers_verdict(r: dict[str, Any]) -> tuple[str, str]:
+    """Target: handoff and crash failover >= 10x faster than every polling peer (defaults).
+
+    A table of factors (peer time / our time) per metric, our lock and polling peer.
+    """
     p = r["peers"]
-    lines = []
-    met_all = True
     pollers = [k for k in p.get("kinds", []) if KINDS[k].polls]
     checks: list[tuple[str, dict[str, float]]] = [
         (f"handoff, {n} waiters", _ho(p, str(n))) for n in p["plan"]["waiters"]
     ]
     if _cr(p, "default"):
         checks.append(("crash, default settings", _cr(p, "default")))
+    rows: list[list[str]] = []
+    met_all = True
     for metric, vals in checks:
-        ours = {k: v for k, v in vals.items() if KINDS[k].ours}
-        polls = {k: vals[k] for k in pollers if k in vals}
-        if not ours or not polls:
-            continue
-        for ok_kind, ov in sorted(ours.items()):
-            fastest = min(polls.items(), key=lambda kv: kv[1])
-            factor = fastest[1] / ov if ov else math.inf
-            met = factor >= 10
-            met_all &= met
-            lines.append(
-                f"- {metric}: {_plain(ok_kind)} {_ms(ov)} ms vs the fastest polling peer "
-                f"({_plain(fastest[0])}) "
-                + ("never" if math.isinf(fastest[1]) else f"{_ms(fastest[1])} ms")
-                + f": {'∞' if math.isinf(factor) else f'{factor:.1f}'}x "
-                + ("**met**" if met else "**not met**")
-            )
-    return ("**met**" if met_all and lines else "**not met**"), lines
+        for ours in (k for k in vals if KINDS[k].ours):
+            row = [metric, f"{_plain(ours)} ({_ms(vals[ours])} ms)"]
+            for peer in pollers:
+                if peer not in vals:
+                    row.append("n/a")
+                    continue
+                factor = vals[peer] / vals[ours] if vals[ours] else math.inf
+                met_all &= factor >= 10
+                shown = "never frees" if math.isinf(factor) else f"{factor:.1f}x"
+                row.append(f"**{shown}**" if factor >= 10 else shown)
+            rows.append(row)
+    if not rows:
+        return "not measured", ""
+    table = _table(["metric", "ours"] + [f"vs {_plain(k)}" for k in pollers], rows)
+    return ("**met**" if met_all else "**not met**"), table
 
 
 def _targets(r: dict[str, Any]) -> str:
     rtt = r["floors"]["broker_round_trip"]["p50_ms"]
     out = []
-    verdict, lines = _pollers_verdict(r)
+    verdict, table = _pollers_verdict(r)
     out.append(
         f"1. Handoff and crash failover at least 10x faster than every polling peer with "
-        f"default settings: {verdict} (every pair below must reach 10x)."
+        f"default settings: {verdict}. Factors below are the peer's p50 over ours (bold: "
+        "10x or more). The file locks poll a local file (no network round trip), so they "
+        "are the single-host reference rather than a distributed alternative."
     )
-    out += ["   " + x for x in lines]
+    if table:
+        out += ["", table, ""]
     tok = r["peers"].get("uncontended", {}).get("ours_token")
     if _ok(tok):
         assert tok is not None
@@ -459,6 +463,9 @@ def _scale_values(r: dict[str, Any]) -> dict[str, str]:
         "scale_procs_each": _f(sl.get("erlang_processes_each"), 1),
         "scale_categories": cats or "n/a",
         "scale_conn_bytes": _f(conn.get("bytes_each", math.nan) / 1024, 0),
+        "scale_conn_binary": _f(conn.get("binary_bytes_each", math.nan) / 1024, 0),
+        "scale_conn_rss": _f(conn.get("rss_bytes_each", math.nan) / 1024, 0),
+        "scale_fence_quorum": _f(fence.get("quorum_bytes_each", math.nan) / 1024, 0),
         "scale_conn_procs": _f(conn.get("erlang_processes_each"), 1),
         "scale_fence_bytes": _f(fence.get("bytes_each_total", math.nan) / 1024, 0),
         "scale_fence_queue_bytes": _f(fence.get("bytes_each_queue", math.nan) / 1024, 0),
@@ -713,6 +720,9 @@ _KEYS = [
     "scale_procs_each",
     "scale_categories",
     "scale_conn_bytes",
+    "scale_conn_binary",
+    "scale_conn_rss",
+    "scale_fence_quorum",
     "scale_conn_procs",
     "scale_fence_bytes",
     "scale_fence_queue_bytes",

@@ -40,7 +40,9 @@ BATCH = 50  # acquires in flight per connection while placing holders
 
 def _holder_main(url: str, conn: Connection) -> None:
     """Hold mutexes on one connection: ("hold", names) -> ("held", n, seconds); "exit"."""
-    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+    # Exiting drops the connection: every lease then logs that it was lost. Expected here.
+    for noisy in ("aiormq", "amqp_locks", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
     from amqp_locks import aio
 
     async def serve() -> None:
@@ -206,6 +208,8 @@ def live_locks(
     with Broker(url, connection_name="amqp-locks bench scale client") as broker:
         try:
             out["baseline"] = _broker_state(node, beam)
+            if node is not None:  # on a quiet broker: deltas of a small heap are readable
+                out["extras"] = _extras(url, node, beam, extras, extra_names, log)
             for size in sizes:
                 placed = holders.grow(size)
                 row: dict[str, Any] = {"locks": size, "connections": len(holders.procs)}
@@ -219,8 +223,6 @@ def live_locks(
                     f"broker {row['broker'].get('memory', {}).get('total', 0) / 2**20:.0f} MiB, "
                     f"placed in {placed:.1f} s"
                 )
-            if node is not None and rows:
-                out["extras"] = _extras(url, node, beam, extras, extra_names, log)
         finally:
             holders.close()
             cleanup = [probe, fence_queue(probe)]
@@ -255,9 +257,16 @@ def _extras(
         for b in brokers:
             b.connect()
         after = _broker_state(node, beam)
+        delta = {k: after["memory"][k] - before["memory"].get(k, 0) for k in after["memory"]}
         res["connections"] = {
             "count": len(brokers),
-            "bytes_each": _per(after["memory"]["total"] - before["memory"]["total"], len(brokers)),
+            "bytes_each": _per(delta["total"], len(brokers)),
+            # Erlang's `binary` here is the sockets' user-level buffers (sized from the
+            # kernel's socket buffers); the rest is the connection's processes.
+            "binary_bytes_each": _per(delta.get("binary", 0), len(brokers)),
+            "rss_bytes_each": _per(
+                (after["beam_rss"] or 0) - (before["beam_rss"] or 0), len(brokers)
+            ),
             "erlang_processes_each": round(
                 (after["erlang_processes"] - before["erlang_processes"]) / len(brokers), 1
             ),
@@ -279,8 +288,11 @@ def _extras(
     after = _broker_state(node, beam)
     qq = after["queues"].get("quorum", {"queues": 0, "memory": 0})
     qq0 = before["queues"].get("quorum", {"queues": 0, "memory": 0})
+    fdelta = {k: after["memory"][k] - before["memory"].get(k, 0) for k in after["memory"]}
+    quorum = sum(v for k, v in fdelta.items() if k.startswith("quorum"))
     res["fence_queues"] = {
         "count": n,
+        "quorum_bytes_each": _per(quorum, n),  # quorum_queue_procs + quorum_ets
         "bytes_each_total": _per(after["memory"]["total"] - before["memory"]["total"], n),
         "bytes_each_queue": _per(qq["memory"] - qq0["memory"], qq["queues"] - qq0["queues"]),
         "erlang_processes_each": round(

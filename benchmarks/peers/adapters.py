@@ -146,13 +146,17 @@ class RedisPyLock:
 
 
 class RedisLockLock:
-    """python-redis-lock: SET NX EX; a release LPUSHes a signal a blocked BLPOP wakes on."""
+    """python-redis-lock: SET NX EX; a release LPUSHes a signal a blocked BLPOP wakes on.
+
+    Its client gets ``socket_timeout=None``: redis-py 8 defaults to 5 s, which cuts the
+    library's ``BLPOP`` of an unexpiring lock (timeout 0, "for ever") with TimeoutError.
+    """
 
     def __init__(self, url: str, name: str, settings: dict[str, Any]) -> None:
         import redis
         import redis_lock
 
-        self.client = redis.Redis.from_url(url)
+        self.client = redis.Redis.from_url(url, socket_timeout=None)
         self.lock = redis_lock.Lock(
             self.client,
             f"bench:{name}",

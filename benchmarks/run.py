@@ -22,6 +22,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -529,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         "--render-only", type=Path, metavar="JSON", help="re-render docs from a results file"
     )
     args = parser.parse_args(argv)
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every server we started stops.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # aiormq warns when a channel close is cut short by a connection close; harmless here.
     logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
     json_path, doc_path, img_dir = _paths(args)

@@ -814,7 +814,17 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
     )
     cycle_cpu = cpu_uc["client"] + cpu_uc["broker"]
     grant_cpu = (c["cpu_per_grant_ms"]["workers"] or 0) + (c["cpu_per_grant_ms"]["broker"] or 0)
+    other = env.get("other_load_cores")
+    busy_note = (
+        f"\n**The machine was busy**: other work on the machine kept "
+        f"{other} cores of {env['nproc']} busy on average during this run (load average "
+        f"{env['loadavg_before']} before, {env.get('loadavg_after')} after). Every figure "
+        "includes that contention; p99s most of all.\n"
+        if isinstance(other, (int, float)) and other >= 0.2
+        else ""
+    )
     return {
+        "busy_note": busy_note,
         "json_path": str(r.get("json_path", "benchmarks/results/latest.json")),
         "headline_table": headline,
         "failover_headline": _failover_headline(r),

@@ -252,7 +252,7 @@ def _throughput_table(r: dict[str, Any]) -> str:
                 continue
             f = c["fairness"]
             b = bests[s]
-            ratio = f" ({c['grants_per_s'] / b[1]:.2f}x)" if KINDS[k].ours and b else ""
+            ratio = f" ({c['grants_per_s'] / b[1]:.2g}x)" if KINDS[k].ours and b else ""
             row += [
                 f"{c['grants_per_s']:,.0f}{ratio}",
                 f"{_f(f['jain'])} / {_f(f['cv'])} / {f['min']}-{f['max']}",

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .handoff import context
-from .latency import Budget, unique_name
+from .latency import Budget, timed_cycles, unique_name
 from .peers import worker
 from .peers.adapters import prepare_ours
 from .peers.kinds import KINDS, make, supports
@@ -215,18 +215,7 @@ def _cycles(
         release()
         return t1 - t0, time.perf_counter() - t1
 
-    for _ in range(budget.warmup):
-        cycle()
-    acq: list[list[float]] = []
-    rel: list[list[float]] = []
-    for _ in range(budget.reps):
-        acq.append([])
-        rel.append([])
-        end = time.monotonic() + budget.seconds
-        while len(acq[-1]) < budget.max_samples and time.monotonic() < end:
-            a, r = cycle()
-            acq[-1].append(a)
-            rel[-1].append(r)
+    acq, rel, _ = timed_cycles(cycle, budget)
     stats: dict[str, Any] = {}
     for label, reps in (("acquire", acq), ("release", rel)):
         s = summarize_reps(reps)

@@ -29,6 +29,25 @@ class Adapter(Protocol):
     def close(self) -> None: ...
 
 
+class _LibraryLock:
+    """A library lock object whose ``acquire(blocking=)`` / ``release()`` already fit."""
+
+    lock: Any
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return bool(self.lock.acquire(blocking=blocking))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        raise NotImplementedError
+
+
 # ------------------------------------------------------------------------------ ours
 
 
@@ -145,7 +164,7 @@ class RedisPyLock:
         self.client.close()
 
 
-class RedisLockLock:
+class RedisLockLock(_LibraryLock):
     """python-redis-lock: SET NX EX; a release LPUSHes a signal a blocked BLPOP wakes on.
 
     Its client gets ``socket_timeout=None``: redis-py 8 defaults to 5 s, which cuts the
@@ -164,21 +183,14 @@ class RedisLockLock:
             auto_renewal=settings["auto_renewal"],
         )
 
-    def acquire(self, blocking: bool = True) -> bool:
-        return bool(self.lock.acquire(blocking=blocking))
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.client.close()
+    def _disconnect(self) -> None:
+        self.client.close()
 
 
 # ------------------------------------------------------------------------------ tooz
 
 
-class ToozLock:
+class ToozLock(_LibraryLock):
     """tooz's lock of one driver; the coordinator's heart thread renews (redis) locks."""
 
     def __init__(self, backend_url: str, name: str) -> None:
@@ -189,21 +201,14 @@ class ToozLock:
         self.coord.start(start_heart=True)
         self.lock = self.coord.get_lock(f"bench-{name}".encode())
 
-    def acquire(self, blocking: bool = True) -> bool:
-        return bool(self.lock.acquire(blocking=blocking))
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.coord.stop()
+    def _disconnect(self) -> None:
+        self.coord.stop()
 
 
 # ----------------------------------------------------------------------------- kazoo
 
 
-class KazooLock:
+class KazooLock(_LibraryLock):
     """kazoo's ``Lock`` or ``Semaphore``: sequential ephemeral znodes, woken by watches."""
 
     def __init__(self, hosts: str, name: str, slots: int, settings: dict[str, Any], sem: bool):
@@ -217,16 +222,9 @@ class KazooLock:
         else:
             self.lock = self.client.Lock(path)
 
-    def acquire(self, blocking: bool = True) -> bool:
-        return bool(self.lock.acquire(blocking=blocking))
-
-    def release(self) -> None:
-        self.lock.release()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.client.stop()
-            self.client.close()
+    def _disconnect(self) -> None:
+        self.client.stop()
+        self.client.close()
 
 
 # ------------------------------------------------------------------------ PostgreSQL

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin
-from amqp_locks.names import fence_queue
+from amqp_locks.names import fence_queue, sentinel_queue, wakeup_queue
 from amqp_locks.tokens import TokenSemaphore
 
 from .latency import Budget, _delete_queues, _uncontended_one, unique_name
@@ -46,7 +46,26 @@ LABELS = {
     "mutex": "mutex",
     "semaphore": "persistent semaphore, C=1",
 }
-PRELOAD = ["amqp_locks", "amqp_locks.tokens", "amqp_locks.lockers", "sqlalchemy", "benchmarks"]
+PRELOAD = [
+    "amqp_locks",
+    "amqp_locks.tokens",
+    "amqp_locks.lockers",
+    "sqlalchemy",
+    "benchmarks",
+    # The peers compared (benchmarks.compare); a missing one is skipped by the forkserver.
+    "benchmarks.peers.worker",
+    "redis",
+    "redis_lock",
+    "kazoo.client",
+    "kazoo.recipe.lock",
+    "tooz.coordination",
+    "tooz.drivers.redis",
+    "tooz.drivers.pgsql",
+    "tooz.drivers.zookeeper",
+    "tooz.drivers.file",
+    "psycopg",
+    "filelock",
+]
 
 
 def context() -> Any:
@@ -100,7 +119,8 @@ def _lock(broker: Broker, kind: str) -> Any:
                 TokenSemaphore(broker, name, quorum=kind == "token_quorum").destroy()
             elif kind == "semaphore":
                 SemaphoreAdmin(broker, name).destroy(purge_fence=True)
-        _delete_queues(broker, [name, fence_queue(name)])
+        helpers = [f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")]
+        _delete_queues(broker, [name, fence_queue(name), *helpers])
 
 
 # ---------------------------------------------------------------------- uncontended

@@ -159,6 +159,28 @@ def uncontended(
     return out
 
 
+def timed_cycles(
+    cycle: Callable[[], tuple[float, float]], budget: Budget, meter: CpuMeter | None = None
+) -> tuple[list[list[float]], list[list[float]], dict[str, float]]:
+    """Run ``cycle`` (returns acquire and release seconds) ``budget.warmup`` times untimed,
+    then ``budget.reps`` repetitions within its caps: (acquire reps, release reps, CPU)."""
+    for _ in range(budget.warmup):
+        cycle()
+    acq: list[list[float]] = []
+    rel: list[list[float]] = []
+    if meter is not None:
+        meter.start()
+    for _ in range(budget.reps):
+        acq.append([])
+        rel.append([])
+        end = time.monotonic() + budget.seconds
+        while len(acq[-1]) < budget.max_samples and time.monotonic() < end:
+            a, r = cycle()
+            acq[-1].append(a)
+            rel[-1].append(r)
+    return acq, rel, (meter.stop() if meter is not None else {})
+
+
 def _uncontended_one(
     acquire: Callable[[], Lease | None],
     budget: Budget,
@@ -174,21 +196,8 @@ def _uncontended_one(
         lease.release()
         return t1 - t0, time.perf_counter() - t1
 
-    for _ in range(budget.warmup):  # the first acquire also checks the fence queue
-        cycle()
-    acq: list[list[float]] = []
-    rel: list[list[float]] = []
-    meter = CpuMeter(meter_pids)
-    meter.start()
-    for _ in range(budget.reps):
-        acq.append([])
-        rel.append([])
-        end = time.monotonic() + budget.seconds
-        while len(acq[-1]) < budget.max_samples and time.monotonic() < end:
-            a, r = cycle()
-            acq[-1].append(a)
-            rel[-1].append(r)
-    cpu = meter.stop()
+    # The warm-up's first acquire also checks the fence queue.
+    acq, rel, cpu = timed_cycles(cycle, budget, CpuMeter(meter_pids))
     stats: dict[str, Any] = {}
     for label, reps in (("acquire", acq), ("release", rel)):
         s = summarize_reps(reps)
@@ -404,4 +413,4 @@ def search_sweep(
     return rows
 
 
-__all__ = ["Budget", "search_sweep", "uncontended", "unique_name"]
+__all__ = ["Budget", "search_sweep", "timed_cycles", "uncontended", "unique_name"]

@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
+from . import report_compare
+
 TEMPLATE = Path(__file__).with_name("template.md")
 PLOTS = {
     "floors": "bench-uncontended.png",
@@ -812,7 +814,17 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
     )
     cycle_cpu = cpu_uc["client"] + cpu_uc["broker"]
     grant_cpu = (c["cpu_per_grant_ms"]["workers"] or 0) + (c["cpu_per_grant_ms"]["broker"] or 0)
+    other = env.get("other_load_cores")
+    busy_note = (
+        f"\n**The machine was busy**: other work on the machine kept "
+        f"{other} cores of {env['nproc']} busy on average during this run (load average "
+        f"{env['loadavg_before']} before, {env.get('loadavg_after')} after). Every figure "
+        "includes that contention; p99s most of all.\n"
+        if isinstance(other, (int, float)) and other >= 0.2
+        else ""
+    )
     return {
+        "busy_note": busy_note,
         "json_path": str(r.get("json_path", "benchmarks/results/latest.json")),
         "headline_table": headline,
         "failover_headline": _failover_headline(r),
@@ -892,7 +904,9 @@ def render(results: dict[str, Any], doc: Path, img_dir: Path) -> None:
     _plot_handoff_compare(results, img_dir / PLOTS["handoff_compare"])
     _plot_failover(results, img_dir / PLOTS["failover"])
     img_rel = Path(os.path.relpath(img_dir, doc.parent)).as_posix()
-    text = string.Template(TEMPLATE.read_text()).substitute(_values(results, img_rel))
+    values = _values(results, img_rel)
+    values.update(report_compare.render(results, img_dir, img_rel))
+    text = string.Template(TEMPLATE.read_text()).substitute(values)
     if results.get("quick"):
         text = "> **Smoke run (`--quick`)**: few samples; not the published figures.\n\n" + text
     doc.write_text(text)

@@ -1,8 +1,8 @@
 """Run every benchmark against a private RabbitMQ node and write JSON, plots and the doc.
 
-    python -m benchmarks.run            # full run (~6 min): benchmarks/results/latest.json,
+    python -m benchmarks.run            # full run (~20 min): benchmarks/results/latest.json,
                                         # docs/benchmarks.md, docs/img/bench-*.png
-    python -m benchmarks.run --quick    # smoke run (<90 s) into benchmarks/results/quick/
+    python -m benchmarks.run --quick    # smoke run (<3 min) into benchmarks/results/quick/
     python -m benchmarks.run --render-only benchmarks/results/latest.json
 
 The node (``amqplocksbench``, separate from the tests' ``amqplockstest``) is started by
@@ -22,6 +22,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,9 +37,21 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` i
 
 import amqp_locks
 from amqp_locks import Broker, devbroker, devdb
-from benchmarks import contention, failover, floors, handoff, latency, primitives, report
+from benchmarks import (
+    compare,
+    contention,
+    failover,
+    floors,
+    handoff,
+    latency,
+    primitives,
+    report,
+    scale,
+)
 from benchmarks.cpu import beam_pid, forkserver_cpu, own_cpu, process_cpu, system_busy
 from benchmarks.latency import Budget
+from benchmarks.peers import servers as peer_servers
+from benchmarks.peers.kinds import KINDS, available
 from benchmarks.stats import summarize_reps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +66,8 @@ def _log(msg: str) -> None:
 
 
 def _config(quick: bool) -> dict[str, Any]:
-    """Sample counts and time caps: full stays under ~8 min on 2 cores, quick under 90 s."""
+    """Sample counts and time caps: full stays near 20 min on 2 cores (the comparison with
+    the peers is most of it), quick under 3 min."""
     if quick:
         return {
             "loopback": (300, 2),
@@ -62,12 +76,28 @@ def _config(quick: bool) -> dict[str, Any]:
             "uncontended": Budget(reps=2, max_samples=30, seconds=0.75),
             "capacities": [1, 10, 100],
             "sweep": lambda c, slot: Budget(reps=2, max_samples=15, seconds=0.4, warmup=1),
-            "contention": contention.Plan(processes=16, slots=4, seconds=3.0, hold=0.0, grace=5.0),
+            "contention": contention.Plan(processes=8, slots=4, seconds=1.5, hold=0.0, grace=5.0),
             "contention_runs": 1,
             "handoff": handoff.Plan(reps=2, samples=6, warmup=2, settle=0.05, crash_samples=2),
             # Quick: tuned settings only, no database servers (SQLite stands in for them).
             "failover_samples": {"tuned": 2},
             "db_servers": False,
+            # Peers: every lock and measurement once, with few samples (checks the harness).
+            "compare": compare.Plan(
+                waiters=(2,),
+                handoff_samples=3,
+                handoff_hold=(0.01, 0.03),
+                handoff_seconds=10.0,
+                processes=3,
+                slot_counts=(1, 4),
+                seconds=0.3,
+                crash_groups={"tuned": 1},
+                crash_settle=(0.1, 0.4),
+            ),
+            "compare_uncontended": Budget(reps=1, max_samples=10, seconds=0.3, warmup=2),
+            "scale_sizes": [1, 100],
+            "scale_budget": Budget(reps=1, max_samples=10, seconds=0.3, warmup=2),
+            "scale_extras": {"connections": 3, "fenced": 3},
         }
     return {
         "loopback": (2000, 5),
@@ -82,11 +112,25 @@ def _config(quick: bool) -> dict[str, Any]:
             else Budget(reps=3, max_samples=8, seconds=6.0, warmup=1)
         ),
         "contention": contention.Plan(processes=16, slots=4, seconds=10.0, hold=0.0),
-        "contention_runs": 3,
+        "contention_runs": 2,
         "handoff": handoff.Plan(reps=3, samples=25, warmup=3, settle=0.05, crash_samples=8),
         # A failover with ActiveMQ's defaults takes 5-20 s: 3 samples; tuned ones ~1 s: 10.
         "failover_samples": {"tuned": 10, "default": 3},
         "db_servers": True,
+        "compare": compare.Plan(
+            waiters=(2, 8, 32),
+            handoff_samples=25,
+            handoff_hold=(0.01, 0.11),
+            handoff_seconds=20.0,
+            processes=16,
+            slot_counts=(1, 4),
+            seconds=4.0,
+            crash_groups={"default": 3, "tuned": 5},
+        ),
+        "compare_uncontended": Budget(reps=3, max_samples=200, seconds=1.0),
+        "scale_sizes": [1, 10, 100, 1000, 10000],
+        "scale_budget": Budget(reps=3, max_samples=40, seconds=1.0, warmup=3),
+        "scale_extras": {"connections": 50, "fenced": 100},
     }
 
 
@@ -170,7 +214,9 @@ def _environment(url: str, command: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- run
 
 
-def measure(url: str, pid_file: Path | None, quick: bool, command: str) -> dict[str, Any]:
+def measure(
+    url: str, pid_file: Path | None, quick: bool, command: str, node: devbroker.NodeInfo | None
+) -> dict[str, Any]:
     cfg = _config(quick)
     broker_pid = beam_pid(pid_file)
     results: dict[str, Any] = {"quick": quick, "environment": _environment(url, command)}
@@ -237,6 +283,15 @@ def measure(url: str, pid_file: Path | None, quick: bool, command: str) -> dict[
     results["crash"] = handoff.crash(url, hplan, _log)
 
     results["failover"] = _failover(url, cfg)
+
+    results["peers"] = _peers(url, cfg, rtt_ms)
+    _log("scale: acquire latency and broker memory vs distinct live locks")
+    t0 = time.monotonic()
+    results["scale"] = scale.live_locks(
+        url, node, broker_pid, cfg["scale_sizes"], cfg["scale_budget"], cfg["scale_extras"], _log
+    )
+    results["scale"]["wall_s"] = round(time.monotonic() - t0, 1)
+    results["problems"] = problems(results)
 
     wall = time.monotonic() - started
     ours = (own_cpu() - own0) + (process_cpu(broker_pid) - beam0) + forkserver_cpu()
@@ -308,6 +363,121 @@ def _failover(url: str, cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _peers(url: str, cfg: dict[str, Any], rtt_ms: float) -> dict[str, Any]:
+    """Ours beside the peer libraries, each against its own private server."""
+    plan: compare.Plan = cfg["compare"]
+    tmp = Path(tempfile.mkdtemp(prefix="amqp-locks-bench-peers-"))
+    needed = {k.server for k in KINDS.values() if k.server and k.server != "amqp"}
+    out: dict[str, Any] = {"plan": dataclasses.asdict(plan)}
+    _log(f"peers: starting private {', '.join(sorted(needed))} servers on loopback")
+    try:
+        with peer_servers.running(needed, _log) as srv:
+            targets = {**srv.urls, "amqp": url, "files": str(tmp / "files")}
+            kinds = available(targets)
+            out.update(
+                servers=srv.versions,
+                server_settings=srv.settings,
+                missing_servers=srv.missing,
+                kinds=kinds,
+                libraries={k: _version(KINDS[k].library) for k in kinds},
+            )
+            phases: list[tuple[str, Callable[[], Any]]] = [
+                (
+                    "uncontended",
+                    lambda: compare.uncontended(
+                        kinds, targets, cfg["compare_uncontended"], rtt_ms, _log
+                    ),
+                ),
+                (
+                    "lockers",
+                    lambda: compare.uncontended_lockers(
+                        _lockers(url, srv.urls.get("postgresql"), tmp),
+                        cfg["compare_uncontended"],
+                        rtt_ms,
+                        _log,
+                    ),
+                ),
+                ("handoff", lambda: compare.handoff(kinds, targets, plan, rtt_ms, _log)),
+                ("throughput", lambda: compare.throughput(kinds, targets, plan, _log)),
+                ("crash", lambda: compare.crash(kinds, targets, plan, _log)),
+            ]
+            for label, run in phases:
+                _log(f"peers: {label}")
+                t0 = time.monotonic()
+                out[label] = run()
+                out.setdefault("wall_s", {})[label] = round(time.monotonic() - t0, 1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _lockers(url: str, pg_url: str | None, tmp: Path) -> dict[str, Any]:
+    """Our lockers, made here and measured uncontended (``start()`` / ``stop()``)."""
+    from amqp_locks.lockers import (
+        AmqpLocker,
+        DatabaseLocker,
+        LeaseDatabaseLocker,
+        SharedFileLocker,
+    )
+
+    name = latency.unique_name("uc-locker")
+    out: dict[str, Any] = {
+        "SharedFileLocker": SharedFileLocker(str(tmp / "locker"), "lock"),
+        "DatabaseLocker / SQLite": DatabaseLocker(f"sqlite:///{tmp / 'db.sqlite'}", name),
+        "LeaseDatabaseLocker / SQLite": LeaseDatabaseLocker(
+            f"sqlite:///{tmp / 'lease.sqlite'}", name
+        ),
+    }
+    if pg_url:
+        out["DatabaseLocker / PostgreSQL"] = DatabaseLocker(pg_url, name)
+        out["LeaseDatabaseLocker / PostgreSQL"] = LeaseDatabaseLocker(pg_url, name)
+    broker = Broker(url, connection_name="amqp-locks bench AmqpLocker")
+    locker = AmqpLocker(broker, name)
+    close = locker.close
+
+    def close_both() -> None:
+        close()
+        broker.close()
+        with Broker(url) as b:
+            latency._delete_queues(b, [name, f"{name}-fence", f"{name}-mutex-sentinels"])
+
+    locker.close = close_both  # type: ignore[method-assign]
+    out["AmqpLocker"] = locker
+    return out
+
+
+def problems(results: dict[str, Any]) -> list[str]:
+    """What broke: a peer adapter or measurement that failed, a server that did not start,
+    two holders of one lock at once. A smoke run fails on any of these."""
+    out: list[str] = []
+    peers = results.get("peers", {})
+    for kind, why in peers.get("missing_servers", {}).items():
+        out.append(f"server {kind} did not start: {why.splitlines()[0][:200]}")
+    for phase in ("uncontended", "lockers"):
+        for kind, s in peers.get(phase, {}).items():
+            if "error" in s:
+                out.append(f"{phase} {kind}: {s['error']}")
+    for kind, cells in peers.get("handoff", {}).items():
+        for n, s in cells.items():
+            if "error" in s:
+                out.append(f"handoff {kind} waiters={n}: {s['error']}")
+            elif s.get("overlaps"):
+                out.append(f"handoff {kind} waiters={n}: {s['overlaps']} overlapping grants")
+    for slots, cells in peers.get("throughput", {}).items():
+        for kind, s in cells.items():
+            if "error" in s:
+                out.append(f"throughput {kind} slots={slots}: {s['error']}")
+            elif s["max_concurrent"] > int(slots):
+                out.append(f"throughput {kind} slots={slots}: {s['max_concurrent']} held at once")
+    for kind, groups in peers.get("crash", {}).get("rows", {}).items():
+        for group, s in groups.items():
+            for e in ([s["error"]] if "error" in s else []) + s.get("errors", []):
+                out.append(f"crash {kind} {group}: {e}")
+    if not results.get("scale", {}).get("rows"):
+        out.append("scale: nothing measured")
+    return out
+
+
 def _rel(path: Path) -> str:
     """``path`` relative to the repository when inside it (for the report)."""
     try:
@@ -329,16 +499,19 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
     return (args.json or defaults[0], args.doc or defaults[1], args.img_dir or defaults[2])
 
 
-def _with_broker(args: argparse.Namespace, body: Callable[[str, Path | None], None]) -> None:
-    """Run ``body(url, pid_file)`` against ``--url`` or our private node (stopped after)."""
+def _with_broker(
+    args: argparse.Namespace,
+    body: Callable[[str, Path | None, devbroker.NodeInfo | None], None],
+) -> None:
+    """Run ``body(url, pid_file, node)`` against ``--url`` or our private node (stopped after)."""
     if args.url:
-        body(args.url, None)
+        body(args.url, None, None)
         return
     was_running = devbroker.status(name=args.node) is not None
     _log(f"{'using running' if was_running else 'starting'} private node {args.node!r}")
     info = devbroker.start(name=args.node)
     try:
-        body(info.url, info.pid_file)
+        body(info.url, info.pid_file, info)
     finally:
         if not was_running:
             _log(f"stopping private node {args.node!r}")
@@ -347,7 +520,7 @@ def _with_broker(args: argparse.Namespace, body: Callable[[str, Path | None], No
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smoke run (< 60 s)")
+    parser.add_argument("--quick", action="store_true", help="smoke run (< 3 min)")
     parser.add_argument("--url", help="benchmark this broker instead of a private node")
     parser.add_argument("--node", default=NODE, help="private node name (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="results file")
@@ -357,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         "--render-only", type=Path, metavar="JSON", help="re-render docs from a results file"
     )
     args = parser.parse_args(argv)
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every server we started stops.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # aiormq warns when a channel close is cut short by a connection close; harmless here.
     logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
     json_path, doc_path, img_dir = _paths(args)
@@ -372,8 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("PYTHONPATH"):  # e.g. measuring a snapshot of the library
         command = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} {command}"
 
-    def body(url: str, pid_file: Path | None) -> None:
-        results = measure(url, pid_file, args.quick, command)
+    failed: list[str] = []
+
+    def body(url: str, pid_file: Path | None, node: devbroker.NodeInfo | None) -> None:
+        results = measure(url, pid_file, args.quick, command, node)
         results["json_path"] = _rel(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = json_path.with_suffix(".json.tmp")
@@ -382,9 +559,12 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"wrote {json_path}")
         report.render(results, doc_path, img_dir)
         _log(f"wrote {doc_path} and plots in {img_dir}")
+        failed.extend(results["problems"])
 
     _with_broker(args, body)
-    return 0
+    for p in failed:
+        _log(f"PROBLEM: {p}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

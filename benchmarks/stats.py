@@ -54,3 +54,23 @@ def summarize_reps(reps: Sequence[Sequence[float]]) -> dict[str, Any]:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else math.nan
+
+
+def fairness(per_process: Sequence[int]) -> dict[str, Any]:
+    """How evenly grants were spread over processes.
+
+    Jain's index (sum x)^2 / (n * sum x^2) is 1 when all got the same and 1/n when one
+    process got everything; CV is the population standard deviation over the mean.
+    """
+    xs = list(per_process)
+    total = sum(xs)
+    if not xs or total == 0:
+        return {"min": 0, "max": 0, "cv": math.nan, "jain": math.nan, "idle": len(xs)}
+    mean = statistics.fmean(xs)
+    return {
+        "min": min(xs),
+        "max": max(xs),
+        "cv": round(statistics.pstdev(xs) / mean, 3),
+        "jain": round(total**2 / (len(xs) * sum(x * x for x in xs)), 3),
+        "idle": sum(1 for x in xs if x == 0),  # processes that never got the lock
+    }

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -51,6 +52,15 @@ def fault_run(tmp_path: Path, amqp_url: str, name: str) -> Iterator[Callable[...
 
 
 @pytest.fixture(scope="session")
-def fault_node() -> devbroker.NodeInfo:
-    """The private node for broker stop/kill/restart scenarios (left running for reuse)."""
-    return fault_node_control.start()
+def fault_node() -> Iterator[devbroker.NodeInfo]:
+    """The private node for broker stop/kill/restart scenarios. Left running for reuse on a
+    developer machine; under CI a node this session started is stopped, like the test node."""
+    was_running = (
+        devbroker.status(
+            name=fault_node_control.node_name(), base_dir=fault_node_control.base_dir()
+        )
+        is not None
+    )
+    yield fault_node_control.start()
+    if not was_running and os.environ.get("CI") and os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
+        fault_node_control.stop()

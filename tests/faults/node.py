@@ -22,22 +22,22 @@ def node_name() -> str:
     return os.environ.get("AMQP_LOCKS_FAULT_NODE", "amqplocksfault")
 
 
-def _base_dir() -> Path | None:
+def base_dir() -> Path | None:
     home = os.environ.get("AMQP_LOCKS_TEST_HOME")
     return Path(home) / node_name() if home else None
 
 
 def start(port: int | None = None) -> devbroker.NodeInfo:
-    return devbroker.start(name=node_name(), base_dir=_base_dir(), amqp_port=port)
+    return devbroker.start(name=node_name(), base_dir=base_dir(), amqp_port=port)
 
 
 def stop() -> None:
-    devbroker.stop(name=node_name(), base_dir=_base_dir())
+    devbroker.stop(name=node_name(), base_dir=base_dir())
 
 
 def restart() -> devbroker.NodeInfo:
     """A clean stop (clients get connection.close) and a start on the same ports."""
-    return devbroker.restart(name=node_name(), base_dir=_base_dir())
+    return devbroker.restart(name=node_name(), base_dir=base_dir())
 
 
 def beam_pid(info: devbroker.NodeInfo) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import pytest
 
 from . import primitives, report
+from .history import Event
+from .proxy import FaultProxy
 from .run import FaultRun
 
 Make = Callable[..., FaultRun]
@@ -88,15 +90,22 @@ def scenario_pause(make: Make, kind: str) -> dict[str, float]:
     return figures
 
 
-def scenario_short_blackhole(make: Make, kind: str) -> dict[str, float]:
-    """A partition of 0.6 heartbeat periods: nobody notices, nothing changes hands."""
-    run = make(kind, heartbeat=HB_PARTITION)
+def _proxied_holder_with_waiter(run: FaultRun, heartbeat: float) -> tuple[Event, FaultProxy]:
+    """Holder "a" behind its proxy holds, "b" waits, and the broker has just sent "a" a
+    frame: the moment a partition scenario cuts the proxy."""
     run.holder("a", proxied=True)
     ga = run.wait_event("grant", "a", 30)
     run.holder("b")
     proxy = run.proxies["a"]
     run.wait_waiting(1, holders=1)
-    assert proxy.wait_downstream(HB_PARTITION), "no heartbeat from the broker"
+    assert proxy.wait_downstream(heartbeat), "no heartbeat from the broker"
+    return ga, proxy
+
+
+def scenario_short_blackhole(make: Make, kind: str) -> dict[str, float]:
+    """A partition of 0.6 heartbeat periods: nobody notices, nothing changes hands."""
+    run = make(kind, heartbeat=HB_PARTITION)
+    ga, proxy = _proxied_holder_with_waiter(run, HB_PARTITION)
     proxy.blackhole()
     cut_at = time.monotonic()
     time.sleep(0.6 * HB_PARTITION)  # the scenario: the partition's length
@@ -120,12 +129,7 @@ def scenario_long_blackhole(make: Make, kind: str) -> dict[str, float]:
     """A partition that lasts until the broker re-grants: the holder's watchdog must tell it
     first (one heartbeat of silence against the broker's two to three)."""
     run = make(kind, heartbeat=HB_FAST)
-    run.holder("a", proxied=True)
-    ga = run.wait_event("grant", "a", 30)
-    run.holder("b")
-    proxy = run.proxies["a"]
-    run.wait_waiting(1, holders=1)
-    assert proxy.wait_downstream(HB_FAST), "no heartbeat from the broker"
+    ga, proxy = _proxied_holder_with_waiter(run, HB_FAST)
     proxy.blackhole()
     cut_at = time.monotonic()
     gb = run.wait_event("grant", "b", 10 * HB_FAST)
@@ -153,12 +157,7 @@ def scenario_one_way_blackhole(make: Make, kind: str, direction: str) -> dict[st
     and gives up as for a full partition. "up" (ours lost): the broker's heartbeats still
     arrive; the holder must still learn before the broker, missing ours, re-grants."""
     run = make(kind, heartbeat=HB_FAST)
-    run.holder("a", proxied=True)
-    ga = run.wait_event("grant", "a", 30)
-    run.holder("b")
-    proxy = run.proxies["a"]
-    run.wait_waiting(1, holders=1)
-    assert proxy.wait_downstream(HB_FAST), "no heartbeat from the broker"
+    ga, proxy = _proxied_holder_with_waiter(run, HB_FAST)
     proxy.blackhole(direction)  # type: ignore[arg-type]
     cut_at = time.monotonic()
     gb = run.wait_event("grant", "b", 10 * HB_FAST)

@@ -240,6 +240,10 @@ class Run:
     def grants(self) -> list[Event]:
         return [e for e in load(self.history) if e.kind == "grant"]
 
+    def losses(self) -> list[float]:
+        """When masters learnt they lost the lock (``lost`` events), in time order."""
+        return [e.t for e in load(self.history) if e.kind == "lost"]
+
     def finish(self, leaked: int | None = None) -> Verdict:
         """Stop every worker cleanly, then judge the history and the resource's log."""
         errors: list[str] = []

@@ -19,7 +19,6 @@ import pytest
 
 from amqp_locks import devbroker, devdb
 
-from .history import load
 from .lockers_harness import Run, leak_check
 from .lockers_targets import (  # noqa: F401 - lockfaults_dbs is a fixture
     ALL,
@@ -130,8 +129,7 @@ def _pause_scenario(target: Target, run: Run) -> dict[str, float | None]:
     noticed: float | None = None
     if target.expiring:
         master.wait_for("DEMOTED", 30)
-        lost = [e for e in load(run.history) if e.kind == "lost"]
-        noticed = lost[0].t - resumed_at
+        noticed = run.losses()[0] - resumed_at
     return {
         "regrant": regrant,
         "demoted_after_resume": noticed,
@@ -228,8 +226,7 @@ def test_partition_between_master_and_server(target: Target, run_dir: Path, leng
             run.master(30)  # someone is master again after the partition
         leaked, free_after = leak_check_after(run, target)
         v = run.verdict(leaked)
-        events = load(run.history)
-        lost = [e.t for e in events if e.kind == "lost"]
+        lost = run.losses()
         run.report(
             f"partition-{length} {target.label} ({seconds}s)",
             v,
@@ -281,8 +278,7 @@ def test_partition_then_the_database_ends_the_masters_session(
         proxy.heal()
         leaked, free_after = leak_check_after(run, target)
         v = run.verdict(leaked)
-        events = load(run.history)
-        lost = [e.t for e in events if e.kind == "lost"]
+        lost = run.losses()
         run.report(
             f"partition+session-ended {target.label}",
             v,
@@ -330,7 +326,7 @@ def test_database_restart_under_a_master(target: Target, run_dir: Path, how: str
         regrants = [g.t - down for g in run.grants() if g.t > down]
         leaked, free_after = leak_check_after(run, target)
         v = run.verdict(leaked)
-        lost = [e.t - down for e in load(run.history) if e.kind == "lost"]
+        lost = [t - down for t in run.losses()]
         run.report(
             f"db-{how} {target.label}",
             v,
@@ -366,7 +362,7 @@ def test_lock_file_deleted_under_the_master(target: Target, run_dir: Path) -> No
         run.master(10)  # a master again, on the new file
         leaked, free_after = leak_check_after(run, target)
         v = run.verdict(leaked)
-        lost = [e.t - deleted for e in load(run.history) if e.kind == "lost"]
+        lost = [t - deleted for t in run.losses()]
         run.report(
             "lock-file-deleted file",
             v,
@@ -403,7 +399,7 @@ def test_broker_restart_under_an_amqp_master(
         master.wait_for("DEMOTED", 30)
         again = run.master(30)
         regrant = run.grants()[-1].t - down
-        lost = [e.t - down for e in load(run.history) if e.kind == "lost"]
+        lost = [t - down for t in run.losses()]
         for w in run.workers:
             w.stop()
         leaked, free_after = leak_check(cfg, target.detection + 10)

@@ -6,26 +6,27 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from amqp_locks import Lease
 
+from ..faults.resource import ProtectedResource
+
 
 @dataclass
 class FencedResource:
-    """Keeps the highest token accepted per key (a lock, a slot, a permit id).
+    """The fault suite's fencing resource (``tests/faults/resource.py``: a token at least
+    the highest seen for its key is accepted, a lower one refused; a key is a lock, a slot,
+    a permit id), plus live overlap tracking of in-process leases.
 
-    `write` accepts a token >= the highest seen for its key and refuses a lower one: a
-    holder whose lock was re-granted is fenced off once the new holder has written.
     `enter`/`leave` track holders inside the critical section; entering while `permits`
     others are inside whose leases are not known lost is an overlap, and how long those
     leases then took to be marked lost is recorded.
     """
 
     permits: int
-    highest: dict[object, int] = field(default_factory=dict)
-    accepted: int = 0
-    refused: int = 0
+    store: ProtectedResource = field(default_factory=ProtectedResource)
     grants: dict[object, list[int]] = field(default_factory=lambda: defaultdict(list))
     inside: dict[object, Lease] = field(default_factory=dict)
     overlaps: int = 0
@@ -33,14 +34,19 @@ class FencedResource:
     windows: list[float] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def write(self, key: object, token: int) -> bool:
-        with self._lock:
-            if token < self.highest.get(key, 0):
-                self.refused += 1
-                return False
-            self.highest[key] = token
-            self.accepted += 1
-            return True
+    def write(self, key: Hashable, token: int) -> bool:
+        return self.store.write("", key, token)
+
+    def highest(self, key: Hashable) -> int:
+        return self.store.highest(key) or 0
+
+    @property
+    def accepted(self) -> int:
+        return sum(w.accepted for w in self.store.log)
+
+    @property
+    def refused(self) -> int:
+        return sum(not w.accepted for w in self.store.log)
 
     def enter(self, holder: object, key: object, lease: Lease) -> None:
         with self._lock:

@@ -92,9 +92,9 @@ def _zombie_write(resource: FencedResource, key: object, token: int, stats: Stat
     """A holder that lost its lease writes anyway (as a paused one would, unaware): once a
     newer holder of the same key has written, the resource must refuse it."""
     deadline = time.monotonic() + 10
-    while resource.highest.get(key, 0) <= token and time.monotonic() < deadline:
+    while resource.highest(key) <= token and time.monotonic() < deadline:
         time.sleep(0.01)
-    if resource.highest.get(key, 0) > token:
+    if resource.highest(key) > token:
         stats.zombies += 1
         if resource.write(key, token):
             stats.zombies_accepted += 1

@@ -21,6 +21,7 @@ import socket
 import socketserver
 import threading
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from pathlib import Path
 class Write:
     t: float
     grant: str
-    key: int
+    key: Hashable
     token: int
     accepted: bool
 
@@ -38,13 +39,14 @@ class ProtectedResource:
     def __init__(self, fencing: bool = True) -> None:
         self.fencing = fencing
         self._lock = threading.Lock()
-        self._highest: dict[int, int] = {}
+        self._highest: dict[Hashable, int] = {}
         self._log: list[Write] = []
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self.address: str | None = None
 
-    def write(self, grant: str, key: int, token: int) -> bool:
-        """One write by `grant` holding `key` with fencing `token`; True when accepted."""
+    def write(self, grant: str, key: Hashable, token: int) -> bool:
+        """One write by `grant` holding `key` with fencing `token`; True when accepted.
+        Keys are ints across processes (the socket protocol); in-process any hashable."""
         with self._lock:
             highest = self._highest.get(key)
             accepted = not self.fencing or highest is None or token >= highest
@@ -52,6 +54,11 @@ class ProtectedResource:
                 self._highest[key] = token
             self._log.append(Write(time.monotonic(), grant, key, token, accepted))
             return accepted
+
+    def highest(self, key: Hashable) -> int | None:
+        """The highest token seen for `key` (None before any write to it)."""
+        with self._lock:
+            return self._highest.get(key)
 
     @property
     def log(self) -> list[Write]:

@@ -21,7 +21,7 @@ TEST_NODE = "amqplockstest"
 def node() -> Iterator[devbroker.NodeInfo]:
     """The private broker node every integration test uses (started by the tests)."""
     base = os.environ.get("AMQP_LOCKS_TEST_HOME")
-    base_dir = Path(base) / TEST_NODE if base else None
+    base_dir = Path(base) / devbroker.default_version() / TEST_NODE if base else None
     was_running = devbroker.status(name=TEST_NODE, base_dir=base_dir) is not None
     info = devbroker.start(name=TEST_NODE, base_dir=base_dir)
     yield info

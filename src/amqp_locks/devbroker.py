@@ -10,7 +10,19 @@ own (and traverse to) every directory, and they redirect output to
 ``/var/log/rabbitmq``.  Running as the invoking user works for root and non-root
 alike; ``HOME=base_dir`` gives the server and ``rabbitmqctl`` the same cookie.
 
-CLI: ``python -m amqp_locks.devbroker start|stop|status|restart|url [--name NAME]``.
+Two RabbitMQ lines can run here (``$AMQP_LOCKS_RABBITMQ`` or ``version=`` picks one):
+
+- ``3.10``: Debian 12's ``rabbitmq-server`` (3.10.8, Erlang 25) from the host's packages;
+- ``4.0``: Debian 13's ``rabbitmq-server`` (4.0.5, Erlang 27). Erlang 25 is too old for it,
+  so it runs inside a minimal trixie root built once per machine with ``debootstrap``
+  from Debian's packages (``$AMQP_LOCKS_ROOTS``, default ``/var/cache/amqp-locks``) and
+  entered with ``chroot`` in a private mount namespace (``unshare``) that binds /dev,
+  /proc and the node's own directory; its Erlang nodes use their own epmd port. The node
+  is configured with RabbitMQ 4.3's defaults: transient non-exclusive queues and global
+  QoS are denied (``deprecated_features.permit.* = false``). Needs root.
+
+CLI: ``python -m amqp_locks.devbroker start|stop|status|restart|url [--name NAME]
+[--version 3.10|4.0]``.
 """
 
 from __future__ import annotations
@@ -61,6 +73,21 @@ CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
 _CTL_DIST_PORTS = range(35672, 35683)
 _EPMD_PORT = 4369
 _SBIN_CANDIDATES = (Path("/usr/lib/rabbitmq/bin"),)
+#: The RabbitMQ lines a private node can run, and the default one.
+VERSIONS = ("3.10", "4.0")
+HOST_VERSION = "3.10"
+#: Where the trixie root of the 4.0 line is built (once per machine).
+_ROOTS_ENV = "AMQP_LOCKS_ROOTS"
+_DEFAULT_ROOTS = Path("/var/cache/amqp-locks")
+_DEBIAN_MIRROR = "http://deb.debian.org/debian"
+_CHROOT_SBIN = Path("/usr/lib/rabbitmq/bin")
+#: Erlang nodes of the chrooted line register with their own epmd (its Erlang is newer).
+_CHROOT_EPMD_PORT = 4370
+#: RabbitMQ 4.3's defaults that 4.0.5 only has as opt-in denials.
+_DEFAULTS_OF_4_3 = (
+    "deprecated_features.permit.transient_nonexcl_queues = false\n"
+    "deprecated_features.permit.global_qos = false\n"
+)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 
@@ -73,6 +100,25 @@ class DevBrokerError(RuntimeError):
     """The private broker could not be installed, started, stopped or queried."""
 
 
+def default_version() -> str:
+    """The RabbitMQ line new nodes run: ``$AMQP_LOCKS_RABBITMQ``, else 3.10 (the host's)."""
+    return check_version(os.environ.get("AMQP_LOCKS_RABBITMQ") or HOST_VERSION)
+
+
+def check_version(version: str) -> str:
+    if version not in VERSIONS:
+        raise DevBrokerError(
+            f"unknown RabbitMQ line {version!r} for a private node: use one of {VERSIONS}"
+        )
+    return version
+
+
+def trixie_root() -> Path:
+    """The Debian 13 root that holds RabbitMQ 4.0.5 (see :func:`ensure_trixie_root`)."""
+    roots = Path(os.environ.get(_ROOTS_ENV) or _DEFAULT_ROOTS)
+    return roots / "rabbitmq-4.0-trixie"
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """Where a private node lives and listens; enough to talk to it or restart it."""
@@ -81,6 +127,12 @@ class NodeInfo:
     amqp_port: int
     dist_port: int
     base_dir: Path
+    #: The RabbitMQ line (``3.10`` or ``4.0``; see the module docstring).
+    version: str = HOST_VERSION
+
+    @property
+    def chrooted(self) -> bool:
+        return self.version != HOST_VERSION
 
     @property
     def node(self) -> str:
@@ -128,21 +180,15 @@ def _require_sbin() -> Path:
     return sbin
 
 
-def ensure_installed() -> None:
-    """Install Debian's rabbitmq-server if missing, without leaving a system node up.
-
-    Only the binaries are wanted: our nodes are private, so the package's service is
-    kept from starting (policy-rc.d) and stopped if it started anyway.
-    """
-    if _sbin_dir() is not None:
-        return
+def _apt_install(package: str) -> None:
+    """``apt-get install`` one Debian package with no service started by it."""
     if os.geteuid() != 0:
         raise DevBrokerError(
-            "rabbitmq-server is not installed and we are not root; "
-            "run: sudo apt-get install -y rabbitmq-server"
+            f"{package} is not installed and we are not root; "
+            f"run: sudo apt-get install -y {package}"
         )
     if shutil.which("apt-get") is None:
-        raise DevBrokerError("rabbitmq-server is not installed and apt-get is unavailable")
+        raise DevBrokerError(f"{package} is not installed and apt-get is unavailable")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     policy = Path("/usr/sbin/policy-rc.d")
     made_policy = False
@@ -153,13 +199,28 @@ def ensure_installed() -> None:
         policy.chmod(0o755)
         made_policy = True
     try:
-        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "rabbitmq-server"]):
+        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", package]):
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise DevBrokerError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
     finally:
         if made_policy:
             policy.unlink(missing_ok=True)
+
+
+def ensure_installed(version: str | None = None) -> None:
+    """Make the RabbitMQ line `version` runnable here (default: :func:`default_version`).
+
+    3.10: install Debian's rabbitmq-server if missing, without leaving a system node up
+    (only the binaries are wanted: the package's service is kept from starting by
+    policy-rc.d and stopped if it started anyway). 4.0: :func:`ensure_trixie_root`.
+    """
+    if check_version(version or default_version()) != HOST_VERSION:
+        ensure_trixie_root()
+        return
+    if _sbin_dir() is not None:
+        return
+    _apt_install("rabbitmq-server")
     # Belt and braces: if postinst started the default node anyway, stop it. Its CLI
     # wrapper su's to the rabbitmq user and so uses that user's cookie.
     ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
@@ -169,30 +230,95 @@ def ensure_installed() -> None:
         raise DevBrokerError("apt-get installed rabbitmq-server but its scripts were not found")
 
 
+_ROOT_READY = ".amqp-locks-root-ready"
+
+
+def ensure_trixie_root() -> Path:
+    """Build the Debian 13 root holding rabbitmq-server 4.0.5 unless it exists (once per
+    machine, about a minute): ``debootstrap --variant=minbase --include=rabbitmq-server
+    trixie`` from Debian's mirror (``$AMQP_LOCKS_DEBIAN_MIRROR``). Needs root."""
+    root = trixie_root()
+    if (root / _ROOT_READY).exists():
+        return root
+    if os.geteuid() != 0:
+        raise DevBrokerError(
+            f"RabbitMQ 4.0 runs in a Debian 13 root ({root}) built with debootstrap and "
+            "entered with chroot: both need root"
+        )
+    with _locked(root.parent / ".build-lock"):
+        if (root / _ROOT_READY).exists():
+            return root
+        if shutil.which("debootstrap") is None:
+            _apt_install("debootstrap")
+        partial = root.with_name(root.name + ".partial")
+        _remove_root(partial)
+        mirror = os.environ.get("AMQP_LOCKS_DEBIAN_MIRROR") or _DEBIAN_MIRROR
+        cmd = [
+            "debootstrap", "--variant=minbase", "--include=rabbitmq-server",
+            "trixie", str(partial), mirror,
+        ]
+        print(f"building the RabbitMQ 4.0 root: {' '.join(cmd)}", file=sys.stderr)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise DevBrokerError(f"debootstrap of {partial} timed out") from exc
+        server = partial / str(_CHROOT_SBIN).lstrip("/") / "rabbitmq-server"
+        if proc.returncode != 0 or not server.exists():
+            raise DevBrokerError(
+                f"debootstrap of {partial} failed ({proc.returncode}):\n"
+                f"{(proc.stderr or proc.stdout)[-2000:]}"
+            )
+        _remove_root(root)
+        partial.rename(root)
+        (root / _ROOT_READY).write_text(f"built by amqp_locks.devbroker from {mirror}\n")
+    return root
+
+
+def _remove_root(root: Path) -> None:
+    """Delete a (partial) root, unmounting first what debootstrap may have left mounted
+    in it (/proc, /sys): never recurse into a mounted host file system."""
+    if not root.exists():
+        return
+    prefix = str(root.resolve()) + "/"
+    with contextlib.suppress(OSError):
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        for point in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    shutil.rmtree(root)
+
+
 # ----------------------------------------------------------------------------- state
 
 
-def _default_base_dir(name: str) -> Path:
-    """``$AMQP_LOCKS_HOME/broker/<name>``, defaulting to the user's cache directory."""
+def _default_base_dir(name: str, version: str) -> Path:
+    """``$AMQP_LOCKS_HOME/broker/<name>`` (``broker-4.0/<name>`` for the 4.0 line),
+    defaulting to the user's cache directory."""
     home = os.environ.get("AMQP_LOCKS_HOME")
     if home:
         root = Path(home)
     else:
         cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         root = Path(cache) / "amqp-locks"
-    return root / "broker" / name
+    return root / ("broker" if version == HOST_VERSION else f"broker-{version}") / name
 
 
-def _resolve(name: str, base_dir: Path | None) -> Path:
+def _resolve(name: str, base_dir: Path | None, version: str | None = None) -> Path:
     if not _NAME_RE.match(name):
         raise DevBrokerError(f"invalid node name {name!r}: use letters, digits, _ and -")
-    return (base_dir or _default_base_dir(name)).expanduser().resolve()
+    version = check_version(version or default_version())
+    return (base_dir or _default_base_dir(name, version)).expanduser().resolve()
 
 
 def _read_state(base_dir: Path) -> tuple[NodeInfo, int | None] | None:
     try:
         raw = json.loads((base_dir / "node.json").read_text())
-        info = NodeInfo(raw["name"], int(raw["amqp_port"]), int(raw["dist_port"]), base_dir)
+        info = NodeInfo(
+            raw["name"],
+            int(raw["amqp_port"]),
+            int(raw["dist_port"]),
+            base_dir,
+            str(raw.get("version", HOST_VERSION)),
+        )
         pid = raw.get("pid")
         # pid is None while a start is in flight; the server's pid file then knows.
         return info, (int(pid) if pid is not None else _pid_from_file(info))
@@ -208,6 +334,7 @@ def _write_state(info: NodeInfo, pid: int | None) -> None:
         "dist_port": info.dist_port,
         "pid": pid,
         "url": info.url,
+        "version": info.version,
     }
     write_state(info.base_dir, data)
 
@@ -263,7 +390,7 @@ def _free_ports(count: int) -> list[int]:
             socks.append(s)
             s.bind((HOST, 0))
             port = int(s.getsockname()[1])
-            if port not in _CTL_DIST_PORTS and port != _EPMD_PORT:
+            if port not in _CTL_DIST_PORTS and port not in (_EPMD_PORT, _CHROOT_EPMD_PORT):
                 ports.append(port)
         return ports
     finally:
@@ -303,6 +430,9 @@ def _env(info: NodeInfo) -> dict[str, str]:
     env.setdefault("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
     env.setdefault("LANG", "C.UTF-8")
     d = info.base_dir
+    if info.chrooted:
+        env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+        env["ERL_EPMD_PORT"] = str(_CHROOT_EPMD_PORT)
     env.update(
         {
             # The Erlang cookie is read from $HOME: server and CLI share base_dir's.
@@ -335,6 +465,7 @@ def _write_config(info: NodeInfo) -> None:
         f"consumer_timeout = {CONSUMER_TIMEOUT_MS}\n"
         "log.console = false\n"
         "log.file.level = warning\n"
+        + (_DEFAULTS_OF_4_3 if info.chrooted else "")
         + _extra_config(d)
     )
     (d / "enabled_plugins").write_text("[].\n")
@@ -358,10 +489,31 @@ def _extra_config(base_dir: Path) -> str:
         return ""
 
 
+#: Run in a private mount namespace: bind /dev, /proc and the node's directory (same path)
+#: into the root, then chroot into it. The mounts vanish with the namespace's last process.
+_CHROOT_SCRIPT = (
+    'r=$1; b=$2; shift 2; '
+    'mount --rbind /dev "$r/dev" && mount -t proc proc "$r/proc" '
+    '&& mkdir -p "$r$b" && mount --bind "$b" "$r$b" || exit 125; '
+    'exec chroot "$r" "$@"'
+)
+
+
+def _command(info: NodeInfo, program: str, *args: str) -> list[str]:
+    """The argv running RabbitMQ's `program` for this node's line."""
+    if not info.chrooted:
+        return [str(_require_sbin() / program), *args]
+    root = ensure_trixie_root()
+    return [
+        "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _CHROOT_SCRIPT,
+        "sh", str(root), str(info.base_dir), str(_CHROOT_SBIN / program), *args,
+    ]
+
+
 def _run_ctl(
     info: NodeInfo, args: Sequence[str], timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [str(_require_sbin() / "rabbitmqctl"), "-n", info.node, *args]
+    cmd = _command(info, "rabbitmqctl", "-n", info.node, *args)
     try:
         return subprocess.run(
             cmd,
@@ -400,10 +552,9 @@ def _launch(info: NodeInfo, wait: float) -> int:
     """Start the VM in its own session and block until it accepts AMQP; return its pid."""
     _write_config(info)
     info.pid_file.unlink(missing_ok=True)
-    server = _require_sbin() / "rabbitmq-server"
     with info.startup_log.open("wb") as log:
         proc = subprocess.Popen(
-            [str(server)],
+            _command(info, "rabbitmq-server"),
             env=_env(info),
             cwd=info.base_dir,
             stdin=subprocess.DEVNULL,
@@ -473,9 +624,16 @@ def _start(
     dist_port: int | None,
     wait: float,
     strict: bool,
+    version: str | None = None,
 ) -> NodeInfo:
+    version = check_version(version or default_version())
     state = _read_state(base_dir)
     prev = state[0] if state and state[0].name == name else None
+    if prev is not None and prev.version != version:
+        raise DevBrokerError(
+            f"{prev.node} in {base_dir} is a RabbitMQ {prev.version} node, not {version}; "
+            "its data cannot be shared: use another name or directory"
+        )
     if state is not None and prev is not None and _running(prev, state[1]):
         if amqp_port is not None and amqp_port != prev.amqp_port:
             raise DevBrokerError(
@@ -487,7 +645,9 @@ def _start(
         _kill(state[0], state[1])
         _reap(base_dir)
     ports = _pick_ports(prev, amqp_port, dist_port, strict)
-    info = NodeInfo(name=name, amqp_port=ports[0], dist_port=ports[1], base_dir=base_dir)
+    info = NodeInfo(
+        name=name, amqp_port=ports[0], dist_port=ports[1], base_dir=base_dir, version=version
+    )
     _write_state(info, None)
     pid = _launch(info, wait)
     _write_state(info, pid)
@@ -499,16 +659,19 @@ def start(
     base_dir: Path | None = None,
     amqp_port: int | None = None,
     wait: float = 60.0,
+    version: str | None = None,
 ) -> NodeInfo:
     """Return the running node, starting it first if needed (idempotent).
 
     A restarted node reuses its previous ports when they are still free, so URLs
-    handed out earlier stay valid; data in ``base_dir`` always survives.
+    handed out earlier stay valid; data in ``base_dir`` always survives. `version` is the
+    RabbitMQ line (default: ``$AMQP_LOCKS_RABBITMQ``, else 3.10).
     """
-    ensure_installed()
-    base = _resolve(name, base_dir)
+    version = check_version(version or default_version())
+    ensure_installed(version)
+    base = _resolve(name, base_dir, version)
     with _locked(base):
-        return _start(name, base, amqp_port, None, wait, strict=False)
+        return _start(name, base, amqp_port, None, wait, strict=False, version=version)
 
 
 def _stop(base_dir: Path) -> bool:
@@ -531,34 +694,47 @@ def _stop(base_dir: Path) -> bool:
     return True
 
 
-def stop(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> bool:
+def stop(
+    name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
+) -> bool:
     """Stop the node if it runs; return whether one was stopped (idempotent)."""
-    base = _resolve(name, base_dir)
+    base = _resolve(name, base_dir, version)
     with _locked(base):
         return _stop(base)
 
 
-def status(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> NodeInfo | None:
+def status(
+    name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
+) -> NodeInfo | None:
     """The running node (answering AMQP), or None; cheap enough to poll."""
-    return _status(_resolve(name, base_dir))
+    return _status(_resolve(name, base_dir, version))
 
 
-def restart(name: str = DEFAULT_NAME, base_dir: Path | None = None, wait: float = 60.0) -> NodeInfo:
+def restart(
+    name: str = DEFAULT_NAME,
+    base_dir: Path | None = None,
+    wait: float = 60.0,
+    version: str | None = None,
+) -> NodeInfo:
     """Stop and start on the same ports and data, as a broker restart test needs."""
-    ensure_installed()
-    base = _resolve(name, base_dir)
+    base = _resolve(name, base_dir, version)
     with _locked(base):
         state = _read_state(base)
+        # A node that ran keeps its line; a new one gets `version` (or the default).
+        version = state[0].version if state is not None else version
+        ensure_installed(version)
         _stop(base)
         if state is None:
-            return _start(name, base, None, None, wait, strict=False)
+            return _start(name, base, None, None, wait, strict=False, version=version)
         prev = state[0]
-        return _start(name, base, prev.amqp_port, prev.dist_port, wait, strict=True)
+        return _start(
+            name, base, prev.amqp_port, prev.dist_port, wait, strict=True, version=version
+        )
 
 
-def url(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> str:
+def url(name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None) -> str:
     """The node's AMQP URL, starting the node if it is not running."""
-    return start(name, base_dir).url
+    return start(name, base_dir, version=version).url
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -574,17 +750,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-dir", type=Path, default=None, help="node directory")
     parser.add_argument("--port", type=int, default=None, help="AMQP port for start")
     parser.add_argument("--wait", type=float, default=60.0, help="startup timeout (s)")
+    parser.add_argument(
+        "--version", choices=VERSIONS, default=None,
+        help="RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else %s)" % HOST_VERSION,
+    )
     args = parser.parse_args(argv)
+    v = args.version
     try:
         if args.command in ("start", "url"):
-            print(start(args.name, args.base_dir, args.port, args.wait).url)
+            print(start(args.name, args.base_dir, args.port, args.wait, version=v).url)
         elif args.command == "restart":
-            print(restart(args.name, args.base_dir, args.wait).url)
+            print(restart(args.name, args.base_dir, args.wait, version=v).url)
         elif args.command == "stop":
-            stopped = stop(args.name, args.base_dir)
+            stopped = stop(args.name, args.base_dir, version=v)
             print("stopped" if stopped else "not running", file=sys.stderr)
         else:
-            info = status(args.name, args.base_dir)
+            info = status(args.name, args.base_dir, version=v)
             if info is None:
                 print("not running")
                 return 3

@@ -164,7 +164,10 @@ def _pick_ports(count: int) -> list[int]:
     taken from the ephemeral range, as bind(0) gives, can be grabbed by one of them
     before the node listens on it (eaddrinuse at boot)."""
     ephemeral = _ephemeral_range()
-    reserved = {devbroker._EPMD_PORT, 5672, 25672, *devbroker._CTL_DIST_PORTS}
+    reserved = {
+        devbroker._EPMD_PORT, devbroker._CHROOT_EPMD_PORT, 5672, 25672,
+        *devbroker._CTL_DIST_PORTS,
+    }
     low, high = 20000, min(ephemeral.start, 32768)
     start = secrets.randbelow(high - low) + low
     ports: list[int] = []

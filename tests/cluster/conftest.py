@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from amqp_locks import Broker, devcluster
+from amqp_locks import Broker, devbroker, devcluster
 
 CLUSTER = "amqplocksc"
 
 
 def _base_dir() -> Path | None:
     base = os.environ.get("AMQP_LOCKS_TEST_HOME")
-    return Path(base) / CLUSTER if base else None
+    return Path(base) / devbroker.default_version() / CLUSTER if base else None
 
 
 @pytest.fixture(scope="session")

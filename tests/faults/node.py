@@ -24,7 +24,7 @@ def node_name() -> str:
 
 def base_dir() -> Path | None:
     home = os.environ.get("AMQP_LOCKS_TEST_HOME")
-    return Path(home) / node_name() if home else None
+    return Path(home) / devbroker.default_version() / node_name() if home else None
 
 
 def start(port: int | None = None) -> devbroker.NodeInfo:

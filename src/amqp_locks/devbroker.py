@@ -752,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--wait", type=float, default=60.0, help="startup timeout (s)")
     parser.add_argument(
         "--version", choices=VERSIONS, default=None,
-        help="RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else %s)" % HOST_VERSION,
+        help=f"RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else {HOST_VERSION})",
     )
     args = parser.parse_args(argv)
     v = args.version

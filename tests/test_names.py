@@ -37,6 +37,8 @@ def test_queue_names_follow_the_seed() -> None:
         "x-fence",
         "x-sem-waiters",
         "x-mutex-sentinels",
+        "x-sem-wakeups",
+        "x-mutex-watch",
         "db.semaphore",
         "amq.foo",
         "a\nb",
@@ -72,10 +74,12 @@ def test_slot_numbers_are_checked(k: object) -> None:
 
 
 def test_wakeup_and_sentinel_queues_fit_and_differ_by_kind() -> None:
+    # The budget keeps room for 0.1's longest suffix, "-mutex-sentinels".
     budget = MAX_QUEUE_NAME_BYTES - len("-mutex-sentinels")
     longest = "n" * budget
     assert validate_name(longest)
-    assert len(sentinel_queue(longest, "mutex").encode()) == MAX_QUEUE_NAME_BYTES
+    assert sentinel_queue(longest, "mutex") == longest + "-mutex-watch"
+    assert wakeup_queue(longest, "mutex") == longest + "-mutex-wakeups"
     assert len(wakeup_queue(longest, "mutex").encode()) < MAX_QUEUE_NAME_BYTES
     assert wakeup_queue("a", "mutex") != wakeup_queue("a", "sem")
     assert sentinel_queue("a", "mutex") != sentinel_queue("a", "sem")

@@ -137,7 +137,7 @@ def test_documented_permissions_are_enough(node: devbroker.NodeInfo) -> None:
     user, vhost = f"u{uuid.uuid4().hex[:8]}", f"v{uuid.uuid4().hex[:8]}"
     devbroker.rabbitmqctl(node, "add_vhost", vhost)
     devbroker.rabbitmqctl(node, "add_user", user, "pw")
-    names = r"^(images|reindex)(-[0-9]+-[AB]|-fence|-(sem|mutex)-(waiters|sentinels))?$"
+    names = r"^(images|reindex)(-[0-9]+-[AB]|-fence|-(sem|mutex)-(wakeups|watch))?$"
     devbroker.rabbitmqctl(
         node, "set_permissions", "-p", vhost, user, names, r"^amq\.default$", names
     )

@@ -1,19 +1,29 @@
 """Monotonic fencing tokens from one fence message in a quorum queue.
 
 Every lock `N` has a durable quorum queue `N-fence` holding exactly one message. A grant
-takes the message with `basic.get` (manual ack), reads its `x-delivery-count` and returns it
-with `basic.reject(requeue=True)`. A quorum queue raises the count on every return — reject,
+takes the message with `basic.get` (manual ack), reads its return count and returns it with
+`basic.reject(requeue=True)`. A quorum queue raises that count on every return — reject,
 nack, or the channel closing with it unacked — and keeps it in its replicated log, so the
 count is strictly increasing across grants, processes and broker restarts. While one client
 holds the message nobody else can read it, so reading and raising are one atomic step.
 
-The token handed to the holder is ``x-delivery-count + 1`` (never 0). A protected resource
-keeps the highest token it has accepted per lock and rejects any request carrying a lower
-one: a holder whose lock was re-granted to someone else is fenced off as soon as the new
-holder has written once.
+The token handed to the holder is ``base + count + 1`` (never 0); the message's body holds
+``base`` and the counting rule it was minted under. A protected resource keeps the highest
+token it has accepted per lock and rejects any request carrying a lower one: a holder whose
+lock was re-granted to someone else is fenced off as soon as the new holder has written once.
 
-Broker limits: RabbitMQ 4.x gives quorum queues a default delivery limit of 20 and would drop
-the fence message after 20 grants, so on 4.x the queue is declared with
+Which header holds the count depends on the broker (`transport.features`): up to 4.2 it is
+``x-delivery-count``; from 4.3 ``x-delivery-count`` counts only failed deliveries (not a
+consumer timeout, not a consumer on a lost node) and ``x-acquired-count`` counts every
+return. Upgrading RabbitMQ across such a change (3.13 -> 4.0, 4.2 -> 4.3) does not carry
+the old count over to the new rule, so a client that reads a message minted under another
+rule *re-bases* it before using it: holding the message, it replaces it in one AMQP
+transaction (ack + publish) by a message whose base is ``base + 2**40``, above every token
+the old message can have produced (a count never reaches 2**40), minted under the current
+rule. Tokens therefore jump once per such upgrade, and keep rising.
+
+Broker limits: RabbitMQ 4.x gives quorum queues a default delivery limit of 20 and would
+drop the fence message after 20 grants, so on 4.x the queue is declared with
 ``x-delivery-limit: -1``. RabbitMQ 3.x has no default limit, and there ``-1`` means "drop on
 the first return" (checked on 3.10.8), so the argument is left out.
 """
@@ -30,39 +40,46 @@ from pamqp.commands import Basic
 
 from .errors import LockError, QueueNotFound
 from .names import fence_queue
+from .transport.features import (
+    acquired_count_header,
+    broker_version,
+    counting_rule,
+    quorum_arguments,
+)
 from .transport.session import Session
 
 log = logging.getLogger("amqp_locks.fencing")
 
-#: The fence message's body is its base: tokens are ``base + x-delivery-count + 1``.
-FENCE_BODY = b"0"
+#: How far a re-base lifts the base: above any count a message can reach.
+REBASE_STEP = 2**40
 
 
 class FenceMissing(LockError):
-    """The fence queue exists but holds no fence message (purged by hand?)."""
-
-
-def broker_version(session: Session) -> tuple[int, int]:
-    """The broker's (major, minor) version, from the connection's server properties."""
-    assert session.conn is not None
-    raw = session.conn.server_properties.get("version", b"3.0")
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    parts = [*text.split("."), "0"]
-    try:
-        return int(parts[0]), int(parts[1])
-    except ValueError:
-        return 3, 0
-
-
-def broker_major(session: Session) -> int:
-    return broker_version(session)[0]
+    """The fence queue exists but holds no fence message (purged by hand, or dropped by a
+    delivery limit an operator policy imposed)."""
 
 
 def fence_arguments(session: Session) -> dict[str, Any]:
-    args: dict[str, Any] = {"x-queue-type": "quorum"}
-    if broker_major(session) >= 4:
-        args["x-delivery-limit"] = -1
-    return args
+    return quorum_arguments(broker_version(session))
+
+
+def fence_body(base: int, rule: str) -> bytes:
+    """``b"<base> <rule>"``: the message's base and the counting rule it was minted under."""
+    return f"{base} {rule}".encode()
+
+
+def parse_fence_body(body: bytes) -> tuple[int, str | None]:
+    """(base, rule) of a fence message; amqp-locks 0.1 wrote the base alone (no rule)."""
+    parts = body.split()
+    base = int(parts[0]) if parts and parts[0].isdigit() else 0
+    rule = parts[1].decode(errors="replace") if len(parts) > 1 else None
+    return base, rule
+
+
+def rule_matches(rule: str | None, current: str) -> bool:
+    """A message of amqp-locks 0.1 (no rule) was counted by ``x-delivery-count`` (all it
+    knew): it matches every rule that still counts there, and is re-based on 4.3+."""
+    return rule == current or (rule is None and current != counting_rule((4, 3)))
 
 
 async def ensure_fence(session: Session, name: str) -> bool:
@@ -72,7 +89,8 @@ async def ensure_fence(session: Session, name: str) -> bool:
     if await session.exists_passive(queue):
         return False
     await session.declare(queue, durable=True, arguments=fence_arguments(session))
-    await session.publish("", queue, FENCE_BODY, persistent=True)
+    rule = counting_rule(broker_version(session))
+    await session.publish("", queue, fence_body(0, rule), persistent=True)
     log.info("created fence queue %r", queue)
     return True
 
@@ -87,19 +105,25 @@ async def repair_fence(session: Session, name: str, base: int) -> bool:
     try:
         await _take_pushed(session, queue, 2.0)
     except FenceMissing:
-        await session.publish("", queue, str(base).encode(), persistent=True)
+        rule = counting_rule(broker_version(session))
+        await session.publish("", queue, fence_body(base, rule), persistent=True)
         log.warning("fence queue %r had no message: replaced with base %d", queue, base)
         return True
     return False
 
 
-def _count(message: DeliveredMessage) -> int:
-    """The message's base (its body, set by :func:`repair_fence`) plus its delivery count."""
+class _RuleChanged(Exception):
+    """The fence message was minted under another counting rule: re-base it first."""
+
+
+def _count(message: DeliveredMessage, version: tuple[int, int]) -> int:
+    """The message's base plus its return count under this broker's rule."""
+    base, rule = parse_fence_body(message.body)
+    if not rule_matches(rule, counting_rule(version)):
+        raise _RuleChanged(rule)
     headers = (message.header.properties.headers or {}) if message.header else {}
-    value = headers.get("x-delivery-count", 0)
-    count = int(value) if isinstance(value, int) else 0
-    body = message.body.strip()
-    return count + (int(body) if body.isdigit() else 0)
+    value = headers.get(acquired_count_header(version), 0)
+    return base + (int(value) if isinstance(value, int) else 0)
 
 
 def _tag(message: DeliveredMessage) -> int:
@@ -115,26 +139,79 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
     client holds the fence message at that instant, we consume with prefetch 1 and get it
     pushed the moment it is returned — no polling. Brokers in cluster mode always consume.
     """
-    queue = fence_queue(name)
+    for _ in range(3):
+        try:
+            return await _take(session, fence_queue(name), timeout) + 1
+        except _RuleChanged:
+            await _rebase(session, fence_queue(name), timeout)
+    raise LockError(f"the fence of {name!r} keeps changing counting rules (mixed brokers?)")
+
+
+async def _take(session: Session, queue: str, timeout: float) -> int:
+    version = broker_version(session)
     if session.cluster:
         # In a cluster, never basic.get: while the fence's leader is being re-elected
         # (about 0.5 s after its node dies) RabbitMQ 3.10 answers it with 541
         # INTERNAL_ERROR "nodedown", which closes the whole connection and loses every
         # lease on it. A consumer just waits for the new leader.
-        return await _take_pushed(session, queue, timeout) + 1
+        return await _take_pushed(session, queue, timeout)
 
     async def get_and_return(ch: AbstractChannel) -> int | None:
         message = await ch.basic_get(queue, no_ack=False)
         if not isinstance(message.delivery, Basic.GetOk):
             return None
-        count = _count(message)
-        await ch.basic_reject(_tag(message), requeue=True)
-        return count
+        try:
+            return _count(message, version)
+        finally:
+            await ch.basic_reject(_tag(message), requeue=True)
 
     count: int | None = await session.call(queue, get_and_return)
     if count is None:
         count = await _take_pushed(session, queue, timeout)
-    return count + 1
+    return count
+
+
+async def _rebase(session: Session, queue: str, timeout: float) -> None:
+    """Replace a fence message minted under another counting rule by one with a base
+    above every token it can have produced, atomically (one transaction: the message is
+    never lost nor doubled, even if we die in between)."""
+    assert session.conn is not None
+    version = broker_version(session)
+    rule = counting_rule(version)
+    ch = await session.conn.channel(publisher_confirms=False)  # tx and confirms exclude
+    got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
+
+    async def on_message(message: DeliveredMessage) -> None:
+        if not got.done():
+            got.set_result(message)
+
+    try:
+        await ch.basic_qos(prefetch_count=1)
+        await ch.tx_select()
+        await ch.basic_consume(queue, on_message, no_ack=False)
+        try:
+            message = await asyncio.wait_for(got, timeout)
+        except TimeoutError:
+            raise FenceMissing(f"no fence message arrived from {queue!r} to re-base") from None
+        base, old_rule = parse_fence_body(message.body)
+        if rule_matches(old_rule, rule):
+            return  # someone re-based it meanwhile; closing the channel returns it
+        new_base = base + REBASE_STEP
+        await ch.basic_ack(_tag(message))
+        await ch.basic_publish(
+            fence_body(new_base, rule),
+            routing_key=queue,
+            properties=Basic.Properties(delivery_mode=2),
+        )
+        await ch.tx_commit()
+        log.warning(
+            "fence %r was minted under counting rule %s, the broker now counts by %s: "
+            "re-based from %d to %d (fencing tokens jump once)",
+            queue, old_rule or "dc (amqp-locks 0.1)", rule, base, new_base,
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            await ch.close()
 
 
 async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
@@ -156,9 +233,10 @@ async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
                 f"no fence message arrived from {queue!r} within {timeout:.0f}s; if the queue "
                 "was purged, run SemaphoreAdmin.repair_fence(base)"
             ) from None
-        count = _count(message)
-        await ch.basic_reject(_tag(message), requeue=True)
-        return count
+        try:
+            return _count(message, broker_version(session))
+        finally:
+            await ch.basic_reject(_tag(message), requeue=True)
     except QueueNotFound:
         raise
     finally:

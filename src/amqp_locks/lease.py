@@ -30,7 +30,8 @@ from .errors import AmqpLocksError, ConnectionLost, LeaseReleased, QueueNotFound
 from .fencing import ensure_fence, take_token
 from .names import fence_queue
 from .transport.errors import channel_error
-from .transport.wakeups import HOLDER_PRIORITY, SENTINEL_ARGS
+from .transport.features import helper_queue
+from .transport.wakeups import HOLDER_PRIORITY
 
 if TYPE_CHECKING:
     from .transport.broker import BrokerCore
@@ -180,7 +181,7 @@ class LeaseState(HeldState):
                 asyncio.get_running_loop().call_later(PARK_REFRESH, self._rearm, ch, tag)
 
         try:
-            await ch.queue_declare(queue, arguments=SENTINEL_ARGS)
+            await ch.queue_declare(queue, **helper_queue(self.session, wakeups=False))
             await ch.basic_consume(
                 queue, hold, no_ack=False, arguments={"x-priority": HOLDER_PRIORITY}
             )

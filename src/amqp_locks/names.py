@@ -1,8 +1,11 @@
 """Queue names of every lock, and the validation that keeps locks from colliding.
 
 A persistent semaphore `N` owns the queues `N` (admin mutex), `N-k-A` (slots), `N-k-B`
-(holders), `N-fence` (fencing counter) and the wake-up queues `N-sem-waiters` and
-`N-mutex-waiters`; a token semaphore owns `N.semaphore`. A name that
+(holders), `N-fence` (fencing counter), the wake-up queues `N-sem-wakeups` and
+`N-mutex-wakeups` and the sentinel queues `N-sem-watch` and `N-mutex-watch`; a token
+semaphore owns `N.semaphore`. (Versions before 0.2 named the last two `-waiters` and
+`-sentinels` and declared them transient; the new names keep old and new clients of one
+lock from refusing each other's declarations during an upgrade.) A name that
 ends like one of those suffixes could alias another lock's queue, so it is refused.
 """
 
@@ -17,7 +20,9 @@ MAX_QUEUE_NAME_BYTES = 255
 MAX_SLOT_DIGITS = 7
 _LONGEST_SUFFIX = max(len("-") + MAX_SLOT_DIGITS + len("-A"), len("-mutex-sentinels"))
 
-_RESERVED = re.compile(r"(-\d+-[AB]|-fence|-waiters|-sentinels|\.semaphore(-ledger)?)$")
+_RESERVED = re.compile(
+    r"(-\d+-[AB]|-fence|-waiters|-sentinels|-wakeups|-watch|\.semaphore(-ledger)?)$"
+)
 
 
 def validate_name(name: str) -> str:
@@ -68,12 +73,12 @@ def token_queue(name: str) -> str:
 
 def wakeup_queue(name: str, kind: str) -> str:
     """The queue whose notices wake one waiter of lock `name` ("sem" or "mutex")."""
-    return f"{name}-{kind}-waiters"
+    return f"{name}-{kind}-wakeups"
 
 
 def sentinel_queue(name: str, kind: str) -> str:
     """The queue of holders' sentinels: one returns to it when a holder dies."""
-    return f"{name}-{kind}-sentinels"
+    return f"{name}-{kind}-watch"
 
 
 def check_slot_number(k: int) -> int:

@@ -18,9 +18,13 @@ What the blog leaves open, and how it is handled here:
 - Integrity: the administration mutex `N` serialises admin actions; a ledger message in
   `N.semaphore-ledger` records the configured count and the token ids, so `setup` is
   idempotent and `audit`/`repair` can find missing or surplus tokens.
-- Fencing: quorum token queues count deliveries per token (`x-delivery-count`); classic
-  ones take a token from the lock's fence queue `N-fence`. Either way a protected resource
-  keeps the highest token per (lock name, permit id) and refuses lower ones.
+- Fencing: quorum token queues count returns per token (`x-delivery-count`, from 4.3
+  `x-acquired-count`: `transport.features`); classic ones take a token from the lock's
+  fence queue `N-fence`. A quorum token minted under another counting rule (the broker was
+  upgraded across 3.13 -> 4.0 or 4.2 -> 4.3 since `setup`) falls back to the fence queue,
+  shifted above every per-token value, until `repair` re-mints the tokens. Either way a
+  protected resource keeps the highest token per (lock name, permit id) and refuses lower
+  ones.
 - Broker limits: RabbitMQ 3.12+ takes `x-consumer-timeout` per queue and the queue is
   declared with it (one year); on 3.10/3.11 only the global `consumer_timeout` exists and
   must be raised in rabbitmq.conf (the private dev node does). On 4.x quorum queues get
@@ -42,12 +46,19 @@ from pamqp.commands import Basic
 
 from .errors import ConfigurationError, ConnectionLost, LockError, QueueNotFound
 from .events import observed
-from .fencing import broker_major, broker_version, ensure_fence, fence_arguments, take_token
+from .fencing import ensure_fence, fence_arguments, rule_matches, take_token
 from .lease import HeldState, Lease
 from .mutex import held_mutex
 from .names import token_queue, validate_name
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.errors import channel_error
+from .transport.features import (
+    acquired_count_header,
+    broker_version,
+    consumer_timeout_arguments,
+    counting_rule,
+    quorum_arguments,
+)
 from .transport.session import Session
 from .transport.shield import shielded
 from .waiting import Backoff, check_timeout
@@ -57,12 +68,12 @@ log = logging.getLogger("amqp_locks.tokens")
 #: Consumer priority of the drain consumer used by remove_permits/audit: above any waiter.
 DRAIN_PRIORITY = 2**31 - 1
 MAX_PRIORITY = 2**31 - 2
-#: Per-queue consumer timeout (3.12+), in ms: one year, i.e. never in practice.
-CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
-#: Token header saying where its fencing token comes from: the quorum queue's per-token
-#: delivery count, or (classic queues) the lock's fence queue.
+#: Token header saying where its fencing token comes from: on quorum queues the counting
+#: rule it was minted under (`features.counting_rule`; amqp-locks 0.1 wrote
+#: "delivery-count"), per-token return counts; "fence": the lock's fence queue.
 FENCING_HEADER = "amqp-locks-fencing"
 DELIVERY_COUNT = "delivery-count"
+FENCE = "fence"
 #: Quorum tokens: added to the delivery count (see `_publish_tokens`).
 BASE_HEADER = "amqp-locks-fence-base"
 #: How long a non-blocking acquire waits for a token the broker reported ready.
@@ -79,17 +90,11 @@ def ledger_queue(name: str) -> str:
 
 def token_arguments(session: Session, quorum: bool) -> dict[str, Any]:
     """The token queue's arguments for this broker (see the module docstring)."""
-    args: dict[str, Any] = {}
-    if quorum:
-        args["x-queue-type"] = "quorum"
-        if broker_major(session) >= 4:
-            args["x-delivery-limit"] = -1
     version = broker_version(session)
+    args: dict[str, Any] = quorum_arguments(version) if quorum else {}
     # 3.12 added the per-queue timeout; 4.3 stopped timing out classic-queue consumers
     # and refuses the argument there (rabbitmq-server#17144), so it goes to quorum only.
-    if version >= (3, 12) and (quorum or version < (4, 3)):
-        args["x-consumer-timeout"] = CONSUMER_TIMEOUT_MS
-    return args
+    return {**args, **consumer_timeout_arguments(version, quorum)}
 
 
 # --- the holder's side -------------------------------------------------------------------
@@ -171,10 +176,27 @@ def _token_id(message: DeliveredMessage) -> int:
     return int(body) if body.isdigit() else 0
 
 
-def _delivery_count(message: DeliveredMessage) -> int:
+def _text(value: Any) -> str | None:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+async def _fencing_token(session: Session, name: str, message: DeliveredMessage) -> int | None:
+    """A quorum token's fencing token from its own return count, or None for a classic
+    token (which takes one from the fence queue, if fencing is on)."""
     headers = (message.header.properties.headers or {}) if message.header else {}
-    value = headers.get("x-delivery-count", 0)
-    return int(value) if isinstance(value, int) else 0
+    source = _text(headers.get(FENCING_HEADER))
+    if source in (None, FENCE):
+        return None
+    version = broker_version(session)
+    base = headers.get(BASE_HEADER, 0)
+    base = base if isinstance(base, int) else 0
+    rule = None if source == DELIVERY_COUNT else source
+    if not rule_matches(rule, counting_rule(version)):
+        # Minted under another counting rule: its count may have restarted. A fresh fence
+        # value shifted like a base is above every token this permit produced so far.
+        return (await take_token(session, name) << 32) + 1
+    value = headers.get(acquired_count_header(version), 0)
+    return base + (int(value) if isinstance(value, int) else 0) + 1
 
 
 async def acquire_permit(
@@ -255,11 +277,10 @@ async def acquire_permit(
         tag = getattr(message.delivery, "delivery_tag", None)
         assert isinstance(tag, int)
         token_id = _token_id(message)
-        headers = (message.header.properties.headers or {}) if message.header else {}
-        quorum = headers.get(FENCING_HEADER) in (DELIVERY_COUNT, DELIVERY_COUNT.encode())
-        if quorum:
-            base = headers.get(BASE_HEADER, 0)
-            fencing_token = (base if isinstance(base, int) else 0) + _delivery_count(message) + 1
+        own = await shielded(_fencing_token(session, name, message), lambda _: _close(ch))
+        quorum = own is not None
+        if own is not None:
+            fencing_token = own
         elif fencing:
             fencing_token = await shielded(take_token(session, name), lambda _: _close(ch))
         else:
@@ -551,7 +572,8 @@ async def _publish_tokens(session: Session, name: str, ids: list[int], quorum: b
     restarts at 0 for a new message; its base (one fresh `N-fence` token, shifted by 32
     bits, rising for ever) keeps a re-published id's tokens above its earlier ones."""
     queue = token_queue(name)
-    headers: dict[str, Any] = {FENCING_HEADER: DELIVERY_COUNT if quorum else "fence"}
+    rule = counting_rule(broker_version(session))
+    headers: dict[str, Any] = {FENCING_HEADER: rule if quorum else FENCE}
     if quorum:
         await ensure_fence(session, name)
         headers[BASE_HEADER] = (await take_token(session, name)) << 32

@@ -1,14 +1,15 @@
 """Push wake-ups that hand a freed slot to *one* waiter, not to all of them.
 
-Every lock has a wake-up queue (`N-sem-waiters`, `N-mutex-waiters`): non-durable,
-auto-deleted when its last waiter leaves, expiring if nobody ever consumed it. A holder that
+Every lock has a wake-up queue (`N-sem-wakeups`, `N-mutex-wakeups`): durable (RabbitMQ 4.x
+refuses transient shared queues), auto-deleted when its last waiter leaves, expiring if
+nobody ever consumed it; a quorum queue in cluster mode (`features.helper_queue`). A holder that
 releases cleanly publishes one notice to it. Each waiting process consumes it with
 prefetch 1 and manual ack, so the broker hands each notice to exactly one waiter (round
 robin): that waiter retries at once and acks the notice after its attempt; the others keep
 sleeping. A waiter that leaves with a notice in hand (it timed out, or got a slot anyway)
 closes its channel and the broker gives the notice to the next waiter. A crashed holder
 publishes nothing, but it held a *sentinel*: every holder of a persistent-semaphore slot
-or mutex publishes one message to the lock's sentinel queue (`N-sem-sentinels`) and
+or mutex publishes one message to the lock's sentinel queue (`N-sem-watch`) and
 consumes it back, unacked, with a higher consumer priority than the waiters. When the
 holder's connection dies the broker returns that message to the queue and pushes it to a
 waiter at once — a crash wakes a waiter as promptly as a clean release. Waiters still
@@ -25,17 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
+from .features import helper_queue
+
 if TYPE_CHECKING:
     from .session import Session
 
 log = logging.getLogger("amqp_locks.transport")
 
-#: Arguments every waiter declares the wake-up queue with (they must agree: 406 otherwise).
-#: A queue declared but never consumed (waiter crashed in between) expires after 10 min.
-WAKEUP_ARGS: dict[str, Any] = {"x-expires": 600_000}
-#: The sentinel queue (see below) is not auto-deleted, so it cannot vanish between a
-#: declare and a consume on a lease's watch channel; unused for 10 minutes, it expires.
-SENTINEL_ARGS: dict[str, Any] = {"x-expires": 600_000}
 #: Holders consume sentinels before waiters do.
 HOLDER_PRIORITY = 1
 
@@ -99,6 +96,11 @@ async def subscribe(
     the duration of the block; degrade to polling if we cannot."""
     waiter = Waiter()
     session.waiters.add(waiter)
+    # Every waiter and holder must declare them alike (406 otherwise). The sentinel queue
+    # is not auto-deleted, so it cannot vanish between a declare and a consume on a
+    # lease's watch channel; unused for 10 minutes, either expires.
+    wakeup_options = helper_queue(session, wakeups=True)
+    sentinel_options = helper_queue(session, wakeups=False)
     try:
         try:
             ch = await session.open_channel()
@@ -106,11 +108,11 @@ async def subscribe(
             _watch_channel(ch, waiter)
             await ch.basic_qos(prefetch_count=1)
             for _ in range(3):  # the last waiter leaving may auto-delete it in between
-                await ch.queue_declare(queue, auto_delete=True, arguments=WAKEUP_ARGS)
+                await ch.queue_declare(queue, **wakeup_options)
                 try:
                     await ch.basic_consume(queue, waiter._on_notice, no_ack=False)
                     if sentinels is not None:
-                        await ch.queue_declare(sentinels, arguments=SENTINEL_ARGS)
+                        await ch.queue_declare(sentinels, **sentinel_options)
                         await ch.basic_consume(sentinels, waiter._on_notice, no_ack=False)
                     waiter.ready = True
                     break

@@ -1,0 +1,100 @@
+"""What the connected broker's version changes for us: queue arguments and counters.
+
+One place for every version rule (docs/compatibility.md has the table and the sources):
+
+- RabbitMQ 4.x (and 4.0 configured like 4.3) refuses transient non-exclusive queues with a
+  connection-level 541: every queue we share between connections is durable (classic with
+  ``x-expires`` on one node, quorum in cluster mode) or exclusive.
+- Quorum queues on 4.x get a default delivery limit of 20 and would drop a never-acked
+  token or fence message after 20 returns: we set ``x-delivery-limit: -1`` (unlimited on
+  4.x; on 3.x ``-1`` means "drop at the first return", so the argument is left out there).
+- 4.3 keeps messages held by a consumer on a lost node for ``consumer_disconnected_timeout``
+  (60 s) before returning them; ``x-consumer-disconnected-timeout`` shortens it per queue.
+- 4.3 moved the "returned this many times" count from ``x-delivery-count`` to the new
+  ``x-acquired-count`` (``x-delivery-count`` now counts failed deliveries only).
+- ``x-consumer-timeout`` is accepted per queue from 3.12; 4.3 refuses it on classic queues.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .session import Session
+
+#: How long a queue shared by waiters or holders lives unused (10 min).
+HELPER_EXPIRES_MS = 600_000
+#: Unacked messages of a consumer on a lost node go back after this long (4.3+); the
+#: default 60 s would hold a token or fence of a dead node's holder for a minute.
+CONSUMER_DISCONNECTED_TIMEOUT_MS = 1_000
+#: A year: long lock holds keep token messages unacked (see docs/operations.md).
+CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
+
+
+def parse_version(raw: object) -> tuple[int, int]:
+    """(major, minor) from a ``server_properties['version']`` value such as ``b"4.0.5"``."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    parts = [*text.split("."), "0"]
+    try:
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        return 3, 0
+
+
+def broker_version(session: Session) -> tuple[int, int]:
+    """The broker's (major, minor) version, from the connection's server properties."""
+    assert session.conn is not None
+    return parse_version(session.conn.server_properties.get("version", b"3.0"))
+
+
+def quorum_arguments(version: tuple[int, int]) -> dict[str, Any]:
+    """Arguments of a quorum queue whose messages are held unacked and returned (tokens,
+    fences, sentinels): never dropped after N returns, returned promptly from a lost node."""
+    args: dict[str, Any] = {"x-queue-type": "quorum"}
+    if version >= (4, 0):
+        args["x-delivery-limit"] = -1
+    if version >= (4, 3):
+        args["x-consumer-disconnected-timeout"] = CONSUMER_DISCONNECTED_TIMEOUT_MS
+    return args
+
+
+def consumer_timeout_arguments(version: tuple[int, int], quorum: bool) -> dict[str, Any]:
+    """``x-consumer-timeout`` where the broker accepts it on this queue type."""
+    if version >= (3, 12) and (quorum or version < (4, 3)):
+        return {"x-consumer-timeout": CONSUMER_TIMEOUT_MS}
+    return {}
+
+
+def acquired_count_header(version: tuple[int, int]) -> str:
+    """The header that counts every return of a quorum-queue message on this broker."""
+    return "x-acquired-count" if version >= (4, 3) else "x-delivery-count"
+
+
+def counting_rule(version: tuple[int, int]) -> str:
+    """Which counter this broker line keeps, and under which storage: a fence message
+    minted under one rule and read under another must be re-based (fencing.py)."""
+    if version >= (4, 3):
+        return "acq43"
+    if version >= (4, 0):
+        return "dc40"
+    return "dc3"
+
+
+#: A wake-up notice nobody took within a minute is stale (waiters re-check on a back-off).
+NOTICE_TTL_MS = 60_000
+
+
+def helper_queue(session: Session, *, wakeups: bool) -> dict[str, Any]:
+    """``queue_declare`` keywords for a queue waiters or holders share: the wake-up queue
+    (`wakeups`) or the sentinel queue. One node: a durable classic queue expiring when
+    unused (4.x refuses transient shared queues); the wake-up queue is also auto-deleted
+    when its last waiter leaves, so notices nobody waits for are dropped. Cluster: a quorum
+    queue, which survives the death of a node; quorum queues cannot auto-delete, so stale
+    notices expire instead (sentinels never do: one is returned only when a holder dies)."""
+    if not session.cluster:
+        args: dict[str, Any] = {"x-expires": HELPER_EXPIRES_MS}
+        return {"durable": True, "auto_delete": wakeups, "arguments": args}
+    args = {**quorum_arguments(broker_version(session)), "x-expires": HELPER_EXPIRES_MS}
+    if wakeups:
+        args["x-message-ttl"] = NOTICE_TTL_MS
+    return {"durable": True, "arguments": args}

@@ -20,6 +20,12 @@ from .transport.wakeups import subscribe
 
 T = TypeVar("T")
 
+#: Re-check delays after a wake-up whose attempt still found the lock held. The broker
+#: hands a dead holder's sentinel on when it closes the holder's channels, which may be a
+#: few milliseconds before it deletes the holder's exclusive queue (seen on RabbitMQ
+#: 4.0.5): the woken waiter looks again shortly instead of sleeping a whole back-off.
+SETTLE_DELAYS = (0.005, 0.02, 0.05, 0.15, 0.4)
+
 
 @dataclass(frozen=True)
 class Backoff:
@@ -72,6 +78,7 @@ async def acquire_loop(
     if granted is not None or not blocking or timeout == 0:
         return granted
     delay = backoff.initial
+    settle: list[float] = []
     while True:
         session = await core.session()  # a new one if the last was lost
         async with subscribe(session, wakeups, sentinels) as sub:
@@ -84,10 +91,13 @@ async def acquire_loop(
                 await sub.answered(notice)
                 if granted is not None:
                     return granted
+                if notice:
+                    settle = list(SETTLE_DELAYS)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
-                wait = delay if remaining is None else min(delay, remaining)
+                step = min(settle.pop(0), delay) if settle else delay
+                wait = step if remaining is None else min(step, remaining)
                 woken = await sub.wait(wait)
                 if sub.broken:
                     break  # the wake-up queue's node died: subscribe again, then retry

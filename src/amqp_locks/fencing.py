@@ -230,8 +230,10 @@ async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
             message = await asyncio.wait_for(got, timeout)
         except TimeoutError:
             raise FenceMissing(
-                f"no fence message arrived from {queue!r} within {timeout:.0f}s; if the queue "
-                "was purged, run SemaphoreAdmin.repair_fence(base)"
+                f"no fence message arrived from {queue!r} within {timeout:.0f}s: it was purged, "
+                "or dropped by a delivery limit (an operator policy 'delivery-limit' overrides "
+                "x-delivery-limit: -1; docs/compatibility.md); run "
+                "SemaphoreAdmin.repair_fence(base)"
             ) from None
         try:
             return _count(message, broker_version(session))

@@ -22,7 +22,7 @@ What the blog leaves open, and how it is handled here:
   `x-acquired-count`: `transport.features`); classic ones take a token from the lock's
   fence queue `N-fence`. A quorum token minted under another counting rule (the broker was
   upgraded across 3.13 -> 4.0 or 4.2 -> 4.3 since `setup`) falls back to the fence queue,
-  shifted above every per-token value, until `repair` re-mints the tokens. Either way a
+  shifted above every per-token value, until the tokens are published anew. Either way a
   protected resource keeps the highest token per (lock name, permit id) and refuses lower
   ones.
 - Broker limits: RabbitMQ 3.12+ takes `x-consumer-timeout` per queue and the queue is

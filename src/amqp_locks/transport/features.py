@@ -47,13 +47,20 @@ def broker_version(session: Session) -> tuple[int, int]:
     return parse_version(session.conn.server_properties.get("version", b"3.0"))
 
 
-def quorum_arguments(version: tuple[int, int]) -> dict[str, Any]:
+def quorum_arguments(
+    version: tuple[int, int], *, disconnected_timeout: bool = True
+) -> dict[str, Any]:
     """Arguments of a quorum queue whose messages are held unacked and returned (tokens,
-    fences, sentinels): never dropped after N returns, returned promptly from a lost node."""
+    fences, sentinels): never dropped after N returns, returned promptly from a lost node.
+
+    4.3 compares ``x-consumer-disconnected-timeout`` when a queue is declared again (406
+    if it differs), so it goes only on queues declared once, by an administrator (token
+    and fence queues), not on those every waiter declares: one made on 4.2 would refuse
+    every declaration after an upgrade to 4.3."""
     args: dict[str, Any] = {"x-queue-type": "quorum"}
     if version >= (4, 0):
         args["x-delivery-limit"] = -1
-    if version >= (4, 3):
+    if version >= (4, 3) and disconnected_timeout:
         args["x-consumer-disconnected-timeout"] = CONSUMER_DISCONNECTED_TIMEOUT_MS
     return args
 
@@ -94,7 +101,8 @@ def helper_queue(session: Session, *, wakeups: bool) -> dict[str, Any]:
     if not session.cluster:
         args: dict[str, Any] = {"x-expires": HELPER_EXPIRES_MS}
         return {"durable": True, "auto_delete": wakeups, "arguments": args}
-    args = {**quorum_arguments(broker_version(session)), "x-expires": HELPER_EXPIRES_MS}
+    version = broker_version(session)
+    args = {**quorum_arguments(version, disconnected_timeout=False), "x-expires": HELPER_EXPIRES_MS}
     if wakeups:
         args["x-message-ttl"] = NOTICE_TTL_MS
     return {"durable": True, "arguments": args}

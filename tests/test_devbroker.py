@@ -126,7 +126,7 @@ def test_cli_script(tmp_path: Path) -> None:
         assert first.stdout.count("\n") == 1
         assert run("url").stdout == first.stdout
         assert run("status").stdout == first.stdout
-        assert (tmp_path / "broker" / name / "node.json").exists()
+        assert (tmp_path / devbroker.home_subdir() / name / "node.json").exists()
     finally:
         stopped = run("stop")
     assert stopped.returncode == 0, stopped.stderr

@@ -290,6 +290,13 @@ def _remove_root(root: Path) -> None:
 # ----------------------------------------------------------------------------- state
 
 
+def home_subdir(version: str | None = None) -> str:
+    """The folder of ``$AMQP_LOCKS_HOME`` holding the nodes of one RabbitMQ line (their
+    data directories cannot be shared between lines)."""
+    version = check_version(version or default_version())
+    return "broker" if version == HOST_VERSION else f"broker-{version}"
+
+
 def _default_base_dir(name: str, version: str) -> Path:
     """``$AMQP_LOCKS_HOME/broker/<name>`` (``broker-4.0/<name>`` for the 4.0 line),
     defaulting to the user's cache directory."""
@@ -299,7 +306,7 @@ def _default_base_dir(name: str, version: str) -> Path:
     else:
         cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         root = Path(cache) / "amqp-locks"
-    return root / ("broker" if version == HOST_VERSION else f"broker-{version}") / name
+    return root / home_subdir(version) / name
 
 
 def _resolve(name: str, base_dir: Path | None, version: str | None = None) -> Path:

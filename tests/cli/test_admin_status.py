@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from amqp_locks import devbroker
+
 from .conftest import Cli, child_env
 
 
@@ -139,7 +141,7 @@ def test_broker_start_status_stop(cli: Cli, tmp_path: Path) -> None:
     try:
         st = cli.run("broker", "status", *node, env=env)
         assert (st.returncode, st.stdout.strip()) == (0, url)
-        assert (tmp_path / "broker" / "clitest" / "node.json").exists()
+        assert (tmp_path / devbroker.home_subdir() / "clitest" / "node.json").exists()
     finally:
         stopped = cli.run("broker", "stop", *node, env=env, timeout=100)
     assert stopped.stdout.strip() == "stopped"

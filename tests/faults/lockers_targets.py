@@ -236,7 +236,9 @@ def lockfaults_node() -> Iterator[devbroker.NodeInfo]:
     import tempfile
 
     base = Path(tempfile.mkdtemp(prefix="amqp-locks-lockfaults-node-"))
-    info = devbroker.start(name=DB_NAME, base_dir=base)
+    # A fresh directory, so a fresh node name too: Erlang node names are machine-wide.
+    name = f"{DB_NAME}-{base.name.rsplit('-', 1)[-1]}"
+    info = devbroker.start(name=name, base_dir=base)
     yield info
-    devbroker.stop(name=DB_NAME, base_dir=base)
+    devbroker.stop(name=name, base_dir=base)
     shutil.rmtree(base, ignore_errors=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 from amqp_locks import devdb
 from amqp_locks.lockers import DatabaseLocker, LeaseDatabaseLocker, Locker, LockerStopped
@@ -233,3 +233,38 @@ def test_frozen_master_is_replaced_and_then_demotes(server: devdb.DbInfo, lock_n
     proc.stdin.close()  # type: ignore[union-attr]
     proc.wait(20)
     standby.close()
+
+
+def test_renewal_cut_off_after_its_update_leaves_the_row_unlocked(
+    server: devdb.DbInfo, lock_name: str
+) -> None:
+    """A master frozen or partitioned right after its renewal's UPDATE reached the server
+    (before anything else it would send) must not keep the lease row locked: the standby
+    takes the lease once it runs out, as it would from a master frozen between renewals."""
+    first = LeaseDatabaseLocker(server.url, lock_name, lease_duration=1.0, **FAST)
+    second = LeaseDatabaseLocker(server.url, lock_name, lease_duration=1.0, **FAST)
+    first.start()
+    cut, heal = threading.Event(), threading.Event()
+
+    def cut_off_after_update(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if statement.lstrip().upper().startswith("UPDATE"):
+            cut.set()
+            heal.wait(30)
+
+    event.listen(first._engine, "after_cursor_execute", cut_off_after_update)
+    renewal = threading.Thread(target=first.keep_alive)
+    renewal.start()
+    got = threading.Event()
+    standby = threading.Thread(target=lambda: (second.start(), got.set()))
+    try:
+        assert cut.wait(10)
+        standby.start()
+        assert got.wait(20)  # the 1 s lease runs out; 20 s is a ceiling, not a bound
+        assert second.fencing_token > first.fencing_token
+    finally:
+        heal.set()
+        renewal.join(10)
+        second.stop()
+        standby.join(10)
+        for locker in (first, second):
+            locker.close()

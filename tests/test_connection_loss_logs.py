@@ -96,3 +96,18 @@ def test_aiormq_records_of_a_lost_connection_go_through_our_logger(
     ours = [r for r in caplog.records if r.name == "amqp_locks.transport"]
     reader = [r for r in ours if "Cancelling cause reader exited abnormally" in r.getMessage()]
     assert reader and all(r.levelno == logging.DEBUG and r.exc_info for r in reader), ours
+
+
+def test_an_unreachable_broker_is_an_exception_not_a_log_line() -> None:
+    code = (
+        "from amqp_locks import Broker, BrokerUnreachable\n"
+        "try:\n"
+        "    Broker('amqp://guest:guest@127.0.0.1:1/', connect_timeout=5).connect()\n"
+        "except BrokerUnreachable:\n"
+        "    print('RAISED')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "RAISED", done
+    assert done.stderr == "", done.stderr

@@ -69,11 +69,14 @@ _CONNECTION_FORCED = 320
 
 def _expected(record: logging.LogRecord) -> bool:
     """A connection ending as connections do (reset, EOF, timeout, a broker's forced
-    close), which the session reports itself, once, with the reason; or a channel closed
-    because we cancelled its call (a timed-out acquire, a closing Broker)."""
+    close), which the session reports itself, once, with the reason; a connection attempt
+    failing, which the caller gets as an exception; or a channel closed because we
+    cancelled its call (a timed-out acquire, a closing Broker)."""
     msg = str(record.msg)
     if msg.startswith("Closing channel") and "cancelled" in msg:
         return True
+    if msg.startswith("error when creating transport"):
+        return True  # the caller gets it as BrokerUnreachable (connect_error)
     if msg.startswith("Unexpected connection close from remote"):
         return len(record.args or ()) >= 2 and record.args[1] == _CONNECTION_FORCED  # type: ignore[index]
     exc = record.exc_info[1] if record.exc_info else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from yarl import URL
@@ -13,15 +12,16 @@ from yarl import URL
 from amqp_locks import Broker, devbroker
 
 from .faultproxy import FaultProxy
+from .nodes import node_name, test_home
 
-TEST_NODE = "amqplockstest"
+TEST_NODE = node_name("amqplockstest")
 
 
 @pytest.fixture(scope="session")
 def node() -> Iterator[devbroker.NodeInfo]:
     """The private broker node every integration test uses (started by the tests)."""
-    base = os.environ.get("AMQP_LOCKS_TEST_HOME")
-    base_dir = Path(base) / devbroker.default_version() / TEST_NODE if base else None
+    home = test_home()
+    base_dir = home / TEST_NODE if home else None
     was_running = devbroker.status(name=TEST_NODE, base_dir=base_dir) is not None
     info = devbroker.start(name=TEST_NODE, base_dir=base_dir)
     yield info

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import uuid
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,8 @@ def test_version_and_help(cli: Cli) -> None:
 @pytest.mark.timeout(120)
 def test_broker_start_status_stop(cli: Cli, tmp_path: Path) -> None:
     env = child_env(AMQP_LOCKS_HOME=str(tmp_path))
-    node = ["--name", "clitest"]
+    name = f"clitest-{uuid.uuid4().hex[:8]}"  # node names are machine-wide (epmd)
+    node = ["--name", name]
     assert cli.run("broker", "status", *node, env=env).returncode == 3
     started = cli.run("broker", "start", *node, env=env, timeout=100)
     assert started.returncode == 0, started.stderr
@@ -141,7 +143,7 @@ def test_broker_start_status_stop(cli: Cli, tmp_path: Path) -> None:
     try:
         st = cli.run("broker", "status", *node, env=env)
         assert (st.returncode, st.stdout.strip()) == (0, url)
-        assert (tmp_path / devbroker.home_subdir() / "clitest" / "node.json").exists()
+        assert (tmp_path / devbroker.home_subdir() / name / "node.json").exists()
     finally:
         stopped = cli.run("broker", "stop", *node, env=env, timeout=100)
     assert stopped.stdout.strip() == "stopped"

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from amqp_locks import Broker, devbroker, devcluster
+from amqp_locks import Broker, devcluster
 
-CLUSTER = "amqplocksc"
+from ..nodes import node_name, test_home
+
+CLUSTER = node_name("amqplocksc") + ("-" if test_home() else "")
 
 
 def _base_dir() -> Path | None:
-    base = os.environ.get("AMQP_LOCKS_TEST_HOME")
-    return Path(base) / devbroker.default_version() / CLUSTER if base else None
+    home = test_home()
+    return home / CLUSTER if home else None
 
 
 @pytest.fixture(scope="session")

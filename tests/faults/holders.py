@@ -49,6 +49,9 @@ class HolderSpec:
     heartbeat: float = 2.0
     #: Seconds to hold each grant (None: until lost or stopped).
     hold: float | None = None
+    #: Grants of this key (slot number) are held until lost or stopped, whatever `hold`
+    #: says: a scenario that must find the key held when it strikes.
+    hold_key: int | None = None
     #: Grants before exiting by itself (None: until stopped).
     rounds: int | None = None
     unit: float = 0.1
@@ -145,7 +148,7 @@ def _run(spec: HolderSpec) -> None:
 
         lease.on_lost(lost)
         write(gid, key, token)  # register the token at the resource right after the grant
-        until = None if spec.hold is None else time.monotonic() + spec.hold
+        until = None if spec.hold is None or key == spec.hold_key else time.monotonic() + spec.hold
         while not lease.lost.is_set() and not stopped():
             if until is not None and time.monotonic() >= until:
                 break

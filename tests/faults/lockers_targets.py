@@ -25,7 +25,10 @@ from ..faultproxy import FaultProxy
 #: Standby polling, keep-alive period, lease and AMQP heartbeat of the fast scenarios.
 INTERVAL = 0.1
 PERIOD = 0.25
-LEASE = 1.5
+#: A master demotes when no renewal has answered for `LEASE - lease_margin` (here 3 - 1.375
+#: = 1.625 s): that must outlast a database round trip on a loaded 2-core machine. At 1.5 s
+#: (0.875 s) a keep-alive stalled by scheduling alone demoted masters before any fault.
+LEASE = 3.0
 HEARTBEAT = 1.0
 CONNECT_TIMEOUT = 2.0
 #: Slack for process scheduling on a loaded 2-core machine (bounds, not measurements).
@@ -236,7 +239,9 @@ def lockfaults_node() -> Iterator[devbroker.NodeInfo]:
     import tempfile
 
     base = Path(tempfile.mkdtemp(prefix="amqp-locks-lockfaults-node-"))
-    info = devbroker.start(name=DB_NAME, base_dir=base)
+    # A fresh directory, so a fresh node name too: Erlang node names are machine-wide.
+    name = f"{DB_NAME}-{base.name.rsplit('-', 1)[-1]}"
+    info = devbroker.start(name=name, base_dir=base)
     yield info
-    devbroker.stop(name=DB_NAME, base_dir=base)
+    devbroker.stop(name=name, base_dir=base)
     shutil.rmtree(base, ignore_errors=True)

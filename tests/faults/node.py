@@ -15,16 +15,17 @@ from pathlib import Path
 
 from amqp_locks import devbroker
 
+from .. import nodes
 from .holders import wait_stopped
 
 
 def node_name() -> str:
-    return os.environ.get("AMQP_LOCKS_FAULT_NODE", "amqplocksfault")
+    return os.environ.get("AMQP_LOCKS_FAULT_NODE") or nodes.node_name("amqplocksfault")
 
 
 def base_dir() -> Path | None:
-    home = os.environ.get("AMQP_LOCKS_TEST_HOME")
-    return Path(home) / devbroker.default_version() / node_name() if home else None
+    home = nodes.test_home()
+    return home / node_name() if home else None
 
 
 def start(port: int | None = None) -> devbroker.NodeInfo:

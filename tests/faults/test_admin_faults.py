@@ -25,17 +25,19 @@ Make = Callable[..., FaultRun]
 PERMITS = 3
 
 
-def _start(make: Make, kind: str) -> FaultRun:
+def _start(make: Make, kind: str, **spec: object) -> FaultRun:
     run = make(kind, permits=PERMITS, heartbeat=2.0)
     for n in range(PERMITS + 1):
-        run.holder(f"h{n}", hold=0.4, rest=0.05)
+        run.holder(f"h{n}", hold=0.4, rest=0.05, **spec)
     for n in range(PERMITS + 1):
         run.wait_event("grant", f"h{n}", 60)
     return run
 
 
 def test_removing_a_held_slot(fault_run: Make) -> None:
-    run = _start(fault_run, "semaphore")
+    # Whoever gets the top slot keeps it until told (the others cycle on the two below):
+    # it is still held when the removal strikes, however long that takes to start.
+    run = _start(fault_run, "semaphore", hold_key=PERMITS)
     # the top slot held: its holder must be told
     run.wait(
         lambda: any(

@@ -4,7 +4,7 @@ fencing resource while master; the checker counts (a) overlaps, (b) stale writes
 
 Lockers: SharedFileLocker (local dir), DatabaseLocker and LeaseDatabaseLocker on SQLite,
 PostgreSQL and MariaDB (private ``devdb`` servers named ``lockfaults``), AmqpLocker on the
-shared test node. Periods are tuned short (interval 0.1 s, keep-alive 0.25 s, lease 1.5 s,
+shared test node. Periods are tuned short (interval 0.1 s, keep-alive 0.25 s, lease 3 s,
 heartbeat 1 s); `pytest -s` prints one measured line per scenario.
 """
 
@@ -186,7 +186,7 @@ def test_paused_master_without_fencing_gets_a_stale_write_in(target: Target, run
 
 def _partition_lengths(target: Target) -> dict[str, float]:
     """Short: inside what the holder tolerates — the client's heartbeat loss timeout (amqp),
-    the lease minus the keep-alive period and the margin (lease: 1.5 - 0.25 - 0.625 s), the
+    the lease minus the keep-alive period and the margin (lease: 3 - 0.25 - 1.375 s), the
     keep-alive timeout (database: one period, 0.25 s). Long: past the point where the
     broker or the lease lets a standby in."""
     if target.kind == "amqp":

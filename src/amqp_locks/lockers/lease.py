@@ -14,7 +14,8 @@ is trusted as is.
 
 The lease must outlive the keep-alive period, or the master would lose it between two
 renewals: a keep-alive period not shorter than the lease is refused. `version` rises on
-every obtain: the fencing token.
+every obtain: the fencing token. Every statement runs in autocommit, so no row lock spans a
+round trip: a master cut off mid-renewal cannot keep the row locked against the standby.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import uuid
 from collections.abc import Callable
 
 from sqlalchemy import case, or_, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ConfigurationError
@@ -107,6 +109,15 @@ class LeaseDatabaseLocker(Locker):
         own now. Independent of wall clocks (offset or stepped); None when not held."""
         return self._valid_until_mono if self._held else None
 
+    def _connect(self) -> Connection:
+        """A connection in autocommit: every statement commits on the server by itself, so
+        no row lock ever spans a round trip. A renewal cut off (partition, freeze) between
+        an UPDATE and its COMMIT would otherwise leave the row locked by a silent session
+        for as long as the server keeps it: the standby's UPDATE waits on that lock instead
+        of taking the expired lease (and on MariaDB a standby's failed conditional UPDATE
+        would lock the row against the master's renewals the same way)."""
+        return self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
     def _try_acquire(self) -> bool:
         row = lease_table.c
         try:
@@ -114,36 +125,39 @@ class LeaseDatabaseLocker(Locker):
                 ensure_row(self._engine, lease_table, self.name)
                 self._row_ready = True
             started = time.monotonic()
-            with self._engine.begin() as conn:
+            with self._connect() as conn:
                 now = db_now(conn)
                 self._observe(now)
                 expires = now + self.lease_duration
+                version = conn.execute(
+                    select(row.version).where(row.name == self.name)
+                ).scalar_one()
+                # Compare-and-set on the version: if it matches, no one else obtained in
+                # between, and the token is exactly version + 1.
                 result = conn.execute(
                     update(lease_table)
                     .where(
                         row.name == self.name,
+                        row.version == version,
                         or_(row.holder.is_(None), row.expires_at < now, row.holder == self._id),
                     )
-                    .values(holder=self._id, expires_at=expires, version=row.version + 1)
+                    .values(holder=self._id, expires_at=expires, version=version + 1)
                 )
                 if result.rowcount != 1:
                     return False
-                version = conn.execute(
-                    select(row.version).where(row.name == self.name)
-                ).scalar_one()
         except SQLAlchemyError as exc:
             log.warning("%r: database unavailable while standing by: %s", self, exc)
             return False
         self.expires_at = expires
         self._valid_until_mono = started + self.lease_duration
-        self.fencing_token = int(version)
+        self.fencing_token = int(version) + 1
         return True
 
     def _keep_alive(self) -> bool:
         """Renew (only if we still hold it; never shortening it). Raises on DB errors."""
         row = lease_table.c
         started = time.monotonic()
-        with self._engine.begin() as conn:
+        with self._connect() as conn:
             now = db_now(conn)
             self._observe(now)
             wanted = now + self.lease_duration
@@ -161,7 +175,7 @@ class LeaseDatabaseLocker(Locker):
     def _release(self) -> None:
         row = lease_table.c
         try:
-            with self._engine.begin() as conn:
+            with self._connect() as conn:
                 conn.execute(
                     update(lease_table)
                     .where(row.name == self.name, row.holder == self._id)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -48,6 +49,66 @@ class _OwnCancelsFilter(logging.Filter):
 
 
 logging.getLogger("aiormq.channel").addFilter(_OwnCancelsFilter())
+
+#: Event loops our sessions run on (the Broker's I/O threads): what aiormq logs there is
+#: about our connections.
+_OUR_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+#: The broker saying we broke the protocol, or a frame we could not parse: worth a
+#: traceback, unlike the other ways a connection ends.
+_PROTOCOL_ERRORS = (
+    ex.ConnectionSyntaxError,
+    ex.ConnectionFrameError,
+    ex.ConnectionCommandInvalid,
+    ex.ConnectionUnexpectedFrame,
+    ex.ConnectionNotImplemented,
+    ex.ProtocolSyntaxError,
+)
+_CONNECTION_FORCED = 320
+
+
+def _expected(record: logging.LogRecord) -> bool:
+    """A connection ending as connections do (reset, EOF, timeout, a broker's forced
+    close), which the session reports itself, once, with the reason; a connection attempt
+    failing, which the caller gets as an exception; or a channel closed because we
+    cancelled its call (a timed-out acquire, a closing Broker)."""
+    msg = str(record.msg)
+    if msg.startswith("Closing channel") and "cancelled" in msg:
+        return True
+    if msg.startswith("error when creating transport"):
+        return True  # the caller gets it as BrokerUnreachable (connect_error)
+    if msg.startswith("Unexpected connection close from remote"):
+        return len(record.args or ()) >= 2 and record.args[1] == _CONNECTION_FORCED  # type: ignore[index]
+    exc = record.exc_info[1] if record.exc_info else None
+    return isinstance(exc, (ConnectionError, OSError, asyncio.IncompleteReadError)) and (
+        not isinstance(exc, _PROTOCOL_ERRORS)
+    )
+
+
+class _OwnConnectionsFilter(logging.Filter):
+    """aiormq logs an ordinary connection loss as a WARNING with two chained tracebacks
+    ("Cancelling cause reader exited abnormally" ... "AMQPConnectionError: Server
+    connection reset") and a broker's close as an ERROR: on a user's stderr through
+    logging's last resort when the application configured no logging, for a loss the lease
+    already reports; and a WARNING for every channel whose call we cancelled. Records
+    emitted on our I/O loops go to `amqp_locks.transport` instead: DEBUG for those, their
+    own level (with the traceback) for the rest (a malformed frame, a protocol error).
+    Other aiormq users' records pass untouched."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return True
+        if loop not in _OUR_LOOPS:
+            return True
+        level = logging.DEBUG if _expected(record) else record.levelno
+        log.log(level, "aiormq: %s", record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
+for _name in ("aiormq.connection", "aiormq.connection.marshall", "aiormq.channel"):
+    logging.getLogger(_name).addFilter(_OwnConnectionsFilter())
 
 
 class _TimedReader:
@@ -129,6 +190,7 @@ class Session:
     async def connect(self, timeout: float) -> None:
         hb = max(1, round(self.heartbeat))
         url = self.url.update_query(heartbeat=str(hb))
+        _OUR_LOOPS.add(asyncio.get_running_loop())
         self.conn = aiormq.Connection(
             url,
             transport_factory=_TimedTransport(self),

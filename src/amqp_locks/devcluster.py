@@ -146,7 +146,15 @@ def _join(seed: NodeInfo, info: NodeInfo) -> None:
         return
     devbroker.rabbitmqctl(info, "stop_app")
     devbroker.rabbitmqctl(info, "join_cluster", seed.node, timeout=120)
-    devbroker.rabbitmqctl(info, "start_app", timeout=120)
+    try:
+        devbroker.rabbitmqctl(info, "start_app", timeout=120)
+    except DevBrokerError as e:
+        # 4.0.5 with 4.3's defaults (transient_nonexcl_queues denied): the first boot after
+        # joining can fail its deprecated-feature check ("failed_to_deny_deprecated_features",
+        # the check reads tables not yet copied to the new member); a second start works.
+        if "failed_to_deny_deprecated_features" not in str(e):
+            raise
+        devbroker.rabbitmqctl(info, "start_app", timeout=120)
     devbroker.rabbitmqctl(info, "await_startup", "--timeout", "60", timeout=90)
 
 
@@ -300,7 +308,16 @@ def start_node(
     """Start node `index` again on its old ports; it rejoins the cluster from its data."""
     cluster = info(name, base_dir)
     _index(cluster, index)
-    node = _start_one(cluster.base_dir, name, index, wait)
+    for attempt in range(3):
+        try:
+            node = _start_one(cluster.base_dir, name, index, wait)
+            break
+        except DevBrokerError as e:
+            # 4.0.5 (Mnesia) with transient_nonexcl_queues denied: a killed node can fail
+            # its boot while its tables load from the peers (the same check as in _join);
+            # seen twice in a row once in 9 restarts.
+            if "failed_to_deny_deprecated_features" not in str(e) or attempt == 2:
+                raise
     if len(cluster.nodes) > 1:  # a member already: a no-op; wiped by hand: joins again
         _join(cluster.node(2 if index == 1 else 1), node)
     return node

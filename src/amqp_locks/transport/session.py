@@ -37,6 +37,8 @@ _CHANNEL_ERRORS = (ex.AMQPError, ConnectionError, ex.ChannelInvalidStateError, R
 
 #: The watchdog asks the broker for a reply this many times per ``loss_timeout``.
 PINGS_PER_LOSS_TIMEOUT = 4
+#: Idle holder channels kept per kind (more are closed): one per concurrent holder.
+HOLDER_POOL = 16
 
 
 class _OwnCancelsFilter(logging.Filter):
@@ -120,6 +122,9 @@ class Session:
         self._listeners: dict[int, LostCallback] = {}
         self._next_listener = 0
         self._idle: list[AbstractChannel] = []
+        #: Channels ready to hold a token (prefetch 1 set; transactional ones for the
+        #: token semaphore's counter-carrying release), so an acquire opens none.
+        self._holder_idle: dict[bool, list[AbstractChannel]] = {False: [], True: []}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog_task: asyncio.Task[None] | None = None
         self._ping_task: asyncio.Task[None] | None = None
@@ -280,6 +285,34 @@ class Session:
             return await self.conn.channel(publisher_confirms=True)
         except _CHANNEL_ERRORS as exc:
             raise channel_error(exc) from exc
+
+    async def holder_channel(self, transactional: bool) -> AbstractChannel:
+        """A channel with prefetch 1 (and, if `transactional`, tx selected) for holding a
+        token; hand it back with :meth:`return_holder_channel` once it holds nothing."""
+        idle = self._holder_idle[transactional]
+        while idle:
+            ch = idle.pop()
+            if not ch.is_closed:
+                return ch
+        self.check()
+        assert self.conn is not None
+        try:
+            # Transactions and publisher confirms exclude each other on a channel.
+            ch = await self.conn.channel(publisher_confirms=not transactional)
+            await ch.basic_qos(prefetch_count=1)
+            if transactional:
+                await ch.tx_select()
+        except _CHANNEL_ERRORS as exc:
+            raise channel_error(exc) from exc
+        return ch
+
+    def return_holder_channel(self, ch: AbstractChannel, transactional: bool) -> None:
+        """Keep a channel that holds no delivery and no consumer for the next acquire."""
+        idle = self._holder_idle[transactional]
+        if self.alive and not ch.is_closed and len(idle) < HOLDER_POOL:
+            idle.append(ch)
+        elif not ch.is_closed and self.alive:
+            self.spawn(_close_channel(ch))
 
     @contextlib.asynccontextmanager
     async def channel(self) -> AsyncIterator[AbstractChannel]:

@@ -295,6 +295,7 @@ class LeaseState(HeldState):
             if watch is not None and not watch.is_closed:
                 session.spawn(_close_quietly(watch))
             self._drop_sentinel()
+        session.released_at[self.notice_key] = time.monotonic()
         session.notify_soon(self.notice_key, [self.number if self.kind == "slot" else 0])
         log.debug(
             "released %s %d of %r after %.3fs",

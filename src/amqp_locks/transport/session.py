@@ -113,6 +113,9 @@ class Session:
         self.lost_reason: str | None = None
         self.held: set[str] = set()
         self.fences_known: set[str] = set()
+        #: When this process last released each lock, by wake-up queue (waiting.py lets
+        #: the waiters go first when it asks again at once).
+        self.released_at: dict[str, float] = {}
         #: Sentinel queues declared on this connection (declared once, not per grant).
         self.sentinels_declared: set[str] = set()
         #: Last size seen per semaphore: where the next slot search's first window ends.

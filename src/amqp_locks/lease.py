@@ -296,6 +296,8 @@ class LeaseState(HeldState):
                 session.spawn(_close_quietly(watch))
             self._drop_sentinel()
         session.released_at[self.notice_key] = time.monotonic()
+        if self.kind == "slot":
+            session.slot_hints[self.name] = self.number
         session.notify_soon(self.notice_key, [self.number if self.kind == "slot" else 0])
         log.debug(
             "released %s %d of %r after %.3fs",

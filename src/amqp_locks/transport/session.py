@@ -118,6 +118,8 @@ class Session:
         self.released_at: dict[str, float] = {}
         #: Sentinel queues declared on this connection (declared once, not per grant).
         self.sentinels_declared: set[str] = set()
+        #: The slot this process released last, per semaphore (tried first next time).
+        self.slot_hints: dict[str, int] = {}
         #: Last size seen per semaphore: where the next slot search's first window ends.
         self.size_hints: dict[str, int] = {}
         #: Last token-semaphore ledger version read per name (tokens.py).

@@ -349,3 +349,50 @@ def test_woken_waiter_gets_the_freed_slot(amqp_url: str, broker: Broker, name: s
     for lease in held:
         assert lease is not None
         lease.release()
+
+
+@pytest.mark.parametrize("kind", ["mutex", "semaphore"])
+def test_a_releaser_asking_again_at_once_lets_the_waiter_go_first(
+    broker: Broker, amqp_url: str, name: str, kind: str
+) -> None:
+    """One process loops acquire -> hold 5 ms -> release -> acquire; another asks once.
+    The looper's next attempt right after its release would win almost every race, so it
+    queues up behind the waiter instead: the waiter is granted within the looper's next
+    two grants (waiting.POLITE_WINDOW)."""
+    if kind == "semaphore":
+        SemaphoreAdmin(broker, name).create(1)
+
+    def lock(b: Broker) -> Mutex | PersistentSemaphore:
+        return Mutex(b, name) if kind == "mutex" else PersistentSemaphore(b, name)
+
+    stop = threading.Event()
+    looper_grants: list[float] = []
+
+    def loop() -> None:
+        with Broker(amqp_url) as own:
+            lk = lock(own)
+            while not stop.is_set():
+                lease = lk.acquire(timeout=30)
+                assert lease is not None
+                looper_grants.append(time.monotonic())
+                time.sleep(0.005)  # the hold itself, not synchronisation
+                lease.release()
+
+    looper = threading.Thread(target=loop)
+    looper.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(looper_grants) < 5:
+            assert time.monotonic() < deadline, "the looper never got going"
+            time.sleep(0.01)
+        for _ in range(3):
+            asked = time.monotonic()
+            lease = lock(broker).acquire(timeout=30)
+            granted = time.monotonic()
+            assert lease is not None
+            lease.release()
+            overtaken = sum(1 for t in looper_grants if asked < t < granted)
+            assert overtaken <= 2, f"the releaser was granted {overtaken} times meanwhile"
+    finally:
+        stop.set()
+        looper.join(60)

@@ -255,3 +255,55 @@ def test_fencing_can_be_skipped_on_classic_queues(broker: Broker, name: str) -> 
         assert permit.fencing_token == 0 and permit.number == 1
     with TokenSemaphore(broker, name).acquire(timeout=5) as fenced:  # type: ignore[union-attr]
         assert fenced.fencing_token >= 1
+
+
+def _take_fence(broker: Broker, name: str) -> int:
+    from amqp_locks.fencing import take_token
+
+    async def take() -> int:
+        return await take_token(await broker._core.session(), name)
+
+    return broker._core.run(take())
+
+
+def test_polite_handoffs_carry_the_counter_without_the_fence(
+    broker: Broker, amqp_url: str, name: str
+) -> None:
+    """A classic token released politely is published again with its counter raised, in
+    one transaction: each next holder reads its fencing token off the message (exactly
+    one more), and the fence queue is not touched at all."""
+    ts = TokenSemaphore(broker, name)
+    ts.setup(1)
+    before = _take_fence(broker, name)
+    with Broker(amqp_url) as other:
+        tokens = []
+        for i in range(10):
+            permit = TokenSemaphore(other if i % 2 else broker, name).acquire(timeout=5)
+            assert permit is not None
+            tokens.append(permit.fencing_token)
+            permit.release()
+    assert tokens == list(range(tokens[0], tokens[0] + 10))
+    assert _take_fence(broker, name) == before + 1  # nobody else read it meanwhile
+    audit = ts.audit()
+    assert audit.ok, audit
+
+
+def test_a_redelivered_token_takes_a_fresh_epoch(amqp_url: str, broker: Broker, name: str) -> None:
+    """A holder killed with the token: the broker returns it flagged redelivered, and the
+    next holder's token is above anything the dead one can have used (a new epoch)."""
+    ts = TokenSemaphore(broker, name)
+    ts.setup(1)
+    first = ts.acquire(timeout=5)
+    assert first is not None
+    first.release()
+    proc, _, dead = _spawn_holder(amqp_url, name, "token")
+    assert dead == first.fencing_token + 1  # the carried counter, one more
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    lease = ts.acquire(timeout=30)
+    assert lease is not None
+    assert lease.fencing_token >> 32 > dead >> 32  # a new epoch from the fence queue
+    lease.release()
+    again = ts.acquire(timeout=5)
+    assert again is not None and again.fencing_token == lease.fencing_token + 1
+    again.release()

@@ -134,6 +134,8 @@ class LeaseState(HeldState):
     _watch: AbstractChannel | None = None
     _tags: dict[str, str] = field(default_factory=dict)
     _sentinel_tag: int | None = None
+    #: The sentinel is held on a channel of its own: a failure there never costs the lease.
+    _sentinel_ch: AbstractChannel | None = None
 
     # --- setting up the watch (runs as the last acquire step) -------------------------
 
@@ -142,7 +144,7 @@ class LeaseState(HeldState):
         a 404 here means the slot vanished (raises :class:`QueueNotFound`)."""
         self._listener = self.session.add_listener(self._on_session_lost)
         self.session.leases.add(self)
-        ch = channel if channel is not None else await self.session.open_channel()
+        ch = channel if channel is not None else await self.session.ready_channel()
         self._watch = ch
         ch.on_consumer_cancel_callbacks.add(self._on_cancel)
         ch.closing.add_done_callback(self._on_watch_closed)
@@ -152,7 +154,7 @@ class LeaseState(HeldState):
         # the first delivery left unacked ("parked") the consumer is never ready, so
         # later probes are dropped by `x-max-length: 0` instead. The parked message is
         # acked every PARK_REFRESH seconds, well inside the broker's consumer_timeout.
-        await ch.basic_qos(prefetch_count=1)
+        # (`ready_channel` set prefetch 1.)
 
         async def park(message: DeliveredMessage) -> None:
             tag = getattr(message.delivery, "delivery_tag", None)
@@ -165,31 +167,50 @@ class LeaseState(HeldState):
             except Exception as exc:
                 raise channel_error(exc, q) from exc
             self._tags[str(ok.consumer_tag)] = q
-        if self.sentinels is not None:
-            await self._hold_sentinel(ch, self.sentinels)
 
-    async def _hold_sentinel(self, ch: AbstractChannel, queue: str) -> None:
+    async def hold_sentinel(self) -> None:
         """Publish a sentinel and hold one unacked (consuming ahead of the waiters): if our
-        connection dies, the broker hands it to a waiter. Best effort: without it, waiters
-        fall back to polling after a crash."""
+        connection dies, the broker hands it to a waiter. Best effort, on a channel of its
+        own and concurrently with the rest of the grant: without it, waiters fall back to
+        polling after a crash. The sentinel queue is declared once per connection (and
+        again if it expired meanwhile)."""
+        queue = self.sentinels
+        if queue is None:
+            return
+        session = self.session
 
         async def hold(message: DeliveredMessage) -> None:
             tag = getattr(message.delivery, "delivery_tag", None)
-            if isinstance(tag, int):
+            if isinstance(tag, int) and message.channel is not None:
                 self._sentinel_tag = tag
                 # consumer_timeout would close a channel holding it for 30 min: re-arm
-                asyncio.get_running_loop().call_later(PARK_REFRESH, self._rearm, ch, tag)
+                asyncio.get_running_loop().call_later(
+                    PARK_REFRESH, self._rearm, message.channel, tag
+                )
 
-        try:
-            await ch.queue_declare(queue, **helper_queue(self.session, wakeups=False))
-            await ch.basic_consume(
-                queue, hold, no_ack=False, arguments={"x-priority": HOLDER_PRIORITY}
-            )
-            await ch.basic_publish(str(self.number).encode(), routing_key=queue)
-        except Exception as exc:
-            if ch.is_closed:
-                raise channel_error(exc, queue) from exc
-            log.debug("no sentinel for %r (%s): waiters poll after a crash", self.name, exc)
+        for attempt in range(2):
+            ch = None
+            try:
+                ch = await session.ready_channel()
+                self._sentinel_ch = ch
+                if attempt or queue not in session.sentinels_declared:
+                    await ch.queue_declare(queue, **helper_queue(session, wakeups=False))
+                    session.sentinels_declared.add(queue)
+                await ch.basic_consume(
+                    queue, hold, no_ack=False, arguments={"x-priority": HOLDER_PRIORITY}
+                )
+                # The confirm is not waited for: the sentinel only has to be there by the
+                # time we might die, and our own consumer takes it either way.
+                session.spawn(_publish_quietly(ch, queue, str(self.number).encode()))
+                if self.released:  # released meanwhile: do not keep it
+                    session.spawn(_close_quietly(ch))
+                return
+            except Exception as exc:
+                session.sentinels_declared.discard(queue)  # expired? declare next time
+                if ch is not None:
+                    session.spawn(_close_quietly(ch))
+                if attempt or not session.alive:
+                    log.debug("no sentinel for %r (%s): waiters poll after a crash", self.name, exc)
 
     def _rearm(self, ch: AbstractChannel, tag: int) -> None:
         if ch.is_closed or self.released or self._sentinel_tag != tag or self.sentinels is None:
@@ -209,9 +230,7 @@ class LeaseState(HeldState):
 
     def _on_cancel(self, frame: Basic.Cancel) -> None:
         queue = self._tags.get(str(frame.consumer_tag))
-        if queue is None:  # the sentinel consumer: losing it loses no lock
-            log.info("sentinel consumer of %r cancelled by the broker", self.name)
-            self._sentinel_tag = None
+        if queue is None:
             return
         if queue == self.held_queue:
             self.lose(f"lock queue {queue!r} was deleted by someone else")
@@ -274,11 +293,11 @@ class LeaseState(HeldState):
         finally:
             session.held.discard(self.held_queue)
             if watch is not None and not watch.is_closed:
-                if self._sentinel_tag is not None:
-                    # A clean release wakes a waiter by its notice; drop the sentinel.
-                    with contextlib.suppress(Exception):
-                        await watch.basic_ack(self._sentinel_tag)
                 session.spawn(_close_quietly(watch))
+            self._drop_sentinel()
+        session.released_at[self.notice_key] = time.monotonic()
+        if self.kind == "slot":
+            session.slot_hints[self.name] = self.number
         session.notify_soon(self.notice_key, [self.number if self.kind == "slot" else 0])
         log.debug(
             "released %s %d of %r after %.3fs",
@@ -298,7 +317,24 @@ class LeaseState(HeldState):
                 await self.session.delete(self.held_queue)
         if self._watch is not None:
             await _close_quietly(self._watch)
+        self._drop_sentinel()
         self.session.held.discard(self.held_queue)
+
+    def _drop_sentinel(self) -> None:
+        """A clean end wakes a waiter by its notice: ack the sentinel, then close its
+        channel (in that order: closing first would hand it to a waiter)."""
+        ch, tag = self._sentinel_ch, self._sentinel_tag
+        self._sentinel_ch = self._sentinel_tag = None
+        if ch is None or ch.is_closed:
+            return
+
+        async def drop() -> None:
+            if tag is not None:
+                with contextlib.suppress(Exception):
+                    await ch.basic_ack(tag)
+            await _close_quietly(ch)
+
+        self.session.spawn(drop())
 
 
 async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing: bool) -> bool:
@@ -310,10 +346,10 @@ async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing:
     session = state.session
     watch_channel: AbstractChannel | None = None
     try:
-        # The declare and opening the lease's watch channel overlap (one round trip).
+        # The declare and getting the lease's watch channel overlap.
         declared, opened = await asyncio.gather(
             session.declare(state.held_queue, exclusive=True, arguments=arguments),
-            session.open_channel(),
+            session.ready_channel(),
             return_exceptions=True,
         )
         if not isinstance(opened, BaseException):
@@ -326,7 +362,7 @@ async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing:
         jobs: list[Any] = [state.watch(watch_channel)]
         if fencing:
             jobs.append(_fence_token(state))
-        results = await asyncio.gather(*jobs, return_exceptions=True)
+        results = await asyncio.gather(*jobs, state.hold_sentinel(), return_exceptions=True)
         if isinstance(results[0], QueueNotFound):
             await state.abandon()
             return False
@@ -379,6 +415,11 @@ async def _fence_token(state: LeaseState) -> int:
 async def _ack_quietly(ch: AbstractChannel, tag: int) -> None:
     with contextlib.suppress(Exception):
         await ch.basic_ack(tag)
+
+
+async def _publish_quietly(channel: AbstractChannel, queue: str, body: bytes) -> None:
+    with contextlib.suppress(Exception):
+        await channel.basic_publish(body, routing_key=queue)
 
 
 async def _close_quietly(channel: AbstractChannel) -> None:

@@ -19,12 +19,17 @@ What the blog leaves open, and how it is handled here:
   `N.semaphore-ledger` records the configured count and the token ids, so `setup` is
   idempotent and `audit`/`repair` can find missing or surplus tokens.
 - Fencing: quorum token queues count returns per token (`x-delivery-count`, from 4.3
-  `x-acquired-count`: `transport.features`); classic ones take a token from the lock's
-  fence queue `N-fence`. A quorum token minted under another counting rule (the broker was
-  upgraded across 3.13 -> 4.0 or 4.2 -> 4.3 since `setup`) falls back to the fence queue,
-  shifted above every per-token value, until the tokens are published anew. Either way a
-  protected resource keeps the highest token per (lock name, permit id) and refuses lower
-  ones.
+  `x-acquired-count`: `transport.features`). A classic token *carries* its counter
+  (`epoch`, `count` headers; fencing token ``epoch << 32 | count``): a polite release acks
+  it and publishes it again with ``count + 1`` in one AMQP transaction, so it is never lost
+  nor doubled, and the next holder reads its fencing token for free. Only a token the
+  broker gave back (``redelivered``: a holder died, was cut off or timed out, and may have
+  used a value the message does not record) takes a fresh epoch from the lock's fence
+  queue `N-fence`, above every value handed out before. A quorum token minted under
+  another counting rule (the broker was upgraded across 3.13 -> 4.0 or 4.2 -> 4.3 since
+  `setup`) falls back to the fence queue, shifted above every per-token value, until the
+  tokens are published anew. Either way a protected resource keeps the highest token per
+  (lock name, permit id) and refuses lower ones.
 - Broker limits: RabbitMQ 3.12+ takes `x-consumer-timeout` per queue and the queue is
   declared with it (one year); on 3.10/3.11 only the global `consumer_timeout` exists and
   must be raised in rabbitmq.conf (the private dev node does). On 4.x quorum queues get
@@ -74,6 +79,10 @@ MAX_PRIORITY = 2**31 - 2
 FENCING_HEADER = "amqp-locks-fencing"
 DELIVERY_COUNT = "delivery-count"
 FENCE = "fence"
+#: Classic tokens that carry their counter in EPOCH_HEADER / COUNT_HEADER.
+CARRIED = "carried"
+EPOCH_HEADER = "amqp-locks-epoch"
+COUNT_HEADER = "amqp-locks-count"
 #: Quorum tokens: added to the delivery count (see `_publish_tokens`).
 BASE_HEADER = "amqp-locks-fence-base"
 #: How long a non-blocking acquire waits for a token the broker reported ready.
@@ -108,13 +117,24 @@ class PermitState(HeldState):
     consumer_tag: str
     delivery_tag: int
     quorum: bool
-    _on_cancel_cb: Any = field(default=None)
+    #: The token as delivered (re-published by the release when it carries its counter).
+    message: DeliveredMessage
+    #: (epoch, count) this holder's fencing token was made of: the release publishes the
+    #: token again with count + 1. None: the release returns it as it came (reject).
+    carry: tuple[int, int] | None = None
+    #: Called by the broker's consumer cancel (set by `acquire_permit`; removed on release).
+    on_cancel: Any = field(default=None)
 
     def attach(self) -> None:
         """Watch for everything by which the broker can take the token back."""
         self._listener = self.session.add_listener(self._on_session_lost)
         self.session.leases.add(self)
         self.channel.closing.add_done_callback(self._on_channel_closed)
+
+    def _detach(self) -> None:
+        """The pooled channel outlives us: take our callbacks off it."""
+        self.channel.closing.remove_done_callback(self._on_channel_closed)
+        self.channel.on_consumer_cancel_callbacks.discard(self.on_cancel)
 
     def on_broker_cancel(self) -> None:
         self.lose(
@@ -142,9 +162,11 @@ class PermitState(HeldState):
         return True
 
     async def release(self) -> None:
-        """Cancel our consumer (so the token is not re-delivered to us), then reject the
-        token with requeue: the broker hands it to the best waiting consumer. Neither
-        waits for a reply; the channel is closed in the background."""
+        """Cancel our consumer (so the token is not re-delivered to us), then, in one
+        transaction, either ack the token and publish it again with its counter raised
+        (it carries its counter) or reject it with requeue: at the commit the broker hands
+        it to the best waiting consumer. If anything fails before the commit, closing the
+        channel gives the token back as it came (the broker then flags it redelivered)."""
         if self.released:
             return
         self.released = True
@@ -152,17 +174,33 @@ class PermitState(HeldState):
         self.session.remove_listener(self._listener)
         self.session.leases.discard(self)
         ch = self.channel
+        self._detach()
         if ch.is_closed or not self.session.alive:
             return
+        # The caller does not wait for the commit: the broker hands the token on at the
+        # commit whoever waits for its reply (Session.close lets it finish).
+        self.session.spawn(self._give_back(ch))
+
+    async def _give_back(self, ch: AbstractChannel) -> None:
         try:
             # No need to wait for cancel-ok: the broker handles a channel's methods in
-            # order, so the consumer is gone before the reject requeues the token.
+            # order, so the consumer is gone before the commit requeues the token.
             await ch.basic_cancel(self.consumer_tag, nowait=True)
-            await ch.basic_reject(self.delivery_tag, requeue=True)
+            if self.carry is not None:
+                await ch.basic_ack(self.delivery_tag)
+                await ch.basic_publish(
+                    self.message.body,
+                    routing_key=token_queue(self.name),
+                    properties=_carrying(self.message, self.carry[0], self.carry[1] + 1),
+                )
+            else:
+                await ch.basic_reject(self.delivery_tag, requeue=True)
+            await ch.tx_commit()
         except Exception as exc:
             log.debug("polite release failed (%s); closing the channel returns the token", exc)
-        finally:
             self.session.spawn(_close(ch))
+        else:
+            self.session.return_holder_channel(ch, transactional=True)
         log.debug("released permit %d of %r", self.number, self.name)
 
 
@@ -180,12 +218,48 @@ def _text(value: Any) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+def _carrying(message: DeliveredMessage, epoch: int, count: int) -> Basic.Properties:
+    """The token's properties, carrying (epoch, count)."""
+    props = message.header.properties if message.header else Basic.Properties()
+    headers = dict(props.headers or {})
+    headers.update({FENCING_HEADER: CARRIED, EPOCH_HEADER: epoch, COUNT_HEADER: count})
+    return Basic.Properties(
+        delivery_mode=2,
+        message_id=props.message_id,
+        app_id=props.app_id,
+        headers=headers,
+    )
+
+
+def _int_header(headers: dict[str, Any], key: str) -> int | None:
+    value = headers.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def _classic_fencing(
+    session: Session, name: str, message: DeliveredMessage, fencing: bool
+) -> tuple[int, tuple[int, int] | None]:
+    """(fencing token, carry) of a classic token (see the module docstring)."""
+    headers = (message.header.properties.headers or {}) if message.header else {}
+    epoch, count = _int_header(headers, EPOCH_HEADER), _int_header(headers, COUNT_HEADER)
+    redelivered = bool(getattr(message.delivery, "redelivered", False))
+    carried = _text(headers.get(FENCING_HEADER)) == CARRIED
+    if carried and epoch is not None and count is not None and not redelivered and (
+        0 <= count < 2**32
+    ):
+        return (epoch << 32 | count if fencing else 0), (epoch, count)
+    if not fencing:
+        return 0, None  # returned as it came: the next fenced holder mints an epoch
+    epoch = await take_token(session, name)
+    return epoch << 32, (epoch, 0)
+
+
 async def _fencing_token(session: Session, name: str, message: DeliveredMessage) -> int | None:
     """A quorum token's fencing token from its own return count, or None for a classic
-    token (which takes one from the fence queue, if fencing is on)."""
+    token (see :func:`_classic_fencing`)."""
     headers = (message.header.properties.headers or {}) if message.header else {}
     source = _text(headers.get(FENCING_HEADER))
-    if source in (None, FENCE):
+    if source in (None, FENCE, CARRIED):
         return None
     version = broker_version(session)
     base = headers.get(BASE_HEADER, 0)
@@ -222,7 +296,7 @@ async def acquire_permit(
         if ready == 0:
             return None
         timeout = NONBLOCKING_GRACE
-    ch = await shielded(session.open_channel(), _close)
+    ch = await shielded(session.holder_channel(transactional=True), _close)
     got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
     state_box: list[PermitState] = []
 
@@ -251,7 +325,6 @@ async def acquire_permit(
     ch.closing.add_done_callback(on_closed)
 
     async def start_consuming() -> Any:
-        await ch.basic_qos(prefetch_count=1)
         return await ch.basic_consume(
             queue, on_token, no_ack=False, arguments={"x-priority": priority}
         )
@@ -279,12 +352,13 @@ async def acquire_permit(
         token_id = _token_id(message)
         own = await shielded(_fencing_token(session, name, message), lambda _: _close(ch))
         quorum = own is not None
+        carry: tuple[int, int] | None = None
         if own is not None:
             fencing_token = own
-        elif fencing:
-            fencing_token = await shielded(take_token(session, name), lambda _: _close(ch))
         else:
-            fencing_token = 0  # classic queue, fencing=False: no fence round trip
+            fencing_token, carry = await shielded(
+                _classic_fencing(session, name, message, fencing), lambda _: _close(ch)
+            )
         state = PermitState(
             core=core,
             session=session,
@@ -296,6 +370,9 @@ async def acquire_permit(
             consumer_tag=str(ok.consumer_tag),
             delivery_tag=tag,
             quorum=quorum,
+            message=message,
+            carry=carry,
+            on_cancel=on_cancel,
         )
         state_box.append(state)
         state.attach()
@@ -568,15 +645,19 @@ def _positive(x: int, what: str) -> int:
 
 
 async def _publish_tokens(session: Session, name: str, ids: list[int], quorum: bool) -> None:
-    """Publish tokens `ids`. A quorum token's fencing counter is its delivery count, which
+    """Publish tokens `ids`. A quorum token's fencing counter is its return count, which
     restarts at 0 for a new message; its base (one fresh `N-fence` token, shifted by 32
-    bits, rising for ever) keeps a re-published id's tokens above its earlier ones."""
+    bits, rising for ever) keeps a re-published id's tokens above its earlier ones. A
+    classic token carries (that fresh epoch, count 0)."""
     queue = token_queue(name)
-    rule = counting_rule(broker_version(session))
-    headers: dict[str, Any] = {FENCING_HEADER: rule if quorum else FENCE}
+    await ensure_fence(session, name)
+    epoch = await take_token(session, name)
+    headers: dict[str, Any]
     if quorum:
-        await ensure_fence(session, name)
-        headers[BASE_HEADER] = (await take_token(session, name)) << 32
+        rule = counting_rule(broker_version(session))
+        headers = {FENCING_HEADER: rule, BASE_HEADER: epoch << 32}
+    else:
+        headers = {FENCING_HEADER: CARRIED, EPOCH_HEADER: epoch, COUNT_HEADER: 0}
 
     async def publish(ch: AbstractChannel) -> None:
         await asyncio.gather(

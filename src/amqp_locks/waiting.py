@@ -25,6 +25,22 @@ T = TypeVar("T")
 #: few milliseconds before it deletes the holder's exclusive queue (seen on RabbitMQ
 #: 4.0.5): the woken waiter looks again shortly instead of sleeping a whole back-off.
 SETTLE_DELAYS = (0.005, 0.02, 0.05, 0.15, 0.4)
+#: A process that asks again this soon after releasing the same lock lets the waiters go
+#: first when there are any (it would win nearly every race: its attempt starts before
+#: the woken waiter has even read its notice).
+POLITE_WINDOW = 1.0
+
+
+async def _defer_to_waiters(session: Session, wakeups: str) -> bool:
+    """We released this lock a moment ago and others wait for it: queue up behind them."""
+    released = session.released_at.get(wakeups)
+    if released is None or time.monotonic() - released > POLITE_WINDOW:
+        return False
+    try:
+        _, consumers = await session.declare_passive_counts(wakeups)
+    except AmqpLocksError:
+        return False
+    return consumers > 0
 
 
 @dataclass(frozen=True)
@@ -69,19 +85,25 @@ async def acquire_loop(
     timeout = check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     session = await core.session()
-    try:
-        granted = await _attempt(attempt(session, None))
-    except ConnectionLost:
-        # The node died under the attempt: once more on a new connection (in a cluster,
-        # to the next node); whatever the lost connection held died with it.
-        granted = await _attempt(attempt(await core.session(), None))
-    if granted is not None or not blocking or timeout == 0:
-        return granted
+    polite = blocking and timeout != 0 and await _defer_to_waiters(session, wakeups)
+    if not polite:
+        try:
+            granted = await _attempt(attempt(session, None))
+        except ConnectionLost:
+            # The node died under the attempt: once more on a new connection (in a
+            # cluster, to the next node); whatever the lost connection held died with it.
+            granted = await _attempt(attempt(await core.session(), None))
+        if granted is not None or not blocking or timeout == 0:
+            return granted
     delay = backoff.initial
     settle: list[float] = []
     while True:
         session = await core.session()  # a new one if the last was lost
         async with subscribe(session, wakeups, sentinels) as sub:
+            if polite:  # the waiters first: our notice woke one of them
+                polite = False
+                first = delay if deadline is None else min(delay, deadline - time.monotonic())
+                await sub.wait(max(0.0, first))
             while session.alive:
                 notice, hint = sub.take()
                 try:

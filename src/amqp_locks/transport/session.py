@@ -38,6 +38,10 @@ _CHANNEL_ERRORS = (ex.AMQPError, ConnectionError, ex.ChannelInvalidStateError, R
 
 #: The watchdog asks the broker for a reply this many times per ``loss_timeout``.
 PINGS_PER_LOSS_TIMEOUT = 4
+#: Idle holder channels kept per kind (more are closed): one per concurrent holder.
+HOLDER_POOL = 16
+#: Spare ready channels kept open for the next leases' watch and sentinel consumers.
+READY_SPARES = 2
 
 
 class _OwnCancelsFilter(logging.Filter):
@@ -170,6 +174,13 @@ class Session:
         self.lost_reason: str | None = None
         self.held: set[str] = set()
         self.fences_known: set[str] = set()
+        #: When this process last released each lock, by wake-up queue (waiting.py lets
+        #: the waiters go first when it asks again at once).
+        self.released_at: dict[str, float] = {}
+        #: Sentinel queues declared on this connection (declared once, not per grant).
+        self.sentinels_declared: set[str] = set()
+        #: The slot this process released last, per semaphore (tried first next time).
+        self.slot_hints: dict[str, int] = {}
         #: Last size seen per semaphore: where the next slot search's first window ends.
         self.size_hints: dict[str, int] = {}
         #: Last token-semaphore ledger version read per name (tokens.py).
@@ -181,6 +192,12 @@ class Session:
         self._listeners: dict[int, LostCallback] = {}
         self._next_listener = 0
         self._idle: list[AbstractChannel] = []
+        #: Channels ready to hold a token (prefetch 1 set; transactional ones for the
+        #: token semaphore's counter-carrying release), so an acquire opens none.
+        self._holder_idle: dict[bool, list[AbstractChannel]] = {False: [], True: []}
+        #: Spare channels with prefetch 1 set (`ready_channel`), and how many are opening.
+        self._ready: list[AbstractChannel] = []
+        self._ready_opening = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog_task: asyncio.Task[None] | None = None
         self._ping_task: asyncio.Task[None] | None = None
@@ -342,6 +359,72 @@ class Session:
             return await self.conn.channel(publisher_confirms=True)
         except _CHANNEL_ERRORS as exc:
             raise channel_error(exc) from exc
+
+    async def holder_channel(self, transactional: bool) -> AbstractChannel:
+        """A channel with prefetch 1 (and, if `transactional`, tx selected) for holding a
+        token; hand it back with :meth:`return_holder_channel` once it holds nothing."""
+        idle = self._holder_idle[transactional]
+        while idle:
+            ch = idle.pop()
+            if not ch.is_closed:
+                return ch
+        self.check()
+        assert self.conn is not None
+        try:
+            # Transactions and publisher confirms exclude each other on a channel.
+            ch = await self.conn.channel(publisher_confirms=not transactional)
+            await ch.basic_qos(prefetch_count=1)
+            if transactional:
+                await ch.tx_select()
+        except _CHANNEL_ERRORS as exc:
+            raise channel_error(exc) from exc
+        return ch
+
+    async def ready_channel(self) -> AbstractChannel:
+        """A fresh channel with prefetch 1 already set, for one lease's watch or sentinel
+        consumers (closed, not reused, when the lease ends: what it consumed goes back).
+        Spares are opened in the background so an acquire waits for none."""
+        while self._ready:
+            ch = self._ready.pop()
+            if not ch.is_closed:
+                self._refill_ready()
+                return ch
+        ch = await self._open_ready()
+        self._refill_ready()
+        return ch
+
+    async def _open_ready(self) -> AbstractChannel:
+        self.check()
+        assert self.conn is not None
+        try:
+            ch = await self.conn.channel(publisher_confirms=True)
+            await ch.basic_qos(prefetch_count=1)
+        except _CHANNEL_ERRORS as exc:
+            raise channel_error(exc) from exc
+        return ch
+
+    def _refill_ready(self) -> None:
+        missing = READY_SPARES - len(self._ready) - self._ready_opening
+        for _ in range(max(0, missing)):
+            self._ready_opening += 1
+            self.spawn(self._add_ready())
+
+    async def _add_ready(self) -> None:
+        try:
+            if self.alive:
+                self._ready.append(await self._open_ready())
+        except AmqpLocksError as exc:
+            log.debug("could not open a spare channel: %s", exc)
+        finally:
+            self._ready_opening -= 1
+
+    def return_holder_channel(self, ch: AbstractChannel, transactional: bool) -> None:
+        """Keep a channel that holds no delivery and no consumer for the next acquire."""
+        idle = self._holder_idle[transactional]
+        if self.alive and not ch.is_closed and len(idle) < HOLDER_POOL:
+            idle.append(ch)
+        elif not ch.is_closed and self.alive:
+            self.spawn(_close_channel(ch))
 
     @contextlib.asynccontextmanager
     async def channel(self) -> AsyncIterator[AbstractChannel]:

@@ -37,7 +37,6 @@ classes do not offer (basic.get of a snapshot, probes, consumer counts); see
 from __future__ import annotations
 
 import contextlib
-import datetime
 import hashlib
 import logging
 import re
@@ -45,7 +44,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent import futures
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import tooz
 from aiormq.abc import AbstractChannel, DeliveredMessage
@@ -70,9 +69,9 @@ T = TypeVar("T")
 REGISTRY_QUEUE = "tooz.groups"
 REGISTRY_LOCK = "tooz.groups.lock"
 #: Queues whose existence is a member or a leader: probes are dropped, never stored.
-_FLAG_ARGS = {"x-max-length": 0}
+_FLAG_ARGS: dict[str, Any] = {"x-max-length": 0}
 #: The readers queue of a lock outlives its last reader by a day, then the broker drops it.
-_READERS_ARGS = {"x-expires": 86_400_000}
+_READERS_ARGS: dict[str, Any] = {"x-expires": 86_400_000}
 
 _SAFE = re.compile(rb"[A-Za-z0-9_:\-]{1,100}")
 
@@ -151,15 +150,16 @@ async def _read_snapshot(ch: AbstractChannel, queue: str) -> tuple[dict[str, Any
         msg: DeliveredMessage = await ch.basic_get(queue, no_ack=False)
         if isinstance(msg.delivery, Basic.GetEmpty):
             return best, last
+        assert isinstance(msg.delivery, Basic.GetOk)
         tag = int(msg.delivery.delivery_tag or 0)
         last = max(last, tag)
         try:
             data = utils.loads(msg.body)
         except Exception:  # a stray probe or foreign message: dropped on the next write
             continue
-        if isinstance(data, dict) and isinstance(data.get("v"), int):
-            if best is None or data["v"] > best["v"]:
-                best = data
+        fresh = isinstance(data, dict) and isinstance(data.get("v"), int)
+        if fresh and (best is None or data["v"] > best["v"]):
+            best = data
 
 
 async def _finish_snapshot(
@@ -517,7 +517,7 @@ class AmqpDriver(
                 raise
             if error is not None:
                 raise error
-            return result  # type: ignore[return-value]
+            return cast(T, result)  # None only together with an error
 
         return self.run(go())
 
@@ -622,7 +622,7 @@ class AmqpDriver(
             with self._held(REGISTRY_LOCK):
 
                 async def check(session: Session, members: _Members) -> tuple[bool, None]:
-                    changed, live = await self._live(session, group_id, members)
+                    _, live = await self._live(session, group_id, members)
                     if live:
                         raise coordination.GroupNotEmpty(group_id)
                     await session.delete(group_queue(group_id))
@@ -652,7 +652,7 @@ class AmqpDriver(
             queue = member_queue(group_id, member_id)
 
             async def add(session: Session, members: _Members) -> tuple[bool, None]:
-                changed, live = await self._live(session, group_id, members)
+                _, live = await self._live(session, group_id, members)
                 if member_id in live:
                     raise coordination.MemberAlreadyExist(group_id, member_id)
                 try:

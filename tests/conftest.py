@@ -14,7 +14,9 @@ from amqp_locks import Broker, devbroker
 
 from .faultproxy import FaultProxy
 
-TEST_NODE = "amqplockstest"
+# AMQP_LOCKS_TEST_NODE: another node name, for test runs side by side on one host (Erlang
+# node names are host-wide, whatever the home directory).
+TEST_NODE = os.environ.get("AMQP_LOCKS_TEST_NODE") or "amqplockstest"
 
 
 @pytest.fixture(scope="session")

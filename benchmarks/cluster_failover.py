@@ -36,7 +36,9 @@ def _broker(info: devcluster.ClusterInfo, first: int) -> Broker:
     return Broker(urls, heartbeat=5).connect()
 
 
-def _trial(info: devcluster.ClusterInfo, kind: str) -> tuple[float, float, float, bool]:
+def _trial(
+    info: devcluster.ClusterInfo, kind: str
+) -> tuple[float, float, float, bool]:
     name = f"b{uuid.uuid4().hex[:10]}"
     b1, b2, b3 = _broker(info, 1), _broker(info, 2), _broker(info, 1)
     try:
@@ -86,10 +88,8 @@ def main() -> None:
     was_running = any(devcluster.status(CLUSTER).values())
     info = devcluster.start(CLUSTER, 3)
     try:
-        print(
-            "| primitive | holder told (ms, median [min-max]) | waiter on a surviving node "
-            "granted (ms) | node restart (s) | tokens monotonic |"
-        )
+        print("| primitive | holder told (ms, median [min-max]) | waiter on a surviving node "
+              "granted (ms) | node restart (s) | tokens monotonic |")
         print("|---|---|---|---|---|")
         for kind in ("mutex", "semaphore", "token"):
             rows = [_trial(info, kind) for _ in range(args.trials)]
@@ -98,17 +98,12 @@ def main() -> None:
             restart = [r[2] for r in rows]
 
             def fmt(xs: list[float], digits: int = 0) -> str:
-                return (
-                    f"{statistics.median(xs):.{digits}f} "
-                    f"[{min(xs):.{digits}f}-{max(xs):.{digits}f}]"
-                )
+                return (f"{statistics.median(xs):.{digits}f} "
+                        f"[{min(xs):.{digits}f}-{max(xs):.{digits}f}]")
 
             ok = all(r[3] for r in rows)
-            print(
-                f"| {kind} | {fmt(lost)} | {fmt(regrant)} | {fmt(restart, 1)} | "
-                f"{'yes' if ok else 'NO'} ({len(rows)} trials) |",
-                flush=True,
-            )
+            print(f"| {kind} | {fmt(lost)} | {fmt(regrant)} | {fmt(restart, 1)} | "
+                  f"{'yes' if ok else 'NO'} ({len(rows)} trials) |", flush=True)
     finally:
         if not was_running:
             devcluster.stop(CLUSTER)

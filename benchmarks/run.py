@@ -78,7 +78,7 @@ def _config(quick: bool) -> dict[str, Any]:
             "broker_rtt": (200, 2),
             "raw_floors": (100, 2),
             "headline": headline.Plan(
-                reask_reps=2, reask_samples=6, reask_warmup=2, settle=0.05, fair_seconds=1.5
+                reask_reps=2, reask_samples=4, reask_warmup=1, settle=0.05, fair_seconds=1.0
             ),
             "primitives": (20, 2),
             "uncontended": Budget(reps=2, max_samples=30, seconds=0.75),

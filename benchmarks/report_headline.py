@@ -112,8 +112,8 @@ def reask_table(r: dict[str, Any]) -> str:
                 headline.LABELS.get(kind, kind),
                 _f(s["p50_ms"]),
                 _f(s["p99_ms"]),
-                _f(s["to_waiter"]["p50_ms"]),
-                _f(s["to_releaser"]["p50_ms"]),
+                _f(s.get("to_waiter", {}).get("p50_ms")),
+                _f(s.get("to_releaser", {}).get("p50_ms")),
                 f"{s['releaser_won']} of {s['handoffs']}",
             ]
         )

@@ -7,6 +7,7 @@ to ``render`` (``--also``), each judged against its own floors, measured in its 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 
 from . import floors, headline
 
@@ -201,8 +203,10 @@ def plot(r: dict[str, Any], also: list[dict[str, Any]], path: Path) -> None:
             ax.plot([t, t], [y - 0.45, y + 0.45], color="#cb181d", linewidth=2)
     ax.axvline(1.0, color="grey", linestyle=":", label="the floor (1x)")
     ax.plot([], [], color="#cb181d", linewidth=2, label="target")
-    ax.set_yticks(ys, [label.replace(": ", ":\n", 1) for label in labels], fontsize=7)
+    ax.set_yticks(ys, [textwrap.fill(label.replace("`", ""), 34) for label in labels], fontsize=7)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%gx"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("ours / floor, p50 (log scale; left of the red mark = target met)")
     ax.set_title("Ours against the broker's floor, same run")
     ax.grid(axis="x", which="both", alpha=0.3)

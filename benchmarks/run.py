@@ -631,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only:
         results = json.loads(args.render_only.read_text())
         line = _line(results)
+        # A smoke run's results render into quick/, never over docs/benchmarks.md.
+        args.quick = args.quick or bool(results.get("quick"))
         _, doc_path, img_dir = _paths(args, line)
         report.render(results, doc_path, img_dir, _also(args, line, args.render_only))
         _log(f"rendered {doc_path} and plots in {img_dir}")

@@ -113,7 +113,7 @@ def test_targets_without_measurements_are_not_judged() -> None:
             ]
         )
     )
-    assert "smaller C" in smaller[-1]["note"]
+    assert "smaller C" in smaller[-1]["note"] and smaller[-1]["met"] is None
 
 
 def test_head_to_head() -> None:

@@ -1,18 +1,38 @@
-"""Reference floors: what one round trip costs before any lock logic runs.
+"""Reference floors: what one round trip, and each broker operation a lock is made of,
+costs before any lock logic runs.
 
 - loopback TCP: a 16-byte ping to an echo server in another process on 127.0.0.1; the
   kernel + Python socket floor no broker protocol can beat.
 - broker: ``Broker.round_trip()`` (a passive exchange declare), i.e. the caller thread ->
-  private I/O thread -> aiormq -> RabbitMQ -> back. Every lock figure is expressed as a
-  multiple of this one.
+  private I/O thread -> aiormq -> RabbitMQ -> back.
+- raw aiormq (no library code, one asyncio loop in this process), the floors the issue's
+  targets are ratios to:
+
+  - ``basic.get`` of a ready message on an open channel (classic and quorum queue), the
+    message returned with ``basic.reject(requeue)`` (untimed) between samples: the floor
+    of an uncontended token acquire;
+  - ``basic.reject(requeue)`` on connection A -> delivery to a prefetch-1 consumer on
+    connection B (classic and quorum), timed from just before the reject to B's delivery
+    callback; A cancelled its consumer first (untimed, as a token release does) and
+    consumes again afterwards, so the roles swap every sample: the floor of a token handoff;
+  - exclusive ``queue.declare`` on an open channel, and its ``queue.delete`` timed
+    separately: the floor of a mutex / persistent-semaphore acquire and handoff.
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import socket
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
+from typing import Any
+
+import aiormq
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
 
 from amqp_locks import Broker
 
@@ -93,3 +113,210 @@ def broker_rtt(url: str, samples: int, reps: int) -> list[list[float]]:
                 rep.append(time.perf_counter() - t0)
             out.append(rep)
         return out
+
+
+# ------------------------------------------------------------------ raw aiormq floors
+
+#: Floor labels (keys of ``results["floors"]``) measured with raw aiormq.
+RAW = {
+    "get_classic": "`basic.get` of a ready message, classic queue",
+    "get_quorum": "`basic.get` of a ready message, quorum queue",
+    "reject_deliver_classic": "`basic.reject(requeue)` -> prefetch-1 consumer on another "
+    "connection, classic queue",
+    "reject_deliver_quorum": "`basic.reject(requeue)` -> prefetch-1 consumer on another "
+    "connection, quorum queue",
+    "exclusive_declare": "exclusive `queue.declare` on an open channel",
+    "exclusive_delete": "`queue.delete` of that exclusive queue",
+}
+
+
+def server_version(props: dict[str, Any]) -> tuple[int, int]:
+    """(major, minor) of the broker from its ``server_properties`` (0, 0 if unknown)."""
+    raw = props.get("version", "")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    try:
+        major, minor = text.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
+
+
+def queue_arguments(version: tuple[int, int], quorum: bool) -> dict[str, Any]:
+    """A token-like queue's arguments: quorum queues never drop a message for being
+    returned too often (4.x defaults ``delivery-limit`` to 20)."""
+    if not quorum:
+        return {}
+    args: dict[str, Any] = {"x-queue-type": "quorum"}
+    if version >= (4, 0):
+        args["x-delivery-limit"] = -1
+    return args
+
+
+async def _connect(url: str, what: str) -> aiormq.abc.AbstractConnection:
+    return await aiormq.connect(url, client_properties={"connection_name": f"bench floor {what}"})
+
+
+async def _one_message_queue(
+    conn: aiormq.abc.AbstractConnection, quorum: bool
+) -> tuple[aiormq.abc.AbstractChannel, str]:
+    """A fresh durable queue holding one message (durable: 4.x refuses transient ones)."""
+    ch = await conn.channel(publisher_confirms=True)
+    name = f"bench-floor-{'qq' if quorum else 'cq'}-{uuid.uuid4().hex[:8]}"
+    args = queue_arguments(server_version(conn.server_properties), quorum)
+    await ch.queue_declare(name, durable=True, arguments=args)
+    await ch.basic_publish(b"token", routing_key=name)
+    return ch, name
+
+
+def _timed_reps(
+    sample: Callable[[], Awaitable[float | None]], samples: int, reps: int, warmup: int
+) -> Callable[[], Awaitable[tuple[list[list[float]], int]]]:
+    """Coroutine factory: ``warmup`` untimed samples, then ``reps`` x ``samples``; a sample
+    that returns None (e.g. ``basic.get-empty``) is counted as a miss and taken again."""
+
+    async def run() -> tuple[list[list[float]], int]:
+        misses = 0
+        for _ in range(warmup):
+            await sample()
+        out: list[list[float]] = []
+        for _ in range(reps):
+            rep: list[float] = []
+            while len(rep) < samples:
+                dt = await sample()
+                if dt is None:
+                    misses += 1
+                    if misses > 10 * samples * reps:
+                        raise RuntimeError("the floor queue keeps coming back empty")
+                    await asyncio.sleep(0.001)
+                    continue
+                rep.append(dt)
+            out.append(rep)
+        return out, misses
+
+    return run
+
+
+async def _get_floor(url: str, quorum: bool, samples: int, reps: int) -> dict[str, Any]:
+    conn = await _connect(url, "basic.get")
+    try:
+        ch, name = await _one_message_queue(conn, quorum)
+
+        async def sample() -> float | None:
+            t0 = time.perf_counter()
+            msg = await ch.basic_get(name, no_ack=False)
+            dt = time.perf_counter() - t0
+            if isinstance(msg.delivery, spec.Basic.GetEmpty) or msg.delivery_tag is None:
+                return None  # the previous reject has not requeued it yet
+            await ch.basic_reject(msg.delivery_tag, requeue=True)
+            return dt
+
+        try:
+            out, misses = await _timed_reps(sample, samples, reps, min(50, samples))()
+        finally:
+            await ch.queue_delete(name)
+        return {"reps": out, "misses": misses}
+    finally:
+        await conn.close()
+
+
+class _Side:
+    """One connection of the reject -> deliver floor: a prefetch-1 consumer."""
+
+    def __init__(self, ch: aiormq.abc.AbstractChannel, queue: str) -> None:
+        self.ch, self.queue = ch, queue
+        self.tag: str | None = None
+        self.delivery: int | None = None
+        self.at = 0.0
+        self.got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def consume(self) -> None:
+        self.got = asyncio.get_running_loop().create_future()
+
+        async def on_message(msg: DeliveredMessage) -> None:
+            self.at = time.perf_counter()
+            self.delivery = msg.delivery_tag
+            if not self.got.done():
+                self.got.set_result(None)
+
+        ok = await self.ch.basic_consume(self.queue, on_message, no_ack=False)
+        self.tag = ok.consumer_tag
+
+    async def hand_over(self) -> float:
+        """Cancel (untimed), then reject the held message; returns the time just before."""
+        assert self.tag is not None and self.delivery is not None
+        await self.ch.basic_cancel(self.tag)
+        t0 = time.perf_counter()
+        await self.ch.basic_reject(self.delivery, requeue=True)
+        return t0
+
+
+async def _handoff_floor(url: str, quorum: bool, samples: int, reps: int) -> dict[str, Any]:
+    ca = await _connect(url, "reject A")
+    cb = await _connect(url, "reject B")
+    try:
+        setup, name = await _one_message_queue(ca, quorum)
+        sides = []
+        for conn in (ca, cb):
+            ch = await conn.channel()
+            await ch.basic_qos(prefetch_count=1)
+            sides.append(_Side(ch, name))
+        holder, waiter = sides
+        await holder.consume()
+        await asyncio.wait_for(holder.got, 10)
+        await waiter.consume()
+
+        async def sample() -> float:
+            nonlocal holder, waiter
+            t0 = await holder.hand_over()
+            await asyncio.wait_for(waiter.got, 10)
+            dt = waiter.at - t0
+            await holder.consume()  # the releaser waits next
+            holder, waiter = waiter, holder
+            return dt
+
+        try:
+            out, _ = await _timed_reps(sample, samples, reps, min(20, samples))()
+        finally:
+            await setup.queue_delete(name)
+        return {"reps": out}
+    finally:
+        await cb.close()
+        await ca.close()
+
+
+async def _declare_floor(url: str, samples: int, reps: int) -> dict[str, Any]:
+    conn = await _connect(url, "exclusive declare")
+    try:
+        ch = await conn.channel()
+        name = f"bench-floor-x-{uuid.uuid4().hex[:8]}"
+        deletes: list[float] = []
+
+        async def sample() -> float:
+            t0 = time.perf_counter()
+            await ch.queue_declare(name, exclusive=True)
+            t1 = time.perf_counter()
+            await ch.queue_delete(name)
+            deletes.append(time.perf_counter() - t1)
+            return t1 - t0
+
+        warmup = min(20, samples)
+        out, _ = await _timed_reps(sample, samples, reps, warmup)()
+        dels = deletes[warmup:]
+        return {
+            "reps": out,
+            "delete_reps": [dels[i * samples : (i + 1) * samples] for i in range(reps)],
+        }
+    finally:
+        await conn.close()
+
+
+def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
+    """Every raw-aiormq floor: label -> {"reps": [[seconds]], ...} (see :data:`RAW`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for quorum, kind in ((False, "classic"), (True, "quorum")):
+        out[f"get_{kind}"] = asyncio.run(_get_floor(url, quorum, samples, reps))
+        out[f"reject_deliver_{kind}"] = asyncio.run(_handoff_floor(url, quorum, samples, reps))
+    declare = asyncio.run(_declare_floor(url, samples, reps))
+    out["exclusive_declare"] = {"reps": declare["reps"]}
+    out["exclusive_delete"] = {"reps": declare["delete_reps"]}
+    return out

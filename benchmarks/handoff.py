@@ -129,10 +129,11 @@ def _lock(broker: Broker, kind: str) -> Any:
 def uncontended_tokens(
     url: str, budget: Budget, rtt_ms: float, meter_pids: dict[str, int | None]
 ) -> dict[str, Any]:
-    """Uncontended acquire/release of a one-permit token semaphore, classic and quorum."""
+    """Uncontended acquire/release of a one-permit token semaphore: classic token queue
+    (with and without fencing) and quorum token queue."""
     out: dict[str, Any] = {}
     with Broker(url) as broker:
-        for kind in ("token", "token_quorum"):
+        for kind in ("token", "token_nofence", "token_quorum"):
             with _lock(broker, kind) as name:
                 sem = _make(broker, kind, name)
                 out[kind] = _uncontended_one(sem.acquire, budget, rtt_ms, meter_pids)
@@ -164,6 +165,14 @@ def _worker(url: str, kind: str, name: str, conn: Connection) -> None:
                     lease.release()
                 lease = None
                 conn.send(("released", t0, time.monotonic()))
+            elif cmd == "release_acquire":  # release, and ask again at once
+                t0 = time.monotonic()
+                if lease is not None:
+                    lease.release()
+                conn.send(("released", t0, time.monotonic()))
+                lease = lock.acquire(timeout=120)
+                t = time.monotonic()
+                conn.send(("acquired", t, None if lease is None else lease.fencing_token))
             else:
                 break
     except BaseException as exc:
@@ -331,4 +340,4 @@ def crash(url: str, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["KINDS", "LABELS", "Plan", "crash", "handoff", "uncontended_tokens"]
+__all__ = ["KINDS", "LABELS", "Plan", "context", "crash", "handoff", "uncontended_tokens"]

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from . import report_compare
+from . import report_compare, report_headline
 
 TEMPLATE = Path(__file__).with_name("template.md")
 PLOTS = {
@@ -71,17 +71,28 @@ def _plot_floors(r: dict[str, Any], path: Path) -> None:
         ("mutex: acquire", uc["mutex"]["acquire"]),
         ("mutex: release", uc["mutex"]["release"]),
     ]
-    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    ut = r.get("uncontended_tokens", {})
+    for kind, label in (("token", "token"), ("token_nofence", "token, fencing=False")):
+        if kind in ut:
+            items.append((f"{label}: acquire", ut[kind]["acquire"]))
+    fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(items) + 1.5))
     ys = range(len(items))[::-1]
     p50 = [s["p50_ms"] for _, s in items]
     p99 = [s["p99_ms"] for _, s in items]
     ax.barh(list(ys), p99, color="#c6dbef", label="p99")
     ax.barh(list(ys), p50, color="#2171b5", label="p50")
     ax.set_yticks(list(ys), [label for label, _ in items])
+    for key, color, text in (
+        ("get_classic", "#238b45", "floor: `basic.get`"),
+        ("exclusive_declare", "#cb181d", "floor: exclusive declare"),
+    ):
+        if key in fl:
+            v = fl[key]["p50_ms"]
+            ax.axvline(v, color=color, linestyle="--", label=f"{text} p50 {v:.2f} ms")
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms, log scale)")
     ax.set_title("Floors and uncontended operations")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=7)
     ax.grid(axis="x", which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -102,6 +113,18 @@ def _plot_search(r: dict[str, Any], path: Path) -> None:
             label = f"free slot {position}: {key}"
             ax.plot(cs, ys, style, color=color, alpha=alpha, label=label)
     ax.axhline(rtt, color="grey", linestyle=":", label=f"broker round trip p50 ({rtt:.2f} ms)")
+    decl = r["floors"].get("exclusive_declare")
+    if decl:
+        ax.axhline(
+            decl["p50_ms"],
+            color="#cb181d",
+            linestyle="--",
+            label=f"floor: exclusive declare p50 ({decl['p50_ms']:.2f} ms)",
+        )
+    if c1:
+        ax.axhline(
+            3 * c1[0]["p50_ms"], color="#fd8d3c", linestyle="-.", label="target: 3 x C=1 p50"
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("slots C (C-1 held by another connection)")
@@ -330,9 +353,16 @@ def _plot_handoff_compare(r: dict[str, Any], path: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", which="both", alpha=0.3)
     a1.axvline(rtt, color="grey", linestyle=":", label=f"RTT p50 {rtt:.2f} ms")
-    a1.axvline(TOKEN_HANDOFF_GOAL_RTT * rtt, color="#cb181d", linestyle="--", label="goal: 3 x RTT")
+    fl = r["floors"]
+    for key, color, text in (
+        ("reject_deliver_classic", "#238b45", "floor: reject -> deliver"),
+        ("exclusive_declare", "#cb181d", "floor: exclusive declare"),
+    ):
+        if key in fl:
+            v = fl[key]["p50_ms"]
+            a1.axvline(v, color=color, linestyle="--", label=f"{text} p50 {v:.2f} ms")
     for ax in (a1, a2):
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -395,6 +425,7 @@ def _token_values(r: dict[str, Any]) -> dict[str, str]:
     uc_rows = []
     for label, s in (
         ("token semaphore, classic token queue", ut.get("token")),
+        ("token semaphore, classic token queue, fencing=False", ut.get("token_nofence")),
         ("token semaphore, quorum token queue", ut.get("token_quorum")),
         ("persistent semaphore, C=1", uc["semaphore_c1"]),
         ("mutex", uc["mutex"]),
@@ -687,6 +718,11 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
         [
             row("loopback TCP round trip (Python, 2 processes)", loop),
             row("broker round trip (`Broker.round_trip()`)", rtt),
+            *[
+                row(f"raw aiormq: {fl[key]['label']}", fl[key])
+                for key in report_headline.headline_floors()
+                if key in fl
+            ],
             row("semaphore C=1: `acquire()`", uc["semaphore_c1"]["acquire"]),
             row("semaphore C=1: `release()`", uc["semaphore_c1"]["release"]),
             row("mutex: `acquire()`", uc["mutex"]["acquire"]),
@@ -893,8 +929,14 @@ def _values(r: dict[str, Any], img_rel: str) -> dict[str, str]:
     }
 
 
-def render(results: dict[str, Any], doc: Path, img_dir: Path) -> None:
-    """Write the PNGs into ``img_dir`` and the markdown report to ``doc``."""
+def render(
+    results: dict[str, Any],
+    doc: Path,
+    img_dir: Path,
+    also: list[dict[str, Any]] | None = None,
+) -> None:
+    """Write the PNGs into ``img_dir`` and the markdown report to ``doc``; ``also``: results
+    of other RabbitMQ lines whose floors/targets tables the report shows too."""
     img_dir.mkdir(parents=True, exist_ok=True)
     doc.parent.mkdir(parents=True, exist_ok=True)
     _plot_floors(results, img_dir / PLOTS["floors"])
@@ -906,6 +948,7 @@ def render(results: dict[str, Any], doc: Path, img_dir: Path) -> None:
     img_rel = Path(os.path.relpath(img_dir, doc.parent)).as_posix()
     values = _values(results, img_rel)
     values.update(report_compare.render(results, img_dir, img_rel))
+    values.update(report_headline.render(results, also or [], img_dir, img_rel))
     text = string.Template(TEMPLATE.read_text()).substitute(values)
     if results.get("quick"):
         text = "> **Smoke run (`--quick`)**: few samples; not the published figures.\n\n" + text

@@ -4,6 +4,9 @@
                                         # docs/benchmarks.md, docs/img/bench-*.png
     python -m benchmarks.run --quick    # smoke run (<3 min) into benchmarks/results/quick/
     python -m benchmarks.run --render-only benchmarks/results/latest.json
+    python -m benchmarks.run --rabbitmq 4.0   # on a private RabbitMQ 4.0 node:
+                                        # benchmarks/results/latest-4.0.json and
+                                        # benchmarks/results/rabbitmq-4.0/benchmarks.md
 
 The node (``amqplocksbench``, separate from the tests' ``amqplockstest``) is started by
 the run and stopped at the end unless it was already running; ``--url`` uses another broker.
@@ -43,6 +46,7 @@ from benchmarks import (
     failover,
     floors,
     handoff,
+    headline,
     latency,
     primitives,
     report,
@@ -72,6 +76,10 @@ def _config(quick: bool) -> dict[str, Any]:
         return {
             "loopback": (300, 2),
             "broker_rtt": (200, 2),
+            "raw_floors": (100, 2),
+            "headline": headline.Plan(
+                reask_reps=2, reask_samples=4, reask_warmup=1, settle=0.05, fair_seconds=1.0
+            ),
             "primitives": (20, 2),
             "uncontended": Budget(reps=2, max_samples=30, seconds=0.75),
             "capacities": [1, 10, 100],
@@ -102,6 +110,10 @@ def _config(quick: bool) -> dict[str, Any]:
     return {
         "loopback": (2000, 5),
         "broker_rtt": (1000, 5),
+        "raw_floors": (500, 5),
+        "headline": headline.Plan(
+            reask_reps=3, reask_samples=34, reask_warmup=3, settle=0.05, fair_seconds=10.0
+        ),
         "primitives": (100, 3),
         "uncontended": Budget(reps=5, max_samples=200, seconds=1.5),
         "capacities": [1, 10, 100, 1000],
@@ -229,6 +241,14 @@ def measure(
     results["floors"] = {"loopback_tcp": loop, "broker_round_trip": rtt}
     rtt_ms = rtt["p50_ms"]
     _log(f"  loopback p50={loop['p50_ms']:.3f} ms, broker p50={rtt_ms:.3f} ms")
+    _log("floors: raw aiormq (basic.get, reject -> deliver, exclusive declare / delete)")
+    for key, raw in floors.raw_floors(url, *cfg["raw_floors"]).items():
+        s = summarize_reps(raw["reps"])
+        s["label"] = floors.RAW[key]
+        if "misses" in raw:
+            s["misses"] = raw["misses"]
+        results["floors"][key] = s
+        _log(f"  {key}: p50={s['p50_ms']:.3f} ms p99={s['p99_ms']:.3f} ms")
 
     _log("primitive steps of an acquire")
     results["primitives"] = primitives.primitives(url, *cfg["primitives"], rtt_ms)
@@ -281,6 +301,15 @@ def measure(
     results["handoff"] = handoff.handoff(url, hplan, rtt_ms, _log)
     _log("crash: kill -9 of the holder -> blocked waiter acquires")
     results["crash"] = handoff.crash(url, hplan, _log)
+    hl: headline.Plan = cfg["headline"]
+    results["headline_plan"] = dataclasses.asdict(hl)
+    _log("handoff with the releaser asking again at once (one permit, two processes)")
+    results["reask"] = headline.reask(url, hl, _log)
+    _log(
+        f"fairness loop: {hl.fair_processes} processes, acquire -> hold "
+        f"{hl.fair_hold * 1000:.0f} ms -> release, {hl.fair_seconds:g} s per primitive"
+    )
+    results["fairness"] = headline.fairness(url, hl, _log)
 
     results["failover"] = _failover(url, cfg)
 
@@ -291,6 +320,10 @@ def measure(
         url, node, broker_pid, cfg["scale_sizes"], cfg["scale_budget"], cfg["scale_extras"], _log
     )
     results["scale"]["wall_s"] = round(time.monotonic() - t0, 1)
+    results["targets"] = headline.targets(results) + headline.head_to_head(results)
+    for row in results["targets"]:
+        verdict = {True: "met", False: "NOT met", None: "-"}[row["met"]]
+        _log(f"  target {row['label']}: ratio {row['ratio']} ({row['target']}) {verdict}")
     results["problems"] = problems(results)
 
     wall = time.monotonic() - started
@@ -473,6 +506,9 @@ def problems(results: dict[str, Any]) -> list[str]:
         for group, s in groups.items():
             for e in ([s["error"]] if "error" in s else []) + s.get("errors", []):
                 out.append(f"crash {kind} {group}: {e}")
+    for kind, s in results.get("fairness", {}).items():
+        for e in s.get("errors", []):
+            out.append(f"fairness {kind}: {e}")
     if not results.get("scale", {}).get("rows"):
         out.append("scale: nothing measured")
     return out
@@ -486,17 +522,54 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
-def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
-    if args.quick:
-        base = ROOT / "benchmarks" / "results" / "quick"
-        defaults = (base / "results.json", base / "benchmarks.md", base / "img")
-    else:
-        defaults = (
-            ROOT / "benchmarks" / "results" / "latest.json",
-            ROOT / "docs" / "benchmarks.md",
-            ROOT / "docs" / "img",
-        )
+def _line(results: dict[str, Any]) -> str:
+    """The RabbitMQ line ("3.10", "4.0") a results file was measured on."""
+    env = results.get("environment", {})
+    if env.get("rabbitmq_line"):
+        return str(env["rabbitmq_line"])
+    version = env.get("rabbitmq", {}).get("version", "")
+    return ".".join(version.split(".")[:2]) or devbroker.HOST_VERSION
+
+
+def _default_paths(quick: bool, line: str) -> tuple[Path, Path, Path]:
+    """Results, report and plots of a run on RabbitMQ ``line``. The host's line (3.10)
+    owns docs/benchmarks.md; another line's full report goes under benchmarks/results/."""
+    results = ROOT / "benchmarks" / "results"
+    host = line == devbroker.HOST_VERSION
+    if quick:
+        base = results / "quick"
+        if host:
+            return (base / "results.json", base / "benchmarks.md", base / "img")
+        return (base / f"results-{line}.json", base / f"benchmarks-{line}.md", base / f"img-{line}")
+    if host:
+        return (results / "latest.json", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "img")
+    sub = results / f"rabbitmq-{line}"
+    return (results / f"latest-{line}.json", sub / "benchmarks.md", sub / "img")
+
+
+def _paths(args: argparse.Namespace, line: str) -> tuple[Path, Path, Path]:
+    defaults = _default_paths(args.quick, line)
     return (args.json or defaults[0], args.doc or defaults[1], args.img_dir or defaults[2])
+
+
+def _also(args: argparse.Namespace, line: str, own: Path) -> list[dict[str, Any]]:
+    """Results of the other RabbitMQ lines whose floors/targets table the report shows too:
+    ``--also`` files, else the other lines' default results files that exist."""
+    if args.also is not None:
+        paths = [p for p in args.also if p.name != "none"]
+    else:
+        paths = [
+            _default_paths(args.quick, other)[0] for other in devbroker.VERSIONS if other != line
+        ]
+        paths = [p for p in paths if p.exists()]
+    out = []
+    for p in paths:
+        if p.resolve() == own.resolve():
+            continue
+        r = json.loads(p.read_text())
+        r["json_path"] = _rel(p)
+        out.append(r)
+    return out
 
 
 def _with_broker(
@@ -507,15 +580,19 @@ def _with_broker(
     if args.url:
         body(args.url, None, None)
         return
-    was_running = devbroker.status(name=args.node) is not None
-    _log(f"{'using running' if was_running else 'starting'} private node {args.node!r}")
-    info = devbroker.start(name=args.node)
+    line = args.rabbitmq
+    was_running = devbroker.status(name=args.node, version=line) is not None
+    _log(
+        f"{'using running' if was_running else 'starting'} private RabbitMQ {line} node "
+        f"{args.node!r}"
+    )
+    info = devbroker.start(name=args.node, version=line)
     try:
         body(info.url, info.pid_file, info)
     finally:
         if not was_running:
             _log(f"stopping private node {args.node!r}")
-            devbroker.stop(name=args.node)
+            devbroker.stop(name=args.node, version=line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -529,18 +606,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--render-only", type=Path, metavar="JSON", help="re-render docs from a results file"
     )
+    parser.add_argument(
+        "--rabbitmq",
+        choices=devbroker.VERSIONS,
+        default=None,
+        help="RabbitMQ line of the private node (default: $AMQP_LOCKS_RABBITMQ, else 3.10); "
+        "a line other than 3.10 writes latest-LINE.json and its report under "
+        "benchmarks/results/rabbitmq-LINE/",
+    )
+    parser.add_argument(
+        "--also",
+        type=Path,
+        action="append",
+        metavar="JSON",
+        help="also show the floors/targets table of this results file (another RabbitMQ "
+        "line); default: the other lines' results files that exist; `--also none`: none",
+    )
     args = parser.parse_args(argv)
+    args.rabbitmq = devbroker.check_version(args.rabbitmq or devbroker.default_version())
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every server we started stops.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # aiormq warns when a channel close is cut short by a connection close; harmless here.
     logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
-    json_path, doc_path, img_dir = _paths(args)
-
     if args.render_only:
         results = json.loads(args.render_only.read_text())
-        report.render(results, doc_path, img_dir)
+        line = _line(results)
+        # A smoke run's results render into quick/, never over docs/benchmarks.md.
+        args.quick = args.quick or bool(results.get("quick"))
+        _, doc_path, img_dir = _paths(args, line)
+        report.render(results, doc_path, img_dir, _also(args, line, args.render_only))
         _log(f"rendered {doc_path} and plots in {img_dir}")
         return 0
+    json_path, doc_path, img_dir = _paths(args, args.rabbitmq)
 
     given = sys.argv[1:] if argv is None else argv
     command = shlex.join(["python", "-m", "benchmarks.run", *given])
@@ -551,13 +648,17 @@ def main(argv: list[str] | None = None) -> int:
 
     def body(url: str, pid_file: Path | None, node: devbroker.NodeInfo | None) -> None:
         results = measure(url, pid_file, args.quick, command, node)
+        # The line asked for; with --url, the one the broker reports.
+        results["environment"]["rabbitmq_line"] = (
+            args.rabbitmq if node is not None else _line(results)
+        )
         results["json_path"] = _rel(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = json_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(results, indent=1) + "\n")
         tmp.replace(json_path)
         _log(f"wrote {json_path}")
-        report.render(results, doc_path, img_dir)
+        report.render(results, doc_path, img_dir, _also(args, args.rabbitmq, json_path))
         _log(f"wrote {doc_path} and plots in {img_dir}")
         failed.extend(results["problems"])
 

@@ -1,0 +1,190 @@
+"""Issue 12's floors/targets judgement and report tables, from JSON alone (no servers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchmarks import headline, report_headline, run
+from benchmarks.floors import queue_arguments, server_version
+
+
+def _s(p50: float) -> dict[str, Any]:
+    return {"p50_ms": p50, "p99_ms": 2 * p50, "n": 10, "reps": 1}
+
+
+def _results(**over: Any) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "environment": {"rabbitmq": {"version": "3.10.8"}, "date": "today", "nproc": 2},
+        "floors": {
+            "get_classic": _s(0.5),
+            "get_quorum": _s(2.0),
+            "reject_deliver_classic": _s(0.6),
+            "reject_deliver_quorum": _s(2.5),
+            "exclusive_declare": _s(4.0),
+        },
+        "uncontended_tokens": {
+            "token": {"acquire": _s(0.9)},  # 1.8x: met (<= 2x)
+            "token_nofence": {"acquire": _s(0.8)},  # 1.6x: not met (<= 1.5x)
+            "token_quorum": {"acquire": _s(3.0)},
+        },
+        "uncontended": {"mutex": {"acquire": _s(8.0)}, "semaphore_c1": {"acquire": _s(9.0)}},
+        "handoff": {"token": _s(1.2), "token_nofence": _s(0.9), "token_quorum": _s(3.0)},
+        "reask": {
+            "mutex": {**_s(12.0), "releaser_won": 31, "handoffs": 100},
+            "semaphore": {**_s(13.0), "releaser_won": 2, "handoffs": 100},
+        },
+        "search": [
+            {"capacity": 1, "free_slot": "last", "p50_ms": 10.0},
+            {"capacity": 1000, "free_slot": "last", "p50_ms": 40.0},
+            {"capacity": 1000, "free_slot": "first", "p50_ms": 11.0},
+        ],
+        "fairness": {
+            "token": {
+                "grants": [10, 10, 10, 10],
+                "jain": 1.0,
+                "wait_p50_ms": 15.0,
+                "wait_max_ms": 30.0,
+                "wait_max_over_median": 2.0,
+                "errors": [],
+            },
+            "mutex": {
+                "grants": [20, 5, 5, 5],
+                "jain": 0.74,
+                "wait_p50_ms": 15.0,
+                "wait_max_ms": 90.0,
+                "wait_max_over_median": 6.0,
+                "errors": [],
+            },
+        },
+        "peers": {
+            "plan": {"processes": 16},
+            "handoff": {
+                "ours_token": {"2": _s(0.7), "8": _s(0.8)},
+                "pg_advisory": {"2": _s(0.8), "8": _s(0.9)},
+            },
+            "uncontended": {"ours_token": {"cycle": _s(1.0)}, "redis_py": {"cycle": _s(0.4)}},
+            "throughput": {
+                "4": {
+                    "ours_token": {"grants_per_s": 1000.0},
+                    "ours_semaphore": {"grants_per_s": 60},
+                }
+            },
+        },
+    }
+    r.update(over)
+    return r
+
+
+def _by_label(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {row["label"]: row for row in rows}
+
+
+def test_targets_ratios_and_verdicts() -> None:
+    rows = _by_label(headline.targets(_results()))
+    acq = rows["token semaphore (fencing on): uncontended acquire"]
+    assert (acq["floor_ms"], acq["ours_ms"], acq["ratio"], acq["met"]) == (0.5, 0.9, 1.8, True)
+    assert rows["token semaphore, `fencing=False`: uncontended acquire"]["met"] is False
+    assert rows["token semaphore, `fencing=False`: handoff"]["ratio"] == 1.5
+    assert rows["token semaphore, `fencing=False`: handoff"]["met"] is True  # <= is inclusive
+    assert rows["token semaphore, quorum token queue: handoff"]["met"] is None  # information
+    mutex = rows["mutex: handoff, releaser asking again at once"]
+    assert (mutex["ratio"], mutex["met"]) == (3.0, True)
+    assert "31 times in 100" in mutex["note"]
+    assert rows["persistent semaphore, C=1: uncontended acquire"]["met"] is False  # 2.25x
+    c1000 = rows["persistent semaphore, C=1000, only the last slot free: acquire"]
+    assert (c1000["floor_ms"], c1000["ratio"], c1000["met"], c1000["note"]) == (
+        10.0,
+        4.0,
+        False,
+        "",
+    )
+
+
+def test_targets_without_measurements_are_not_judged() -> None:
+    rows = headline.targets({"floors": {}, "search": []})
+    assert rows and all(row["met"] is None and row["ratio"] is None for row in rows)
+    smaller = headline.targets(
+        _results(
+            search=[
+                {"capacity": 1, "free_slot": "last", "p50_ms": 10.0},
+                {"capacity": 100, "free_slot": "last", "p50_ms": 20.0},
+            ]
+        )
+    )
+    assert "smaller C" in smaller[-1]["note"] and smaller[-1]["met"] is None
+
+
+def test_head_to_head() -> None:
+    rows = _by_label(headline.head_to_head(_results()))
+    ho = rows["token handoff, 2 waiters"]  # the fewest waiters measured
+    assert ho["ratio"] == pytest.approx(0.875, abs=0.01) and ho["met"] is True
+    assert rows["token uncontended acquire + release"]["met"] is False  # 2.5x redis-py
+    token = rows["16 processes on 4 slots, token semaphore: grants/s"]
+    assert token["met"] is True and token["ratio"] == pytest.approx(1000 / 195, abs=0.01)
+    assert rows["16 processes on 4 slots, persistent semaphore: grants/s"]["met"] is False
+    smoke = _results()
+    smoke["peers"]["plan"]["processes"] = 3
+    assert all(
+        row["met"] is None for row in headline.head_to_head(smoke) if row.get("higher_is_better")
+    )
+
+
+def test_fairness_summary_and_verdict() -> None:
+    waits = [[(0.0, 0.010), (1.0, 1.010)], [(0.0, 0.020)], [(0.0, 0.040)], []]
+    s = headline.fairness_summary(waits)
+    assert s["grants"] == [2, 1, 1, 0]
+    assert s["idle"] == 1
+    assert s["wait_p50_ms"] == 15.0  # median of 10, 10, 20, 40
+    assert s["wait_max_over_median"] == 2.67
+    rows = {row["kind"]: row for row in headline.fairness_rows(_results())}
+    assert rows["token"]["met"] is True
+    assert rows["mutex"]["met"] is False
+    assert headline.fairness_summary([[], []])["wait_max_over_median"] is None
+
+
+def test_report_section_shows_both_lines() -> None:
+    other = _results(json_path="benchmarks/results/latest-4.0.json", quick=True)
+    other["environment"] = {"rabbitmq": {"version": "4.0.5"}, "date": "then", "nproc": 2}
+    text = report_headline.section(_results(), [other])
+    assert "### RabbitMQ 3.10.8 (this run)" in text
+    assert "RabbitMQ 4.0.5, `benchmarks/results/latest-4.0.json`" in text
+    assert "smoke run" in text
+    assert (
+        "| token semaphore (fencing on): uncontended acquire | `basic.get` | 0.50 | 0.90 |" in text
+    )
+    assert "1000 grants/s" in text
+    assert text.count("**not met**") >= 2
+
+
+def test_report_plot_renders(tmp_path: Path) -> None:
+    other = _results()
+    other["environment"] = {"rabbitmq": {"version": "4.0.5"}}
+    values = report_headline.render(_results(), [other], tmp_path, "img")
+    assert (tmp_path / report_headline.PLOT).stat().st_size > 0
+    assert values["img_floors_targets"] == f"img/{report_headline.PLOT}"
+    assert "31 of 100" in values["reask_table"]
+
+
+def test_server_version_and_quorum_arguments() -> None:
+    assert server_version({"version": b"3.10.8"}) == (3, 10)
+    assert server_version({"version": "4.0.5"}) == (4, 0)
+    assert server_version({}) == (0, 0)
+    assert queue_arguments((3, 10), quorum=False) == {}
+    assert queue_arguments((3, 10), quorum=True) == {"x-queue-type": "quorum"}
+    assert queue_arguments((4, 0), quorum=True)["x-delivery-limit"] == -1
+
+
+def test_results_paths_per_rabbitmq_line() -> None:
+    json_310, doc_310, _ = run._default_paths(False, "3.10")
+    assert (json_310.name, doc_310.as_posix().endswith("docs/benchmarks.md")) == (
+        "latest.json",
+        True,
+    )
+    json_40, doc_40, img_40 = run._default_paths(False, "4.0")
+    assert json_40.name == "latest-4.0.json"
+    assert doc_40.parent.name == img_40.parent.name == "rabbitmq-4.0"
+    assert run._default_paths(True, "4.0")[0].name == "results-4.0.json"
+    assert run._line({"environment": {"rabbitmq": {"version": "4.0.5"}}}) == "4.0"
+    assert run._line({"environment": {"rabbitmq_line": "3.10"}}) == "3.10"

@@ -118,17 +118,22 @@ def _run(spec: HolderSpec) -> None:
     lock = primitives.lock(spec.kind, broker, spec.name)
     n = 0
     while not stopped() and (spec.rounds is None or n < spec.rounds):
+        failure: AmqpLocksError | None = None
         try:
             flags["acquiring"] = True
             lease = lock.acquire(timeout=spec.acquire_timeout)
         except _Stop:
             break
         except AmqpLocksError as exc:  # broker down or unreachable: try again
-            log.info("acquire failed: %s", exc)
-            time.sleep(0.2)
-            continue
+            failure = exc
         finally:
             flags["acquiring"] = False
+        if failure is not None:
+            # Outside the try: a SIGUSR1 here only sets the flag (raising _Stop from an
+            # except block's back-off escaped the loop and failed the holder's exit code).
+            log.info("acquire failed: %s", failure)
+            time.sleep(0.2)
+            continue
         if lease is None:
             continue
         gid, key, token = f"{spec.worker}#{n}", lease.number, lease.fencing_token

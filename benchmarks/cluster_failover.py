@@ -1,7 +1,7 @@
 """Node failure in a private 3-node cluster: how fast each primitive recovers.
 
 `python -m benchmarks.cluster_failover [--trials N]` (starts the `amqplockscfail` cluster
-with `amqp_locks.devcluster`, stops it afterwards). Per trial and primitive: a holder
+with `amqp_locks_dev.devcluster`, stops it afterwards). Per trial and primitive: a holder
 connected to node 1 and a waiter connected to node 2; node 1 (which also leads the lock's
 quorum queues) is killed with SIGKILL. Measured from the kill: when the holder's lease is
 marked lost, and when the waiter's acquire returns. Then the node is restarted (timed) and
@@ -25,8 +25,8 @@ from amqp_locks import (
     PersistentSemaphore,
     SemaphoreAdmin,
     TokenSemaphore,
-    devcluster,
 )
+from amqp_locks_dev import devcluster
 
 CLUSTER = "amqplockscfail"
 

@@ -39,7 +39,8 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` i
     __package__ = "benchmarks"
 
 import amqp_locks
-from amqp_locks import Broker, devbroker, devdb
+from amqp_locks import Broker
+from amqp_locks_dev import devbroker, devdb
 from benchmarks import (
     compare,
     contention,

@@ -25,8 +25,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from amqp_locks import Broker, Mutex, devbroker
+from amqp_locks import Broker, Mutex
 from amqp_locks.names import fence_queue, sentinel_queue, wakeup_queue
+from amqp_locks_dev import devbroker
 
 from .cpu import process_cpu
 from .handoff import context

@@ -1,7 +1,7 @@
 """amqp-locks in 30 seconds: five processes share a persistent semaphore of two slots.
 
-Run with `scripts/demo`. With no AMQP_URL set, the Broker starts (or reuses) the private
-RabbitMQ node on loopback, so nothing needs configuring.
+Run with `scripts/demo`: it starts a private RabbitMQ node on loopback (unless AMQP_URL is
+set) and passes its URL in AMQP_URL, which `Broker()` reads, so nothing needs configuring.
 """
 
 from __future__ import annotations

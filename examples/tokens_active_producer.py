@@ -7,8 +7,8 @@ is killed with SIGKILL, and the broker requeues the token when its connection dr
 way the broker pushes the token to the next producer at once: the takeover latencies are
 printed at the end.
 
-Run with `.venv/bin/python examples/tokens_active_producer.py`. With no AMQP_URL set, the
-Broker starts (or reuses) the private RabbitMQ node on loopback. See docs/tokens.md.
+Run with `scripts/demo tokens_active_producer` (it starts a private RabbitMQ node on loopback
+unless AMQP_URL is set). See docs/tokens.md.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ to the next waiting consumer at once. Nobody polls. (A `Mutex` of the same name 
 too; the token semaphore is the blog's design and hands over by push.)
 
 The consumers use the asyncio API (`amqp_locks.aio`) and a plain aiormq channel for the
-work queue. Run with `.venv/bin/python examples/tokens_consumers_take_turns.py`. With no
-AMQP_URL set, the Broker starts (or reuses) the private RabbitMQ node. See docs/tokens.md.
+work queue. Run with `scripts/demo tokens_consumers_take_turns` (it starts a private
+RabbitMQ node on loopback unless AMQP_URL is set). See docs/tokens.md.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import time
 import aiormq
 from rich.console import Console
 
-from amqp_locks import aio, devbroker
+from amqp_locks import aio
+from amqp_locks.transport.broker import DEFAULT_URL
 
 NAME = "example-turns"
 WORK = f"{NAME}-work"
@@ -39,7 +40,7 @@ logging.getLogger("aiormq").setLevel(logging.ERROR)
 
 
 def amqp_url() -> str:
-    return os.environ.get("AMQP_URL") or devbroker.url()
+    return os.environ.get("AMQP_URL") or DEFAULT_URL
 
 
 async def take_turn(ch: aiormq.abc.AbstractChannel, limit: int) -> list[str]:

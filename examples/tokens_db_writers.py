@@ -5,8 +5,8 @@ at a time. Each writer takes the fencing token of its permit to the database, wh
 the highest token per (lock name, permit id) and refuses writes that carry a lower one.
 The database here is SQLite (a file in a temporary directory); the check is one UPSERT.
 
-Run with `.venv/bin/python examples/tokens_db_writers.py`. With no AMQP_URL set, the Broker
-starts (or reuses) the private RabbitMQ node on loopback. See docs/tokens.md.
+Run with `scripts/demo tokens_db_writers` (it starts a private RabbitMQ node on loopback
+unless AMQP_URL is set). See docs/tokens.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ priorities 1, 5 and 10 (the least preferred arrives first) and wait as consumers
 token queue with `x-priority`. On each release the broker pushes the token to the waiting
 consumer with the highest priority: 10, then 5, then 1, whatever the arrival order.
 
-Run with `.venv/bin/python examples/tokens_priorities.py`. With no AMQP_URL set, the
-Broker starts (or reuses) the private RabbitMQ node on loopback. See docs/tokens.md.
+Run with `scripts/demo tokens_priorities` (it starts a private RabbitMQ node on loopback
+unless AMQP_URL is set). See docs/tokens.md.
 """
 
 from __future__ import annotations

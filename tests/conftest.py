@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 from yarl import URL
 
-from amqp_locks import Broker, devbroker
+from amqp_locks import Broker
+from amqp_locks_dev import devbroker
 
 from .faultproxy import FaultProxy
 from .nodes import node_name, test_home

@@ -15,7 +15,7 @@ from pathlib import Path
 
 def test_home() -> Path | None:
     """``$AMQP_LOCKS_TEST_HOME/<RabbitMQ line>``: each line's nodes in their own folder."""
-    from amqp_locks import devbroker
+    from amqp_locks_dev import devbroker
 
     home = os.environ.get("AMQP_LOCKS_TEST_HOME")
     return Path(home) / devbroker.default_version() if home else None

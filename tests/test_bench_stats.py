@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from benchmarks.compare import _max_concurrent
 from benchmarks.stats import fairness, percentile, summarize_reps
 

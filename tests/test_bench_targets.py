@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from benchmarks import headline, report_headline, run
 from benchmarks.floors import queue_arguments, server_version
 

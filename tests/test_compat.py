@@ -13,7 +13,7 @@ import time
 import pytest
 from pamqp.commands import Basic
 
-from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore, devbroker
+from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
 from amqp_locks.fencing import REBASE_STEP, fence_body, parse_fence_body, take_token
 from amqp_locks.names import fence_queue, token_queue
 from amqp_locks.transport.features import (
@@ -24,6 +24,7 @@ from amqp_locks.transport.features import (
     parse_version,
     quorum_arguments,
 )
+from amqp_locks_dev import devbroker
 
 # --- the rules themselves (pure) -----------------------------------------------------------
 

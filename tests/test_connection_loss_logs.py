@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from amqp_locks import Broker, Mutex, devbroker
+from amqp_locks import Broker, Mutex
+from amqp_locks_dev import devbroker
 
 from .faultproxy import FaultProxy
 

@@ -15,7 +15,7 @@ import pytest
 from pamqp.commands import Basic
 from pamqp.common import FieldValue
 
-import amqp_locks.devbroker as devbroker
+import amqp_locks_dev.devbroker as devbroker
 
 REPO = Path(__file__).resolve().parents[1]
 

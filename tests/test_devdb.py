@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-import amqp_locks.devdb as devdb
+import amqp_locks_dev.devdb as devdb
 
 REPO = Path(__file__).resolve().parents[1]
 

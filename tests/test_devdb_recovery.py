@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_locks.devdb import _pg_not_ready_yet
+from amqp_locks_dev.devdb import _pg_not_ready_yet
 
 
 @pytest.mark.parametrize(

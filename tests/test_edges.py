@@ -15,9 +15,9 @@ from amqp_locks import (
     PreconditionFailed,
     SemaphoreAdmin,
     SemaphoreNotFound,
-    devbroker,
 )
 from amqp_locks.names import fence_queue, slot_queue
+from amqp_locks_dev import devbroker
 
 
 def _queues(node: devbroker.NodeInfo, prefix: str) -> list[list[str]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin, devbroker
+from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin
+from amqp_locks_dev import devbroker
 
 
 @pytest.mark.timeout(240)

@@ -23,9 +23,9 @@ from amqp_locks import (
     PersistentSemaphore,
     SemaphoreAdmin,
     SemaphoreNotFound,
-    devbroker,
 )
 from amqp_locks.names import holder_queue, slot_queue
+from amqp_locks_dev import devbroker
 
 from . import workers
 

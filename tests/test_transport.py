@@ -18,9 +18,9 @@ from amqp_locks import (
     Mutex,
     PersistentSemaphore,
     SemaphoreAdmin,
-    devbroker,
 )
 from amqp_locks.names import fence_queue, slot_queue
+from amqp_locks_dev import devbroker
 
 
 def test_unreachable_broker_is_a_typed_error() -> None:

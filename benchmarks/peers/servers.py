@@ -3,7 +3,7 @@
 Each peer is measured against its real server, started here in a temporary directory on
 a free port of 127.0.0.1 and stopped (with the directory removed) when the block ends.
 Redis and ZooKeeper come from Debian's packages (``scripts/bench`` installs them);
-PostgreSQL is ``amqp_locks.devdb``'s private server. A server that cannot start is
+PostgreSQL is ``amqp_locks_dev.devdb``'s private server. A server that cannot start is
 reported (its peers are then not measured) instead of stopping the whole run.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amqp_locks import devdb
-from amqp_locks.localserver import HOST, pid_alive, tail
+from amqp_locks_dev import devdb
+from amqp_locks_dev.localserver import HOST, pid_alive, tail
 
 #: ZooKeeper's tick; sessions may ask for 2..20 ticks unless the bounds below widen that.
 ZK_TICK_MS = 2000
@@ -162,7 +162,7 @@ def running(kinds: set[str], log: object = print) -> Iterator[Servers]:
                 pg_base = tmp / "postgresql"
                 info = devdb.start("postgresql", name="peers", base_dir=pg_base)
                 out.urls["postgresql"] = info.url
-                out.settings["postgresql"] = "amqp_locks.devdb private server (fsync=off)"
+                out.settings["postgresql"] = "amqp_locks_dev.devdb private server (fsync=off)"
             except Exception as exc:
                 pg_base = None
                 out.missing["postgresql"] = str(exc)

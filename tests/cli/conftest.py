@@ -14,7 +14,7 @@ from typing import IO, Any
 
 import pytest
 
-from amqp_locks import devbroker
+from amqp_locks_dev import devbroker
 
 CMD = [sys.executable, "-m", "amqp_locks.cli"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from amqp_locks import devbroker
+from amqp_locks_dev import devbroker
 
 from .conftest import Cli, child_env
 from .test_run import _assert_gone

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from amqp_locks import devbroker
+from amqp_locks_dev import devbroker
 
 from .conftest import Cli, close_connections_of
 

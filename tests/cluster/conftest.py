@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from amqp_locks import Broker, devcluster
+from amqp_locks import Broker
+from amqp_locks_dev import devcluster
 
 from ..nodes import node_name, test_home
 

@@ -40,10 +40,9 @@ from amqp_locks import (
     PersistentSemaphore,
     SemaphoreAdmin,
     TokenSemaphore,
-    devbroker,
-    devcluster,
 )
 from amqp_locks.cli.status import collect
+from amqp_locks_dev import devbroker, devcluster
 
 from .conftest import wait_until
 

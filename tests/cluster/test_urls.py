@@ -8,8 +8,9 @@ import socket
 
 import pytest
 
-from amqp_locks import Broker, ClusterUnreachable, ConfigurationError, Mutex, aio, devcluster
+from amqp_locks import Broker, ClusterUnreachable, ConfigurationError, Mutex, aio
 from amqp_locks.transport.broker import resolve_urls
+from amqp_locks_dev import devcluster
 
 
 def _dead_port() -> int:

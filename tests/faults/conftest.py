@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from amqp_locks import Broker, devbroker
+from amqp_locks import Broker
+from amqp_locks_dev import devbroker
 
 from . import node as fault_node_control
 from . import primitives

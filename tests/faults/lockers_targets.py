@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from yarl import URL
 
-from amqp_locks import devbroker, devdb
+from amqp_locks_dev import devbroker, devdb
 
 from ..faultproxy import FaultProxy
 

@@ -13,7 +13,7 @@ import signal
 import time
 from pathlib import Path
 
-from amqp_locks import devbroker
+from amqp_locks_dev import devbroker
 
 from .. import nodes
 from .holders import wait_stopped

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from amqp_locks import devbroker
+from amqp_locks_dev import devbroker
 
 from . import node, primitives, report
 from .checker import Verdict

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from amqp_locks import devbroker, devdb
+from amqp_locks_dev import devbroker, devdb
 
 from .lockers_harness import Run, leak_check
 from .lockers_targets import (  # noqa: F401 - lockfaults_dbs is a fixture

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from amqp_locks import devdb
+from amqp_locks_dev import devdb
 
 from ..faultproxy import FaultProxy
 from .history import load

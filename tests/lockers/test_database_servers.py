@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, event, text
 
-from amqp_locks import devdb
 from amqp_locks.lockers import DatabaseLocker, LeaseDatabaseLocker, Locker, LockerStopped
 from amqp_locks.service import LeaseAwarePolicy
+from amqp_locks_dev import devdb
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"lock_acquire_sleep_interval": 0.2}

@@ -18,9 +18,10 @@ import uuid
 
 import pytest
 
-from amqp_locks import Broker, devdb
+from amqp_locks import Broker
 from amqp_locks.lockers import AmqpLocker, DatabaseLocker, Locker
 from amqp_locks.service import LockableService, State
+from amqp_locks_dev import devdb
 
 from ..faultproxy import FaultProxy
 from ..faults.lockers_targets import end_sessions_from, lockfaults_dbs  # noqa: F401 - fixture

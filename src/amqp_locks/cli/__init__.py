@@ -1,5 +1,5 @@
-"""The `amqp-locks` command: flock-style `run`, administration, election, status, and a
-private RabbitMQ node for development. See docs/cli.md for recipes and the exit codes.
+"""The `amqp-locks` command: flock-style `run`, administration, election and status.
+See docs/cli.md for recipes and the exit codes.
 
 `main(argv) -> int` is the console-script entry point; every failure is reported as one
 line on stderr and a documented exit code (:mod:`amqp_locks.cli.exitcodes`).
@@ -26,11 +26,9 @@ Examples:
   amqp-locks semaphore create images 5
   amqp-locks status images deploys --json
   amqp-locks elect scheduler --locker amqp -- ./scheduler      # master/standby
-  amqp-locks broker start                                      # private dev node
 
 \b
-Without --url and $AMQP_URL, commands use the private development node
-(`amqp-locks broker start`), starting it when needed.
+Without --url and $AMQP_URL, commands connect to amqp://guest:guest@localhost:5672/.
 Exit codes: 64 usage, 65 unknown lock/data, 69 broker unavailable, 75 lock lost or
 timeout, 77 permission, 126/127 COMMAND not executable/not found; see docs/cli.md.
 """
@@ -42,7 +40,7 @@ timeout, 77 permission, 126/127 COMMAND not executable/not found; see docs/cli.m
     envvar="AMQP_URL",
     default=None,
     metavar="URL",
-    help="amqp://user:pass@host:port/vhost (default: $AMQP_URL, else the private dev node).",
+    help="amqp://user:pass@host:port/vhost (default: $AMQP_URL, else amqp://guest:guest@localhost:5672/).",
 )
 @click.option(
     "--heartbeat",
@@ -73,12 +71,11 @@ def cli(ctx: click.Context, url: str | None, heartbeat: float, verbose: int, qui
 
 def _register() -> None:
     from .admin import semaphore, token
-    from .broker import broker
     from .elect import elect
     from .run import run
     from .status import status
 
-    for command in (run, semaphore, token, elect, status, broker):
+    for command in (run, semaphore, token, elect, status):
         cli.add_command(command)
 
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import click
 
-from ..devbroker import DevBrokerError
 from ..errors import (
     AccessRefused,
     AdminLockTimeout,
@@ -95,8 +94,6 @@ def exit_code_for(exc: BaseException) -> tuple[int, str]:
         return Exit.DATAERR, text
     if isinstance(exc, BrokerError):
         return Exit.UNAVAILABLE, text
-    if isinstance(exc, DevBrokerError):
-        return Exit.UNAVAILABLE, f"private broker: {text}"
     if any(c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc).__mro__):
         return Exit.UNAVAILABLE, f"database unavailable: {text.splitlines()[0] if text else ''}"
     if isinstance(exc, OSError):

@@ -34,7 +34,9 @@ log = logging.getLogger("amqp_locks.transport")
 
 T = TypeVar("T")
 
-DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+#: Where ``Broker()`` connects with no `url` and no ``$AMQP_URL``: what other AMQP clients
+#: (pika, aio-pika, kombu) default to. Never a server of our own: the library starts none.
+DEFAULT_URL = "amqp://guest:guest@localhost:5672/"
 
 
 #: What ``Broker(url=...)`` takes: one URL, several comma-separated, or a sequence.
@@ -54,8 +56,8 @@ def _parse_url(raw: str) -> URL:
 
 
 def resolve_urls(url: UrlSpec) -> list[URL]:
-    """The nodes to connect to, in order of preference: `url`, else `$AMQP_URL`, else the
-    private development node (`amqp-locks broker`).
+    """The nodes to connect to, in order of preference: `url`, else `$AMQP_URL`, else
+    :data:`DEFAULT_URL` (a broker on this host with RabbitMQ's default user).
 
     A string may list several nodes of one cluster separated by commas (a comma inside a
     password must be percent-encoded as ``%2C``)."""
@@ -64,11 +66,7 @@ def resolve_urls(url: UrlSpec) -> list[URL]:
         if not raws:
             raise ConfigurationError("empty list of AMQP URLs")
     else:
-        text = url or os.environ.get("AMQP_URL")
-        if not text:
-            from .. import devbroker
-
-            text = devbroker.url()
+        text = url or os.environ.get("AMQP_URL") or DEFAULT_URL
         raws = [part.strip() for part in text.split(",")]
     if any(not r for r in raws):
         raise ConfigurationError(f"empty URL in the AMQP URL list {raws!r}")

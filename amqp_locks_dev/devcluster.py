@@ -1,6 +1,6 @@
 """A private RabbitMQ cluster of N nodes on 127.0.0.1, for cluster tests and demos.
 
-Each node is an ordinary :mod:`~amqp_locks.devbroker` node (its own directory, AMQP and
+Each node is an ordinary :mod:`~amqp_locks_dev.devbroker` node (its own directory, AMQP and
 distribution ports, ``consumer_timeout`` of a year) named ``<name><i>@localhost``; the
 nodes share one Erlang cookie and run ``cluster_partition_handling = pause_minority``
 (the setting production clusters of locks need: a minority side stops serving instead of
@@ -11,7 +11,7 @@ node that is stopped, killed or restarted rejoins by itself.
 All nodes are started concurrently: a clustered node that restarts waits at boot for the
 peer that stopped last, so sequential starts of a stopped cluster could deadlock.
 
-CLI: ``python -m amqp_locks.devcluster start|stop|status|urls|kill|restart|reset``
+CLI: ``python -m amqp_locks_dev.devcluster start|stop|status|urls|kill|restart|reset``
 (``scripts/cluster``).
 """
 
@@ -55,7 +55,7 @@ DEFAULT_NAME = "amqplocksc"
 DEFAULT_SIZE = 3
 #: Appended to every node's rabbitmq.conf (devbroker.EXTRA_CONFIG).
 CLUSTER_CONFIG = (
-    "# amqp_locks.devcluster\n"
+    "# amqp_locks_dev.devcluster\n"
     "cluster_partition_handling = pause_minority\n"
 )
 
@@ -227,7 +227,7 @@ def start(
     if known is not None and known != size:
         raise DevBrokerError(
             f"cluster {name!r} in {base} has {known} nodes, not {size}; "
-            "reset it first (python -m amqp_locks.devcluster reset)"
+            "reset it first (python -m amqp_locks_dev.devcluster reset)"
         )
     _prepare(base, name, size)
     fresh = _pick_ports(2 * size)  # used only by nodes that never ran: distinct for all
@@ -347,7 +347,7 @@ def reset(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; ``start``/``urls`` print the comma-separated URL list only."""
     parser = argparse.ArgumentParser(
-        prog="python -m amqp_locks.devcluster",
+        prog="python -m amqp_locks_dev.devcluster",
         description="Private RabbitMQ cluster on 127.0.0.1.",
     )
     parser.add_argument(

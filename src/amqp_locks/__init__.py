@@ -4,6 +4,11 @@ The sync API lives here; the asyncio twin is :mod:`amqp_locks.aio`. Both drive t
 on a private I/O thread.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from . import events, metrics
 from .errors import (
     AccessRefused,
@@ -11,35 +16,51 @@ from .errors import (
     AdminLockTimeout,
     AmqpLocksError,
     AuthenticationFailed,
+    BrokerClosed,
     BrokerError,
     BrokerUnreachable,
     ClusterUnreachable,
     ConfigurationError,
     ConnectionLost,
+    FeatureUnavailable,
+    FenceMissing,
     InvalidName,
+    KeepAliveTimeout,
     LeaseReleased,
+    LockedElsewhere,
     LockError,
+    LockerStopped,
+    LockTimeout,
     PreconditionFailed,
     QueueNotFound,
     ResourceLocked,
     SemaphoreNotFound,
+    TokenSemaphoreNotFound,
+    WrongProcess,
 )
 from .lease import Lease
-from .lockers import (
-    AmqpLocker,
-    DatabaseLocker,
-    LeaseDatabaseLocker,
-    LockedElsewhere,
-    Locker,
-    LockerStopped,
-    SharedFileLocker,
-)
+from .lockers import AmqpLocker, Locker
 from .mutex import Mutex
 from .semaphore import PersistentSemaphore, Removal, SemaphoreAdmin
 from .service import LeaseAwarePolicy, LockableService, State
-from .tokens import Audit, TokenSemaphore, TokenSemaphoreNotFound, TokenStatus
+from .tokens import Audit, TokenSemaphore, TokenStatus
 from .transport import Broker
 from .waiting import Backoff
+
+if TYPE_CHECKING:
+    from .lockers import DatabaseLocker, LeaseDatabaseLocker, SharedFileLocker
+
+#: Imported on first use (SQLAlchemy, fcntl): see :mod:`amqp_locks.lockers`.
+_LAZY_LOCKERS = ("DatabaseLocker", "LeaseDatabaseLocker", "SharedFileLocker")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_LOCKERS:
+        value = getattr(importlib.import_module(".lockers", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
@@ -53,18 +74,23 @@ __all__ = [
     "AuthenticationFailed",
     "Backoff",
     "Broker",
+    "BrokerClosed",
     "BrokerError",
     "BrokerUnreachable",
     "ClusterUnreachable",
     "ConfigurationError",
     "ConnectionLost",
     "DatabaseLocker",
+    "FeatureUnavailable",
+    "FenceMissing",
     "InvalidName",
+    "KeepAliveTimeout",
     "Lease",
     "LeaseAwarePolicy",
     "LeaseDatabaseLocker",
     "LeaseReleased",
     "LockError",
+    "LockTimeout",
     "LockableService",
     "LockedElsewhere",
     "Locker",
@@ -82,6 +108,7 @@ __all__ = [
     "TokenSemaphore",
     "TokenSemaphoreNotFound",
     "TokenStatus",
+    "WrongProcess",
     "__version__",
     "events",
     "metrics",

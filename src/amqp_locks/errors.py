@@ -71,6 +71,10 @@ class ConnectionLost(BrokerError):
     """The connection to the broker closed or missed heartbeats during an operation."""
 
 
+class BrokerClosed(AmqpLocksError, RuntimeError):
+    """The Broker was closed: a state error (open a new Broker), not a bad argument."""
+
+
 # --- locks ---------------------------------------------------------------------------------
 
 
@@ -78,8 +82,18 @@ class LockError(AmqpLocksError):
     """A lock operation could not be completed."""
 
 
+class LockTimeout(LockError, TimeoutError):
+    """``with lock:`` gave up: the lock was not obtained within the lock's `timeout` (or at
+    once, with ``blocking=False``). Also a :class:`TimeoutError`, as users of filelock and
+    redis-py expect."""
+
+
 class SemaphoreNotFound(LockError):
     """The semaphore has no slots: `A[1]` does not exist (never created, or destroyed)."""
+
+
+class TokenSemaphoreNotFound(SemaphoreNotFound):
+    """`N.semaphore` does not exist: run `TokenSemaphore.setup(permits)` first."""
 
 
 class AcquireRacesExceeded(LockError):
@@ -92,3 +106,33 @@ class AdminLockTimeout(LockError):
 
 class LeaseReleased(LockError):
     """The lease was already released; it can no longer be used."""
+
+
+class WrongProcess(LockError):
+    """A lease used in a process forked from the one it was granted to: a child never holds
+    its parent's locks (they stay the parent's, tied to the parent's connection)."""
+
+
+class FenceMissing(LockError):
+    """The fence queue exists but holds no fence message (purged by hand, or dropped by a
+    delivery limit an operator policy imposed)."""
+
+
+# --- lockers (master/standby) --------------------------------------------------------------
+
+
+class LockedElsewhere(LockError):
+    """`fail_if_locked` is set and another holder has the lock."""
+
+
+class LockerStopped(LockError):
+    """`stop()` was called while `start()` was waiting."""
+
+
+class KeepAliveTimeout(LockError):
+    """The keep-alive did not answer within `keep_alive_timeout` (handed to the policy)."""
+
+
+class FeatureUnavailable(AmqpLocksError, ImportError):
+    """A feature this platform or installation lacks: an optional dependency that is not
+    installed (the message names the extra to install), or an OS facility (``fcntl``)."""

@@ -38,7 +38,7 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from .errors import LockError, QueueNotFound
+from .errors import FenceMissing, LockError, QueueNotFound
 from .names import fence_queue
 from .transport.features import (
     acquired_count_header,
@@ -54,9 +54,6 @@ log = logging.getLogger("amqp_locks.fencing")
 REBASE_STEP = 2**40
 
 
-class FenceMissing(LockError):
-    """The fence queue exists but holds no fence message (purged by hand, or dropped by a
-    delivery limit an operator policy imposed)."""
 
 
 def fence_arguments(session: Session) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,14 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from . import events
-from .errors import AmqpLocksError, ConnectionLost, LeaseReleased, QueueNotFound, ResourceLocked
+from .errors import (
+    AmqpLocksError,
+    ConnectionLost,
+    LeaseReleased,
+    QueueNotFound,
+    ResourceLocked,
+    WrongProcess,
+)
 from .fencing import ensure_fence, take_token
 from .names import fence_queue
 from .transport.errors import channel_error
@@ -61,6 +69,8 @@ class HeldState:
     number: int
     fencing_token: int = 0
     acquired_at: float = field(default_factory=time.monotonic)
+    #: The process the lock was granted to (a fork child does not hold it).
+    pid: int = field(default_factory=os.getpid)
     lost_event: threading.Event = field(default_factory=threading.Event)
     lost_reason: str | None = None
     released: bool = False
@@ -100,6 +110,15 @@ class HeldState:
             threading.Thread(
                 target=_run_callbacks, args=(callbacks,), name="amqp-locks-on-lost", daemon=True
             ).start()
+
+    def check_process(self) -> None:
+        """Refuse to act for a process that does not hold the lock (a fork child)."""
+        if os.getpid() != self.pid:
+            raise WrongProcess(
+                f"{self.kind} {self.number} of {self.name!r} was granted to process {self.pid},"
+                f" not to this one ({os.getpid()}): a forked child never holds its parent's"
+                " locks; acquire them again in the child"
+            )
 
     def add_callback(self, cb: Callable[[], Any]) -> None:
         with self._cb_lock:
@@ -484,10 +503,14 @@ class Lease:
 
     def verify(self) -> bool:
         """Ask the broker whether the lease still holds (one round trip)."""
+        self._state.check_process()
         return self._state.core.run(self._state.verify())
 
     def release(self) -> None:
-        """Give the lock back. Idempotent; safe after the lease was lost."""
+        """Give the lock back. Idempotent; safe after the lease was lost.
+
+        Raises :class:`~amqp_locks.errors.WrongProcess` in a fork child of the holder."""
+        self._state.check_process()
         self._state.core.run(self._state.release())
 
     def __enter__(self) -> Lease:

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
 from .events import observed
-from .lease import Lease, LeaseState, grant
+from .lease import LeaseState, grant
+from .lockobject import LockObject
 from .names import sentinel_queue, validate_name, wakeup_queue
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.session import Session
@@ -99,19 +100,26 @@ async def held_mutex(
         await asyncio.shield(state.release())
 
 
-class Mutex:
+class Mutex(LockObject):
     """A distributed mutex on the exclusive queue `name`.
 
     ``fencing=True`` (default) takes a fencing token from the quorum queue `name-fence`
     (created on first use). ``backoff`` bounds the fallback polling for crashed holders;
-    clean releases wake waiters at once.
+    clean releases wake waiters at once. ``timeout`` / ``blocking`` are what
+    ``with mutex as lease:`` waits (default: for ever); it raises
+    :class:`~amqp_locks.errors.LockTimeout` when the mutex was not obtained.
     """
+
+    kind = "mutex"
+    reentrant_with = False
 
     def __init__(
         self,
         broker: BrokerLike,
         name: str,
         *,
+        timeout: float | None = None,
+        blocking: bool = True,
         fencing: bool = True,
         backoff: Backoff | None = None,
     ) -> None:
@@ -119,12 +127,7 @@ class Mutex:
         self.name = validate_name(name)
         self.fencing = fencing
         self.backoff = backoff or Backoff()
-
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
-        """Hold the mutex: a :class:`Lease`, or None when not blocking / timed out."""
-        core = self.broker._core
-        state = core.run(self._acquire(blocking, timeout))
-        return None if state is None else Lease(state)
+        self._init_wait(blocking, timeout)
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
         core = self.broker._core
@@ -140,6 +143,3 @@ class Mutex:
                 backoff=self.backoff,
             ),
         )
-
-    def __repr__(self) -> str:
-        return f"Mutex({self.name!r})"

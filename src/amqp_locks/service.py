@@ -29,9 +29,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from . import events
-from .errors import ConfigurationError, LockError
-from .lockers.base import Locker, LockerStopped
-from .lockers.lease import LeaseDatabaseLocker
+from .errors import ConfigurationError, KeepAliveTimeout, LockerStopped
+from .lockers.base import Locker
 
 log = logging.getLogger("amqp_locks.service")
 
@@ -42,8 +41,6 @@ class State(enum.Enum):
     MASTER = "master"
 
 
-class KeepAliveTimeout(LockError):
-    """The keep-alive did not answer within `keep_alive_timeout` (handed to the policy)."""
 
 
 class KeepAlivePolicy(Protocol):
@@ -58,7 +55,7 @@ class LeaseAwarePolicy:
     locker demotes on the first error, since it cannot know whether it still holds."""
 
     def on_error(self, locker: Locker, exc: BaseException) -> bool:
-        if isinstance(locker, LeaseDatabaseLocker) and locker.lease_valid_locally():
+        if locker.valid_without_server():
             log.warning("%r keep-alive error, lease still valid: staying master (%s)", locker, exc)
             return True
         log.error("%r keep-alive error: demoting (%s)", locker, exc)
@@ -109,9 +106,7 @@ class LockableService:
         if use_lock:
             locker.check_keep_alive_period(lock_keep_alive_period)
         if lease_margin is None:
-            lease_margin = 0.0
-            if isinstance(locker, LeaseDatabaseLocker):
-                lease_margin = max(0.0, (locker.lease_duration - lock_keep_alive_period) / 2)
+            lease_margin = locker.default_lease_margin(lock_keep_alive_period)
         if lease_margin < 0:
             raise ConfigurationError(f"lease_margin must be >= 0, got {lease_margin}")
         self.lease_margin = float(lease_margin)

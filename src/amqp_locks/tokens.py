@@ -49,10 +49,17 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from .errors import ConfigurationError, ConnectionLost, LockError, QueueNotFound
+from .errors import (
+    ConfigurationError,
+    ConnectionLost,
+    LockError,
+    QueueNotFound,
+    TokenSemaphoreNotFound,
+)
 from .events import observed
 from .fencing import ensure_fence, fence_arguments, rule_matches, take_token
 from .lease import HeldState, Lease
+from .lockobject import LockObject
 from .mutex import held_mutex
 from .names import token_queue, validate_name
 from .transport.broker import BrokerCore, BrokerLike
@@ -89,8 +96,6 @@ BASE_HEADER = "amqp-locks-fence-base"
 NONBLOCKING_GRACE = 1.0
 
 
-class TokenSemaphoreNotFound(LockError):
-    """`N.semaphore` does not exist: run `TokenSemaphore.setup(permits)` first."""
 
 
 def ledger_queue(name: str) -> str:
@@ -387,7 +392,7 @@ async def acquire_permit(
         raise
 
 
-class TokenSemaphore:
+class TokenSemaphore(LockObject):
     """A counting (or binary) semaphore of `permits` token messages in `name.semaphore`.
 
     ``priority`` is this client's consumer priority: the broker gives a freed token to the
@@ -395,13 +400,19 @@ class TokenSemaphore:
     trip on classic token queues (``fencing_token`` is then 0); quorum token queues carry
     their fencing counter for free. Admin methods (`setup`, `add_permits`,
     `remove_permits`, `status`, `audit`, `repair`) run under the administration mutex.
+    ``timeout`` / ``blocking`` are what ``with sem as permit:`` waits (default: for ever);
+    it raises :class:`~amqp_locks.errors.LockTimeout` when no permit was obtained.
     """
+
+    kind = "permit"
 
     def __init__(
         self,
         broker: BrokerLike,
         name: str,
         *,
+        timeout: float | None = None,
+        blocking: bool = True,
         priority: int = 0,
         quorum: bool = False,
         fencing: bool = True,
@@ -417,6 +428,7 @@ class TokenSemaphore:
         self.quorum = quorum
         self.fencing = fencing
         self.mutex_timeout = check_timeout(mutex_timeout)
+        self._init_wait(blocking, timeout)
 
     @property
     def _core(self) -> BrokerCore:
@@ -453,8 +465,7 @@ class TokenSemaphore:
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""
-        state = self._core.run(self._acquire(blocking, timeout))
-        return None if state is None else Lease(state)
+        return super().acquire(blocking, timeout)
 
     # --- administration ---------------------------------------------------------------
 

@@ -118,6 +118,16 @@ def main() -> None:
                 recorder.record("lost", grant, KEY, token)
                 say(f"DEMOTED {grant}")
 
+    keep_alive = locker.keep_alive
+
+    def announced_keep_alive() -> bool:
+        ok = keep_alive()
+        if ok:
+            say("RENEWED")  # the keep-alive's statement is over: the worker is idle now
+        return ok
+
+    locker.keep_alive = announced_keep_alive  # type: ignore[method-assign]
+
     options: dict[str, Any] = {}
     if cfg.get("keep_alive_timeout") is not None:
         options["keep_alive_timeout"] = cfg["keep_alive_timeout"]

@@ -114,6 +114,13 @@ def _pause_scenario(target: Target, run: Run) -> dict[str, float | None]:
     master.wait_for("MASTER", 30)
     standby = run.spawn("b")
     standby.wait_for("WAITING", 30)
+    if target.backend == "sqlite":
+        # SQLite has one write lock for the whole file: a master frozen inside its
+        # renewal's UPDATE (and fsync) holds it for the whole freeze, and no standby can
+        # write until it resumes (docs/lockers.md). The scenario is a master paused while
+        # idle, so the pause follows a renewal that just ended.
+        renewed = sum(1 for _, words in master.lines if words[:1] == ["RENEWED"])
+        master.wait_for("RENEWED", 30, nth=renewed + 1)
     paused_at = master.pause()
     regrant: float | None = None
     if target.expiring:

@@ -9,17 +9,19 @@ undone on the I/O thread.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 from .. import mutex as _mutex
 from .. import tokens as _tokens
+from ..errors import LockError
 from ..lease import HeldState
+from ..lockobject import LockObject, timeout_error
 from ..semaphore import admin as _admin
 from ..semaphore import client as _client
 from ..transport.broker import BrokerBase
-from ..waiting import Backoff
 
 T = TypeVar("T")
 
@@ -72,8 +74,10 @@ class Lease:
     released = property(lambda self: self._state.released)
 
     @property
-    def lost(self) -> bool:
-        return self._state.lost_event.is_set()
+    def lost(self) -> threading.Event:
+        """Set the moment the lease is known lost: the same object as the sync Lease's
+        (``lease.lost.is_set()``; await :meth:`wait_lost` to wait for it)."""
+        return self._state.lost_event
 
     @property
     def held(self) -> bool:
@@ -97,9 +101,11 @@ class Lease:
         self._state.add_callback(lambda: callback(self))
 
     async def verify(self) -> bool:
+        self._state.check_process()
         return await self._broker._run(self._state.verify())
 
     async def release(self) -> None:
+        self._state.check_process()
         await self._broker._run(self._state.release())
 
     async def __aenter__(self) -> Lease:
@@ -115,17 +121,55 @@ class Lease:
 
 
 class _Acquirable:
-    """`await x.acquire()` and `async with x.acquire() as lease` both work."""
+    """`await x.acquire()`, `async with x.acquire() as lease`, and `async with x as lease`
+    (with the lock's own `timeout`/`blocking`, raising LockTimeout; leases per task)."""
 
     _broker: Broker
+    _sync: LockObject
 
     def _start(
         self, blocking: bool, timeout: float | None
     ) -> Coroutine[Any, Any, HeldState | None]:
-        raise NotImplementedError
+        return self._sync._acquire(blocking, timeout)
+
+    @property
+    def name(self) -> str:
+        return self._sync.name
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> _AcquireCall:
         return _AcquireCall(self, blocking, timeout)
+
+    def _task_leases(self) -> list[Lease]:
+        held: dict[asyncio.Task[Any] | None, list[Lease]] = self.__dict__.setdefault("_held", {})
+        return held.setdefault(asyncio.current_task(), [])
+
+    async def __aenter__(self) -> Lease:
+        sync = self._sync
+        leases = self._task_leases()
+        if leases and not sync.reentrant_with:
+            raise LockError(f"{self!r} is already held by this task's enclosing `async with`")
+        lease = await self.acquire(sync.blocking, sync.timeout)._go()
+        if lease is None:
+            raise timeout_error(self, sync.blocking, sync.timeout)
+        leases.append(lease)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        held: dict[asyncio.Task[Any] | None, list[Lease]] = self.__dict__["_held"]
+        task = asyncio.current_task()
+        leases = held[task]
+        lease = leases.pop()
+        if not leases:
+            del held[task]
+        await lease.release()
+
+    def __repr__(self) -> str:
+        return f"aio.{self._sync!r}"
 
 
 class _AcquireCall:
@@ -144,11 +188,9 @@ class _AcquireCall:
         return self._go().__await__()
 
     async def __aenter__(self) -> Lease:
-        from ..errors import LockError
-
         self._lease = await self._go()
         if self._lease is None:
-            raise LockError("lock not obtained within the timeout")
+            raise timeout_error(self._owner, self._blocking, self._timeout)
         return self._lease
 
     async def __aexit__(
@@ -168,51 +210,24 @@ class PersistentSemaphore(_Acquirable):
         self._broker = broker
         self._sync = _client.PersistentSemaphore(broker, name, **options)
 
-    @property
-    def name(self) -> str:
-        return self._sync.name
-
-    def _start(
-        self, blocking: bool, timeout: float | None
-    ) -> Coroutine[Any, Any, HeldState | None]:
-        return self._sync._acquire(blocking, timeout)
-
 
 class Mutex(_Acquirable):
     """asyncio twin of :class:`amqp_locks.Mutex`."""
 
-    def __init__(
-        self, broker: Broker, name: str, *, fencing: bool = True, backoff: Backoff | None = None
-    ) -> None:
+    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
         self._broker = broker
-        self._sync = _mutex.Mutex(broker, name, fencing=fencing, backoff=backoff)
-
-    @property
-    def name(self) -> str:
-        return self._sync.name
-
-    def _start(
-        self, blocking: bool, timeout: float | None
-    ) -> Coroutine[Any, Any, HeldState | None]:
-        return self._sync._acquire(blocking, timeout)
+        self._sync = _mutex.Mutex(broker, name, **options)
 
 
 class TokenSemaphore(_Acquirable):
     """asyncio twin of :class:`amqp_locks.TokenSemaphore`: acquire on the I/O thread,
     admin methods on a worker thread (they wait on the I/O thread)."""
 
+    _sync: _tokens.TokenSemaphore
+
     def __init__(self, broker: Broker, name: str, **options: Any) -> None:
         self._broker = broker
         self._sync = _tokens.TokenSemaphore(broker, name, **options)
-
-    @property
-    def name(self) -> str:
-        return self._sync.name
-
-    def _start(
-        self, blocking: bool, timeout: float | None
-    ) -> Coroutine[Any, Any, HeldState | None]:
-        return self._sync._acquire(blocking, timeout)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kw))

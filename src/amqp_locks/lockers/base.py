@@ -14,7 +14,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from ..errors import ConfigurationError, LockError
+from ..errors import ConfigurationError, LockedElsewhere, LockerStopped
 
 log = logging.getLogger("amqp_locks.lockers")
 
@@ -22,12 +22,8 @@ log = logging.getLogger("amqp_locks.lockers")
 DEFAULT_LOCK_ACQUIRE_SLEEP_INTERVAL = 10.0
 
 
-class LockedElsewhere(LockError):
-    """`fail_if_locked` is set and another holder has the lock."""
 
 
-class LockerStopped(LockError):
-    """`stop()` was called while `start()` was waiting."""
 
 
 class Locker(ABC):
@@ -113,6 +109,17 @@ class Locker(ABC):
         (`LockableService(keep_alive_timeout=None)`): one keep-alive period — by then the
         next one is due. None: no limit (the service waits for the call)."""
         return period if period > 0 else None
+
+    def valid_without_server(self) -> bool:
+        """Is the lock known to hold without asking its server? A lease still valid by the
+        local clock is (a keep-alive error is then ridden out, as ActiveMQ's
+        LeaseLockerIOExceptionHandler does); a lock tied to a session is not."""
+        return False
+
+    def default_lease_margin(self, period: float) -> float:
+        """`LockableService(lease_margin=None)`: how long before the lock expires by itself
+        a master demotes unless renewed. 0 for locks that do not expire."""
+        return 0.0
 
     def valid_until(self) -> float | None:
         """For a lock that expires unless renewed (a lease): the ``time.monotonic()``

@@ -50,7 +50,7 @@ def build_locker(section: dict[str, Any]) -> Locker:
     from .amqp import AmqpLocker
     from .database import DatabaseLocker
     from .file import SharedFileLocker
-    from .lease import LeaseDatabaseLocker
+    from .lease_database import LeaseDatabaseLocker
 
     kind = section.get("type")
     if kind not in _KEYS:

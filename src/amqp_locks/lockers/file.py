@@ -13,18 +13,30 @@ would then refuse the new master and accept the old one).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 from pathlib import Path
+from types import ModuleType
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, FeatureUnavailable
 from .base import Locker
 
 #: Paths locked by this process: a second locker on the same file is refused at once
 #: (flock would also refuse it, but only per open file, which is easy to get wrong).
 _LOCAL_GUARD: set[str] = set()
 _GUARD_LOCK = threading.Lock()
+
+
+def _fcntl() -> ModuleType:
+    """POSIX ``fcntl``, imported where it is used, so the package imports everywhere."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        raise FeatureUnavailable(
+            "SharedFileLocker needs POSIX flock (fcntl), which this platform lacks; use "
+            "DatabaseLocker with SQLite, or the AmqpLocker"
+        ) from None
+    return fcntl
 
 
 class SharedFileLocker(Locker):
@@ -39,6 +51,7 @@ class SharedFileLocker(Locker):
         self.directory = Path(directory)
         self.path = self.directory / name
         self.fence_path = self.directory / f"{name}.fence"
+        self._flock = _fcntl()  # fail at construction, not at the first election
         self._fd: int | None = None
         self._identity: tuple[int, int, int] | None = None  # (dev, ino, mtime_ns)
 
@@ -51,7 +64,7 @@ class SharedFileLocker(Locker):
             _LOCAL_GUARD.add(key)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._flock.flock(fd, self._flock.LOCK_EX | self._flock.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             with _GUARD_LOCK:
@@ -106,7 +119,7 @@ class SharedFileLocker(Locker):
         fd, self._fd = self._fd, None
         if fd is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                self._flock.flock(fd, self._flock.LOCK_UN)
             finally:
                 os.close(fd)
         with _GUARD_LOCK:

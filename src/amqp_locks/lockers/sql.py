@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import math
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Float,
-    MetaData,
-    String,
-    Table,
-    create_engine,
-    insert,
-    text,
-)
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.pool import NullPool
+from ..errors import ConfigurationError, FeatureUnavailable
+from ..transport.errors import censor_text
 
-from ..errors import ConfigurationError
+try:
+    from sqlalchemy import (
+        BigInteger,
+        Column,
+        Float,
+        MetaData,
+        String,
+        Table,
+        create_engine,
+        insert,
+        text,
+    )
+    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.pool import NullPool
+except ImportError as exc:  # the extra is not installed
+    raise FeatureUnavailable(
+        "the database lockers need SQLAlchemy: pip install 'amqp-locks[postgresql]' "
+        "(or [mysql], [sqlite])"
+    ) from exc
 
 metadata = MetaData()
 
@@ -65,7 +72,9 @@ def make_engine(
     does every round trip on PyMySQL: a standby stuck connecting could neither take over
     nor be stopped."""
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigurationError(f"database URL must look like dialect://..., got {url!r}")
+        raise ConfigurationError(
+            f"database URL must look like dialect://..., got {censor_text(str(url))!r}"
+        )
     if not connect_timeout > 0:
         raise ConfigurationError(f"connect_timeout must be > 0 seconds, got {connect_timeout}")
     options: dict[str, object] = {"poolclass": NullPool}
@@ -87,7 +96,9 @@ def make_engine(
     try:
         return create_engine(url, **options)
     except Exception as exc:
-        raise ConfigurationError(f"cannot use database URL {url!r}: {exc}") from exc
+        raise ConfigurationError(
+            f"cannot use database URL {censor_text(url)!r}: {censor_text(str(exc), url)}"
+        ) from None
 
 
 def ensure_row(engine: Engine, table: Table, name: str) -> None:

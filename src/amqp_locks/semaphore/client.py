@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..events import observed
 from ..lease import Lease, LeaseState, grant
+from ..lockobject import LockObject
 from ..names import holder_queue, sentinel_queue, slot_queue, validate_name, wakeup_queue
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
@@ -161,19 +162,25 @@ async def try_acquire(
             await asyncio.sleep(random.uniform(0, race_skew))
 
 
-class PersistentSemaphore:
+class PersistentSemaphore(LockObject):
     """Client of the persistent semaphore `name` (created by :class:`SemaphoreAdmin`).
 
     ``max_races`` bounds the second-stage (RESOURCE_LOCKED) retries of one attempt,
     ``race_skew`` is the largest random pause after such a race, ``backoff`` the fallback
-    polling while blocked (clean releases wake waiters at once).
+    polling while blocked (clean releases wake waiters at once). ``timeout`` / ``blocking``
+    are what ``with sem as slot:`` waits (default: for ever); it raises
+    :class:`~amqp_locks.errors.LockTimeout` when no slot was obtained.
     """
+
+    kind = "slot"
 
     def __init__(
         self,
         broker: BrokerLike,
         name: str,
         *,
+        timeout: float | None = None,
+        blocking: bool = True,
         max_races: int = 16,
         race_skew: float = 0.02,
         backoff: Backoff | None = None,
@@ -187,6 +194,7 @@ class PersistentSemaphore:
         self.max_races = max_races
         self.race_skew = race_skew
         self.backoff = backoff or Backoff()
+        self._init_wait(blocking, timeout)
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
         core = self.broker._core
@@ -216,8 +224,4 @@ class PersistentSemaphore:
 
         Raises :class:`SemaphoreNotFound` when the semaphore has no slots.
         """
-        state = self.broker._core.run(self._acquire(blocking, timeout))
-        return None if state is None else Lease(state)
-
-    def __repr__(self) -> str:
-        return f"PersistentSemaphore({self.name!r})"
+        return super().acquire(blocking, timeout)

@@ -13,6 +13,8 @@ import concurrent.futures
 import logging
 import os
 import socket
+import threading
+import weakref
 from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -23,10 +25,11 @@ from ..errors import (
     AccessRefused,
     AmqpLocksError,
     AuthenticationFailed,
+    BrokerClosed,
     ClusterUnreachable,
     ConfigurationError,
 )
-from .errors import censor
+from .errors import censor, censor_text
 from .iothread import IOThread
 from .session import Session
 
@@ -46,8 +49,13 @@ UrlSpec = str | Sequence[str] | None
 def _parse_url(raw: str) -> URL:
     try:
         parsed = URL(raw)
+        parsed.port  # noqa: B018 - yarl checks the port's range lazily
     except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"invalid AMQP URL {raw!r}: {exc}") from exc
+        # Never the password in a message: the raw text is censored, and the parser's own
+        # message too (it may quote the URL); the cause is dropped for the same reason.
+        raise ConfigurationError(
+            f"invalid AMQP URL {censor_text(raw)!r}: {censor_text(str(exc), raw)}"
+        ) from None
     if parsed.scheme not in ("amqp", "amqps") or not parsed.host:
         raise ConfigurationError(
             f"invalid AMQP URL {censor(parsed)!r}: expected amqp://user:pass@host:port/vhost"
@@ -84,8 +92,31 @@ def default_connection_name(purpose: str = "") -> str:
     return f"amqp-locks{extra} host={socket.gethostname()} pid={os.getpid()}"
 
 
+#: Every live core, so a forked child can drop what it inherited (see `_after_fork`).
+_cores: weakref.WeakSet[BrokerCore] = weakref.WeakSet()
+#: What a fork child inherited of its parent's cores: kept referenced and never used, so
+#: no finalizer of the child closes (or writes a goodbye frame on) the parent's connection.
+_inherited: list[object] = []
+
+
+def _after_fork() -> None:
+    for core in list(_cores):
+        core._forked()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 class BrokerCore:
-    """Connection management on the I/O loop; shared by the sync and asyncio facades."""
+    """Connection management on the I/O loop; shared by the sync and asyncio facades.
+
+    Fork-safe: the I/O thread does not survive ``fork()``, and the parent's connection
+    stays the parent's, so a child starts its own thread and connection on first use
+    (gunicorn ``--preload``, Celery prefork, multiprocessing's fork start method). Leases
+    granted before the fork remain the parent's (:class:`~amqp_locks.errors.WrongProcess`
+    in the child).
+    """
 
     def __init__(
         self,
@@ -116,16 +147,43 @@ class BrokerCore:
         if self.loss_timeout <= 0:
             raise ConfigurationError(f"loss_timeout must be > 0, got {loss_timeout}")
         self.connect_timeout = connect_timeout
+        self._named = connection_name is not None
         self.connection_name = connection_name or default_connection_name()
-        self.io = IOThread()
+        self.pid = os.getpid()
+        self._io: IOThread | None = None
+        self._io_lock = threading.Lock()
         self._session: Session | None = None
         self._lock: asyncio.Lock | None = None
         self._closed = False
+        _cores.add(self)
+
+    @property
+    def io(self) -> IOThread:
+        """The I/O thread, started on first use (a Broker that is never used costs none)."""
+        io = self._io
+        if io is None:
+            with self._io_lock:
+                if self._io is None:
+                    self._io = IOThread()
+                io = self._io
+        return io
+
+    def _forked(self) -> None:
+        """In a fork child: forget the parent's thread and connection without any I/O on
+        them (a frame written from here would corrupt the parent's stream)."""
+        _inherited.append((self._io, self._session, self._lock))
+        self._io = None
+        self._io_lock = threading.Lock()
+        self._session = None
+        self._lock = None
+        self.pid = os.getpid()
+        if not self._named:
+            self.connection_name = default_connection_name()
 
     async def session(self) -> Session:
         """The live session, connecting (again) when there is none."""
         if self._closed:
-            raise ConfigurationError("the Broker is closed")
+            raise BrokerClosed("the Broker is closed; open a new Broker")
         current = self._session
         if current is not None and current.alive:
             return current
@@ -178,7 +236,7 @@ class BrokerCore:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         if self._closed:
             coro.close()
-            raise ConfigurationError("the Broker is closed")
+            raise BrokerClosed("the Broker is closed; open a new Broker")
         return self.io.submit(coro)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -204,13 +262,15 @@ class BrokerCore:
         """Close the connection (every lease through it is released by the broker)."""
         if self._closed:
             return
-        if self.io.alive:
+        io = self._io
+        if io is not None and io.alive:
             try:
-                self.io.submit(self._close()).result(10.0)
+                io.submit(self._close()).result(10.0)
             except Exception:
                 log.debug("error while closing the connection", exc_info=True)
         self._closed = True
-        self.io.stop()
+        if io is not None:
+            io.stop()
 
     @property
     def closed(self) -> bool:
@@ -271,7 +331,8 @@ class BrokerBase:
 class Broker(BrokerBase):
     """A connection to RabbitMQ, owned by a private I/O thread. Thread-safe.
 
-    ``url`` defaults to ``$AMQP_URL``, then to the private development node; several nodes
+    ``url`` defaults to ``$AMQP_URL``, then to ``amqp://guest:guest@localhost:5672/`` (the
+    library never starts a broker of its own); several nodes
     of a cluster may be given (a list, or one string with comma-separated URLs): the
     Broker connects to the first that answers and, when that connection is lost, to the
     next one (leases held through the lost connection are reported lost). ``cluster``

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import aiormq.exceptions as ex
 from yarl import URL
@@ -23,6 +24,20 @@ from ..errors import (
 def censor(url: URL) -> str:
     """The URL without its password, for messages and logs."""
     return str(url.with_password("******")) if url.password else str(url)
+
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]*@")
+
+
+def censor_text(text: str, raw_url: str | None = None) -> str:
+    """`text` with every ``scheme://user:password@`` password starred, and the password of
+    `raw_url` (a URL that may not even parse) wherever else it appears."""
+    out = _USERINFO.sub(r"\g<scheme>\g<user>:******@", text)
+    if raw_url:
+        m = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:(?P<pw>[^@/\s]+)@", raw_url)
+        if m:
+            out = out.replace(m.group("pw"), "******")
+    return out
 
 
 def _text(exc: BaseException) -> str:

@@ -103,6 +103,13 @@ class LeaseDatabaseLocker(Locker):
         """Does the lease still hold, judged by the local clock (no database needed)?"""
         return self._held and self._clock() + self.clock_offset() < self.expires_at
 
+    def valid_without_server(self) -> bool:
+        return self.lease_valid_locally()
+
+    def default_lease_margin(self, period: float) -> float:
+        """Half the slack between the lease and the keep-alive period."""
+        return max(0.0, (self.lease_duration - period) / 2)
+
     def valid_until(self) -> float | None:
         """When the lease runs out, as a ``time.monotonic()`` instant: the monotonic time
         just before the obtain/renewal that set it, plus what the database granted from its

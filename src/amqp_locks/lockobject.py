@@ -1,0 +1,94 @@
+"""What the three lock kinds share: ``acquire() -> Lease | None`` and ``with lock:``.
+
+``Mutex``, ``PersistentSemaphore`` and ``TokenSemaphore`` implement one coroutine,
+``_acquire(blocking, timeout)``, run on the Broker's I/O thread; this base turns it into the
+sync API. ``with lock as lease:`` acquires with the lock's own ``blocking``/``timeout``
+(given to its constructor) and raises :class:`~amqp_locks.errors.LockTimeout` instead of
+returning None, as filelock and redis-py users expect. The leases a ``with`` block took
+are kept per thread, so one lock object can be shared by threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from types import TracebackType
+from typing import TYPE_CHECKING, ClassVar
+
+from .errors import ConfigurationError, LockError, LockTimeout
+from .lease import HeldState, Lease
+from .waiting import check_timeout
+
+if TYPE_CHECKING:
+    from .transport.broker import BrokerLike
+
+
+def timeout_error(lock: object, blocking: bool, timeout: float | None) -> LockTimeout:
+    """The error ``with lock:`` raises when the lock was not obtained."""
+    how = "at once (blocking=False)" if not blocking else f"within {timeout:g} s"
+    return LockTimeout(f"{lock!r} was not obtained {how}; another holder has it")
+
+
+def check_blocking(blocking: bool, timeout: float | None) -> float | None:
+    """Validate the constructor's wait settings (a timeout without blocking is a mistake)."""
+    timeout = check_timeout(timeout)
+    if not blocking and timeout is not None:
+        raise ConfigurationError(
+            "timeout given with blocking=False: a non-blocking acquire never waits"
+        )
+    return timeout
+
+
+class LockObject(ABC):
+    """Base of the sync lock classes (see the module docstring)."""
+
+    #: The lock kind in events, metrics and errors: "mutex", "slot" or "permit".
+    kind: ClassVar[str]
+    #: A ``with`` block inside another on the same object and thread would wait for itself.
+    reentrant_with: ClassVar[bool] = True
+
+    broker: BrokerLike
+    name: str
+    blocking: bool
+    timeout: float | None
+
+    def _init_wait(self, blocking: bool, timeout: float | None) -> None:
+        self.blocking = bool(blocking)
+        self.timeout = check_blocking(self.blocking, timeout)
+        self._local = threading.local()
+
+    @abstractmethod
+    async def _acquire(self, blocking: bool, timeout: float | None) -> HeldState | None:
+        """One acquire, on the I/O loop: the held state, or None (not blocking / timeout)."""
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
+        """Hold the lock: a :class:`Lease`, or None when not blocking / timed out."""
+        state = self.broker._core.run(self._acquire(blocking, timeout))
+        return None if state is None else Lease(state)
+
+    def _stack(self) -> list[Lease]:
+        stack: list[Lease] | None = getattr(self._local, "leases", None)
+        if stack is None:
+            stack = self._local.leases = []
+        return stack
+
+    def __enter__(self) -> Lease:
+        stack = self._stack()
+        if stack and not self.reentrant_with:
+            raise LockError(f"{self!r} is already held by this thread's enclosing `with`")
+        lease = self.acquire(self.blocking, self.timeout)
+        if lease is None:
+            raise timeout_error(self, self.blocking, self.timeout)
+        stack.append(lease)
+        return lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stack().pop().release()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

@@ -43,6 +43,7 @@ from .lockers import AmqpLocker, Locker
 from .mutex import Mutex
 from .semaphore import PersistentSemaphore, Removal, SemaphoreAdmin
 from .service import LeaseAwarePolicy, LockableService, State
+from .status import LockStatus, lock_status
 from .tokens import Audit, TokenSemaphore, TokenStatus
 from .transport import Broker
 from .waiting import Backoff
@@ -90,6 +91,7 @@ __all__ = [
     "LeaseDatabaseLocker",
     "LeaseReleased",
     "LockError",
+    "LockStatus",
     "LockTimeout",
     "LockableService",
     "LockedElsewhere",
@@ -111,5 +113,6 @@ __all__ = [
     "WrongProcess",
     "__version__",
     "events",
+    "lock_status",
     "metrics",
 ]

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar
 
 from .errors import ConfigurationError, LockError, LockTimeout
+from .events import observed
 from .lease import HeldState, Lease
 from .waiting import check_timeout
 
@@ -58,8 +59,13 @@ class LockObject(ABC):
         self._local = threading.local()
 
     @abstractmethod
+    async def _wait(self, blocking: bool, timeout: float | None) -> HeldState | None:
+        """The kind's own acquire, on the I/O loop: the held state, or None (not blocking /
+        timed out)."""
+
     async def _acquire(self, blocking: bool, timeout: float | None) -> HeldState | None:
-        """One acquire, on the I/O loop: the held state, or None (not blocking / timeout)."""
+        """One acquire, observed (its "acquire" event: granted, timeout or error)."""
+        return await observed(self.kind, self.name, self._wait(blocking, timeout))
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Hold the lock: a :class:`Lease`, or None when not blocking / timed out."""

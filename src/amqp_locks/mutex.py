@@ -17,7 +17,6 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
-from .events import observed
 from .lease import LeaseState, grant
 from .lockobject import LockObject
 from .names import sentinel_queue, validate_name, wakeup_queue
@@ -129,17 +128,12 @@ class Mutex(LockObject):
         self.backoff = backoff or Backoff()
         self._init_wait(blocking, timeout)
 
-    async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
-        core = self.broker._core
-        return await observed(
-            "mutex",
+    async def _wait(self, blocking: bool, timeout: float | None) -> LeaseState | None:
+        return await acquire_mutex(
+            self.broker._core,
             self.name,
-            acquire_mutex(
-                core,
-                self.name,
-                blocking=blocking,
-                timeout=timeout,
-                fencing=self.fencing,
-                backoff=self.backoff,
-            ),
+            blocking=blocking,
+            timeout=timeout,
+            fencing=self.fencing,
+            backoff=self.backoff,
         )

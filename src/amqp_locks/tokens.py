@@ -56,7 +56,6 @@ from .errors import (
     QueueNotFound,
     TokenSemaphoreNotFound,
 )
-from .events import observed
 from .fencing import ensure_fence, fence_arguments, rule_matches, take_token
 from .lease import HeldState, Lease
 from .lockobject import LockObject
@@ -436,12 +435,7 @@ class TokenSemaphore(LockObject):
 
     # --- holders --------------------------------------------------------------------------
 
-    async def _acquire(self, blocking: bool, timeout: float | None) -> PermitState | None:
-        return await observed("permit", self.name, self._acquire_reconnecting(blocking, timeout))
-
-    async def _acquire_reconnecting(
-        self, blocking: bool, timeout: float | None
-    ) -> PermitState | None:
+    async def _wait(self, blocking: bool, timeout: float | None) -> PermitState | None:
         """Wait for a token; when the connection dies meanwhile (its node died), wait on a
         new one (the next node of a cluster) for the time that is left."""
         timeout = check_timeout(timeout)
@@ -553,10 +547,7 @@ class TokenSemaphore(LockObject):
         consumers (holders + waiters + drains) — from the ledger and one passive declare."""
 
         async def status(session: Session) -> TokenStatus:
-            ledger = await _require_ledger(session, self.name)
-            ready, consumers = await session.declare_passive_counts(token_queue(self.name))
-            held = max(0, ledger.permits - ready)
-            return TokenStatus(ledger.permits, ready, held, consumers, max(0, consumers - held))
+            return await read_status(session, self.name)
 
         # Read-only: no admin mutex, so status works while an admin drains or audits.
         result: TokenStatus = self._core.run(self._with_session(status))
@@ -647,6 +638,14 @@ class Audit:
     @property
     def ok(self) -> bool:
         return not self.missing and not self.surplus
+
+
+async def read_status(session: Session, name: str) -> TokenStatus:
+    """Permits (the ledger), ready tokens and consumers (one passive declare)."""
+    ledger = await _require_ledger(session, name)
+    ready, consumers = await session.declare_passive_counts(token_queue(name))
+    held = max(0, ledger.permits - ready)
+    return TokenStatus(ledger.permits, ready, held, consumers, max(0, consumers - held))
 
 
 def _positive(x: int, what: str) -> int:

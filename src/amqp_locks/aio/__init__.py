@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .. import mutex as _mutex
+from .. import status as _status
 from .. import tokens as _tokens
 from ..errors import LockError
 from ..lease import HeldState
@@ -32,6 +33,7 @@ __all__ = [
     "PersistentSemaphore",
     "SemaphoreAdmin",
     "TokenSemaphore",
+    "lock_status",
 ]
 
 
@@ -252,6 +254,11 @@ class TokenSemaphore(_Acquirable):
 
     async def destroy(self) -> None:
         await self._call(self._sync.destroy)
+
+
+async def lock_status(broker: Broker, name: str) -> list[_status.LockStatus]:
+    """asyncio twin of :func:`amqp_locks.lock_status`."""
+    return await broker._run(_status.read_lock_status(broker._core, name))
 
 
 class SemaphoreAdmin:

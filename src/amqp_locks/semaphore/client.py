@@ -28,7 +28,6 @@ from ..errors import (
     ResourceLocked,
     SemaphoreNotFound,
 )
-from ..events import observed
 from ..lease import Lease, LeaseState, grant
 from ..lockobject import LockObject
 from ..names import holder_queue, sentinel_queue, slot_queue, validate_name, wakeup_queue
@@ -196,27 +195,18 @@ class PersistentSemaphore(LockObject):
         self.backoff = backoff or Backoff()
         self._init_wait(blocking, timeout)
 
-    async def _acquire(self, blocking: bool, timeout: float | None) -> LeaseState | None:
+    async def _wait(self, blocking: bool, timeout: float | None) -> LeaseState | None:
         core = self.broker._core
-        return await observed(
-            "slot",
-            self.name,
-            acquire_loop(
-                core,
-                wakeup_queue(self.name, "sem"),
-                sentinel_queue(self.name, "sem"),
-                lambda s, hint: try_acquire(
-                    core,
-                    s,
-                    self.name,
-                    max_races=self.max_races,
-                    race_skew=self.race_skew,
-                    hint=hint,
-                ),
-                blocking=blocking,
-                timeout=timeout,
-                backoff=self.backoff,
+        return await acquire_loop(
+            core,
+            wakeup_queue(self.name, "sem"),
+            sentinel_queue(self.name, "sem"),
+            lambda s, hint: try_acquire(
+                core, s, self.name, max_races=self.max_races, race_skew=self.race_skew, hint=hint
             ),
+            blocking=blocking,
+            timeout=timeout,
+            backoff=self.backoff,
         )
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:

@@ -46,6 +46,7 @@ from .localserver import (
     Commands,
     Launch,
     LocalServer,
+    ServerInfo,
     apt_install,
     cli,
     home,
@@ -119,7 +120,7 @@ def trixie_root() -> Path:
 
 
 @dataclass(frozen=True)
-class NodeInfo:
+class NodeInfo(ServerInfo):
     """Where a private node lives and listens; enough to talk to it or restart it."""
 
     name: str
@@ -150,10 +151,6 @@ class NodeInfo:
     @property
     def log_file(self) -> Path:
         return self.base_dir / "log" / f"{self.node}.log"
-
-    @property
-    def startup_log(self) -> Path:
-        return self.base_dir / "startup.log"
 
 
 # --------------------------------------------------------------------------- install

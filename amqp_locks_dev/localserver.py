@@ -39,7 +39,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 HOST = "127.0.0.1"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -198,19 +198,28 @@ def apt_install(package: str, error: type[Exception], who: str) -> None:
 # -------------------------------------------------------------------------- lifecycle
 
 
-class ServerInfo(Protocol):
-    """What the base needs of a server's description (a frozen dataclass)."""
+class ServerInfo(ABC):
+    """Base of a kind's description of one server (a frozen dataclass with a ``base_dir``
+    field): where the lifecycle finds its URL, pid file and logs."""
+
+    base_dir: Path
 
     @property
-    def base_dir(self) -> Path: ...
-    @property
+    @abstractmethod
     def url(self) -> str: ...
+
     @property
+    @abstractmethod
     def pid_file(self) -> Path: ...
+
     @property
+    @abstractmethod
     def log_file(self) -> Path: ...
+
     @property
-    def startup_log(self) -> Path: ...
+    def startup_log(self) -> Path:
+        """The server's stdout and stderr."""
+        return self.base_dir / "startup.log"
 
 
 InfoT = TypeVar("InfoT", bound=ServerInfo)

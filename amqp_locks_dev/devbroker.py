@@ -564,10 +564,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m amqp_locks_dev.devbroker", description="Private RabbitMQ node on 127.0.0.1."
     )
-    parser.add_argument(
-        "--version", choices=VERSIONS, default=None,
-        help=f"RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else {HOST_VERSION})",
-    )
     commands = Commands(
         start=lambda a: start(a.name, a.base_dir, a.port, a.wait, version=a.version),
         restart=lambda a: restart(a.name, a.base_dir, a.wait, version=a.version),
@@ -577,6 +573,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli(
         argv, parser, commands, DevBrokerError,
         default_name=DEFAULT_NAME, what="node", port_help="AMQP port for start",
+        arguments=lambda p: p.add_argument(
+            "--version", choices=VERSIONS, default=None,
+            help=f"RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else {HOST_VERSION})",
+        ),
     )
 
 

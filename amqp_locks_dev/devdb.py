@@ -645,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser,
         commands,
         DevDbError,
-        positionals=lambda p: p.add_argument("kind", choices=KINDS),
+        arguments=lambda p: p.add_argument("kind", choices=KINDS),
         default_name=DEFAULT_NAME,
     )
 

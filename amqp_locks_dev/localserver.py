@@ -523,21 +523,22 @@ def cli(
     commands: Commands,
     error: type[Exception],
     *,
-    positionals: Callable[[argparse.ArgumentParser], object] = lambda parser: None,
+    arguments: Callable[[argparse.ArgumentParser], object] = lambda parser: None,
     default_name: str = "amqplocks",
     what: str = "server",
     port_help: str = "TCP port for start",
 ) -> int:
-    """The server CLI: `parser` gets the command, then `positionals`, then the shared
-    options (after any of its own); ``start``/``url``/``restart`` print only the URL so
-    ``$(...)`` captures it, ``status`` exits 3 when the server is not running."""
+    """The server CLI: `parser` gets the command and the shared options, then the kind's
+    own `arguments` (a positional one comes after the command); ``start``/``url``/
+    ``restart`` print only the URL so ``$(...)`` captures it, ``status`` exits 3 when the
+    server is not running."""
     names = ["start", "stop", "status", "restart", "url", *(["kill"] if commands.kill else [])]
     parser.add_argument("command", choices=names)
-    positionals(parser)
     parser.add_argument("--name", default=default_name, help=f"{what} name (default: %(default)s)")
     parser.add_argument("--base-dir", type=Path, default=None, help=f"{what} directory")
     parser.add_argument("--port", type=int, default=None, help=port_help)
     parser.add_argument("--wait", type=float, default=60.0, help="startup timeout (s)")
+    arguments(parser)
     args = parser.parse_args(argv)
 
     def run() -> int:

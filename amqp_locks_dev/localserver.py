@@ -11,14 +11,12 @@ crash it for fault tests; :func:`cli` is the ``start|stop|status|restart|url`` c
 line. A subclass says how its kind is launched, probed and stopped.
 
 Why not mirakuru (or the pytest-rabbitmq/-postgresql/-mysql executors built on it): an
-executor keeps the server's process in the Python object that started it, so a node
-started by ``scripts/broker`` or by another test process cannot be found, probed or
-stopped from here; we would still need the state file, the lock and a re-attach path
-around it. Its stop signals the process group it started, which is not how RabbitMQ
-stops cleanly (``rabbitmqctl stop``, run inside the 4.0 line's chroot) nor reaches
-PostgreSQL's setsid() backends, and its RabbitMQ executor calls Debian's ``/usr/sbin``
-wrappers that ``su`` to the ``rabbitmq`` user. What it would replace here is one Popen and
-a polling loop.
+executor keeps the server's process in the Python object that started it, so a server
+started by ``scripts/broker``, a benchmark or another test process cannot be found,
+probed or stopped through it; the state file, the lock and the re-attach would stay ours,
+as would the launch itself (the unwrapped RabbitMQ scripts instead of Debian's ``su``
+wrappers, the 4.0 line's ``unshare``+``chroot``, ``rabbitmqctl stop``, PostgreSQL as
+``postgres``). What it would take over is one ``Popen`` and a polling loop.
 """
 
 from __future__ import annotations

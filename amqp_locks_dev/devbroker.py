@@ -29,26 +29,31 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import re
 import secrets
 import shutil
-import signal
 import socket
 import string
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from .localserver import cmdline_mentions, write_state
-from .localserver import locked as _locked
-from .localserver import pid_alive as _pid_alive
-from .localserver import port_free as _port_free
-from .localserver import tail as _tail
+from .localserver import (
+    HOST,
+    Commands,
+    Launch,
+    LocalServer,
+    ServerInfo,
+    apt_install,
+    cli,
+    home,
+    locked,
+    pid_alive,
+    resolve_dir,
+)
 
 __all__ = [
     "DEFAULT_NAME",
@@ -65,7 +70,6 @@ __all__ = [
 ]
 
 DEFAULT_NAME = "amqplocks"
-HOST = "127.0.0.1"
 #: Long lock holds keep token messages unacked for hours; RabbitMQ's default
 #: consumer_timeout (30 min) would close the channel and silently drop the lock.
 CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
@@ -88,12 +92,8 @@ _DEFAULTS_OF_4_3 = (
     "deprecated_features.permit.transient_nonexcl_queues = false\n"
     "deprecated_features.permit.global_qos = false\n"
 )
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 
-# Server processes started by this interpreter, so they can be reaped after a stop
-# (avoids zombies and "subprocess still running" ResourceWarnings).
-_children: dict[Path, subprocess.Popen[bytes]] = {}
 
 
 class DevBrokerError(RuntimeError):
@@ -120,7 +120,7 @@ def trixie_root() -> Path:
 
 
 @dataclass(frozen=True)
-class NodeInfo:
+class NodeInfo(ServerInfo):
     """Where a private node lives and listens; enough to talk to it or restart it."""
 
     name: str
@@ -152,10 +152,6 @@ class NodeInfo:
     def log_file(self) -> Path:
         return self.base_dir / "log" / f"{self.node}.log"
 
-    @property
-    def startup_log(self) -> Path:
-        return self.base_dir / "startup.log"
-
 
 # --------------------------------------------------------------------------- install
 
@@ -180,34 +176,6 @@ def _require_sbin() -> Path:
     return sbin
 
 
-def _apt_install(package: str) -> None:
-    """``apt-get install`` one Debian package with no service started by it."""
-    if os.geteuid() != 0:
-        raise DevBrokerError(
-            f"{package} is not installed and we are not root; "
-            f"run: sudo apt-get install -y {package}"
-        )
-    if shutil.which("apt-get") is None:
-        raise DevBrokerError(f"{package} is not installed and apt-get is unavailable")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    policy = Path("/usr/sbin/policy-rc.d")
-    made_policy = False
-    if not policy.exists():
-        policy.write_text(
-            "#!/bin/sh\n# amqp_locks_dev.devbroker: no services during install\nexit 101\n"
-        )
-        policy.chmod(0o755)
-        made_policy = True
-    try:
-        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", package]):
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise DevBrokerError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    finally:
-        if made_policy:
-            policy.unlink(missing_ok=True)
-
-
 def ensure_installed(version: str | None = None) -> None:
     """Make the RabbitMQ line `version` runnable here (default: :func:`default_version`).
 
@@ -220,7 +188,7 @@ def ensure_installed(version: str | None = None) -> None:
         return
     if _sbin_dir() is not None:
         return
-    _apt_install("rabbitmq-server")
+    apt_install("rabbitmq-server", DevBrokerError, "amqp_locks_dev.devbroker")
     # Belt and braces: if postinst started the default node anyway, stop it. Its CLI
     # wrapper su's to the rabbitmq user and so uses that user's cookie.
     ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
@@ -245,11 +213,11 @@ def ensure_trixie_root() -> Path:
             f"RabbitMQ 4.0 runs in a Debian 13 root ({root}) built with debootstrap and "
             "entered with chroot: both need root"
         )
-    with _locked(root.parent / ".build-lock"):
+    with locked(root.parent / ".build-lock"):
         if (root / _ROOT_READY).exists():
             return root
         if shutil.which("debootstrap") is None:
-            _apt_install("debootstrap")
+            apt_install("debootstrap", DevBrokerError, "amqp_locks_dev.devbroker")
         partial = root.with_name(root.name + ".partial")
         _remove_root(partial)
         mirror = os.environ.get("AMQP_LOCKS_DEBIAN_MIRROR") or _DEBIAN_MIRROR
@@ -300,61 +268,15 @@ def home_subdir(version: str | None = None) -> str:
 def _default_base_dir(name: str, version: str) -> Path:
     """``$AMQP_LOCKS_HOME/broker/<name>`` (``broker-4.0/<name>`` for the 4.0 line),
     defaulting to the user's cache directory."""
-    home = os.environ.get("AMQP_LOCKS_HOME")
-    if home:
-        root = Path(home)
-    else:
-        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = Path(cache) / "amqp-locks"
-    return root / home_subdir(version) / name
+    return home() / home_subdir(version) / name
 
 
 def _resolve(name: str, base_dir: Path | None, version: str | None = None) -> Path:
-    if not _NAME_RE.match(name):
-        raise DevBrokerError(f"invalid node name {name!r}: use letters, digits, _ and -")
     version = check_version(version or default_version())
-    return (base_dir or _default_base_dir(name, version)).expanduser().resolve()
-
-
-def _read_state(base_dir: Path) -> tuple[NodeInfo, int | None] | None:
-    try:
-        raw = json.loads((base_dir / "node.json").read_text())
-        info = NodeInfo(
-            raw["name"],
-            int(raw["amqp_port"]),
-            int(raw["dist_port"]),
-            base_dir,
-            str(raw.get("version", HOST_VERSION)),
-        )
-        pid = raw.get("pid")
-        # pid is None while a start is in flight; the server's pid file then knows.
-        return info, (int(pid) if pid is not None else _pid_from_file(info))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_state(info: NodeInfo, pid: int | None) -> None:
-    data = {
-        "name": info.name,
-        "node": info.node,
-        "amqp_port": info.amqp_port,
-        "dist_port": info.dist_port,
-        "pid": pid,
-        "url": info.url,
-        "version": info.version,
-    }
-    write_state(info.base_dir, data)
+    return resolve_dir(name, base_dir, lambda: _default_base_dir(name, version), DevBrokerError)
 
 
 # -------------------------------------------------------------------------- liveness
-
-
-def _is_our_beam(info: NodeInfo, pid: int | None) -> bool:
-    """The pid is alive and is this node's VM (guards against pid reuse)."""
-    return (
-        pid is not None and _pid_alive(pid) and cmdline_mentions(pid, info.node, str(info.base_dir))
-    )
-
 
 def _amqp_ping(port: int, timeout: float = 2.0) -> bool:
     """True if something on ``port`` answers the AMQP 0-9-1 header with Connection.Start."""
@@ -372,60 +294,6 @@ def _amqp_ping(port: int, timeout: float = 2.0) -> bool:
     # frame type 1 (method) on channel 0, class 10 (connection) method 10 (start)
     return data[0] == 1 and data[1:3] == b"\x00\x00" and data[7:11] == b"\x00\x0a\x00\x0a"
 
-
-def _running(info: NodeInfo, pid: int | None) -> bool:
-    return _is_our_beam(info, pid) and _amqp_ping(info.amqp_port)
-
-
-def _pid_from_file(info: NodeInfo) -> int | None:
-    try:
-        return int(info.pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-# ------------------------------------------------------------------------------ ports
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports the kernel considers free now (held together so they are distinct)."""
-    socks: list[socket.socket] = []
-    try:
-        ports: list[int] = []
-        while len(ports) < count:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind((HOST, 0))
-            port = int(s.getsockname()[1])
-            if port not in _CTL_DIST_PORTS and port not in (_EPMD_PORT, _CHROOT_EPMD_PORT):
-                ports.append(port)
-        return ports
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _pick_ports(
-    prev: NodeInfo | None, amqp_port: int | None, dist_port: int | None, strict: bool
-) -> tuple[int, int]:
-    """Prefer explicit ports, then the previous run's (stable URL), then fresh ones."""
-    want_amqp = amqp_port or (prev.amqp_port if prev else None)
-    want_dist = dist_port or (prev.dist_port if prev else None)
-    fresh = _free_ports(2)
-    ports: list[int] = []
-    for wanted, explicit, spare in (
-        (want_amqp, amqp_port, fresh[0]),
-        (want_dist, dist_port, fresh[1]),
-    ):
-        if wanted is not None and _port_free(wanted):
-            ports.append(wanted)
-        elif wanted is not None and (strict or explicit):
-            raise DevBrokerError(f"port {wanted} on {HOST} is already in use")
-        else:
-            ports.append(spare)
-    if ports[0] == ports[1]:
-        raise DevBrokerError(f"AMQP and distribution ports must differ (got {ports[0]})")
-    return ports[0], ports[1]
 
 
 # -------------------------------------------------------------------- process control
@@ -547,118 +415,89 @@ def rabbitmqctl(info: NodeInfo, *args: str, timeout: float = 60) -> str:
     return proc.stdout
 
 
-def _failure(info: NodeInfo, why: str) -> DevBrokerError:
-    return DevBrokerError(
-        f"RabbitMQ node {info.node} {why}.\n"
-        f"--- {info.startup_log} ---\n{_tail(info.startup_log)}\n"
-        f"--- {info.log_file} ---\n{_tail(info.log_file)}"
-    )
 
+class _Nodes(LocalServer[NodeInfo]):
+    """How a private RabbitMQ node is launched, probed and stopped (see LocalServer)."""
 
-def _launch(info: NodeInfo, wait: float) -> int:
-    """Start the VM in its own session and block until it accepts AMQP; return its pid."""
-    _write_config(info)
-    info.pid_file.unlink(missing_ok=True)
-    with info.startup_log.open("wb") as log:
-        proc = subprocess.Popen(
-            _command(info, "rabbitmq-server"),
-            env=_env(info),
-            cwd=info.base_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # survives our exit and Ctrl-C in the terminal
+    error = DevBrokerError
+    poll_interval = 0.2
+    avoid_ports = frozenset({*_CTL_DIST_PORTS, _EPMD_PORT, _CHROOT_EPMD_PORT})
+
+    def decode(self, base_dir: Path, raw: dict[str, Any]) -> NodeInfo:
+        return NodeInfo(
+            raw["name"],
+            int(raw["amqp_port"]),
+            int(raw["dist_port"]),
+            base_dir,
+            str(raw.get("version", HOST_VERSION)),
         )
-    _children[info.base_dir] = proc
-    deadline = time.monotonic() + wait
-    # await_startup fails fast until the node has registered with epmd, so poll it.
-    while True:
-        if proc.poll() is not None:
-            raise _failure(info, f"exited during startup (code {proc.returncode})")
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            _kill(info, _pid_from_file(info))
-            raise _failure(info, f"did not start within {wait:.0f}s")
-        if info.pid_file.exists():
+
+    def encode(self, info: NodeInfo) -> dict[str, Any]:
+        return {
+            "name": info.name,
+            "node": info.node,
+            "amqp_port": info.amqp_port,
+            "dist_port": info.dist_port,
+            "version": info.version,
+        }
+
+    def ports(self, info: NodeInfo) -> tuple[int, ...]:
+        return (info.amqp_port, info.dist_port)
+
+    def with_ports(self, template: NodeInfo, ports: Sequence[int]) -> NodeInfo:
+        return replace(template, amqp_port=ports[0], dist_port=ports[1])
+
+    def describe(self, info: NodeInfo) -> str:
+        return f"RabbitMQ node {info.node}"
+
+    def needles(self, info: NodeInfo) -> tuple[str, ...]:
+        return (info.node, str(info.base_dir))
+
+    def answers(self, info: NodeInfo) -> bool:
+        return _amqp_ping(info.amqp_port)
+
+    def same(self, prev: NodeInfo, template: NodeInfo) -> bool:
+        if prev.name != template.name:
+            return False
+        if prev.version != template.version:
+            raise DevBrokerError(
+                f"{prev.node} in {prev.base_dir} is a RabbitMQ {prev.version} node, not "
+                f"{template.version}; its data cannot be shared: use another name or directory"
+            )
+        return True
+
+    def prepare(self, info: NodeInfo) -> Launch:
+        _write_config(info)
+        info.pid_file.unlink(missing_ok=True)
+
+        def ready(remaining: float) -> bool:
+            # await_startup fails fast until the node has registered with epmd, so poll it.
+            if not info.pid_file.exists():
+                return False
             ctl = _run_ctl(
                 info,
                 ["await_startup", "--timeout", str(max(1, int(remaining)))],
                 timeout=remaining + 10,
             )
-            if ctl.returncode == 0 and _amqp_ping(info.amqp_port):
-                break
-        time.sleep(0.2)
-    pid = _pid_from_file(info)
-    return pid if pid is not None else proc.pid
+            return ctl.returncode == 0 and _amqp_ping(info.amqp_port)
+
+        return Launch(_command(info, "rabbitmq-server"), _env(info), ready)
+
+    def launched_pid(self, info: NodeInfo, proc: subprocess.Popen[bytes]) -> int:
+        pid = self.pid_from_file(info)  # the VM's (the script may have exec'd into it)
+        return pid if pid is not None else proc.pid
+
+    def graceful_stop(self, info: NodeInfo, pid: int) -> bool:
+        # With a pid file, `stop` blocks until the OS process has exited.
+        args = ["stop", str(info.pid_file)] if info.pid_file.exists() else ["stop"]
+        return _run_ctl(info, args, timeout=120).returncode == 0 and not pid_alive(pid)
 
 
-def _kill(info: NodeInfo, pid: int | None, grace: float = 30.0) -> None:
-    """Last resort when the CLI cannot reach the node: SIGTERM, then SIGKILL."""
-    if pid is None or not _is_our_beam(info, pid):
-        return
-    for sig, budget in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        end = time.monotonic() + budget
-        while time.monotonic() < end:
-            if not _pid_alive(pid):
-                return
-            time.sleep(0.1)
-
-
-def _reap(base_dir: Path) -> None:
-    proc = _children.pop(base_dir, None)
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+#: The private nodes' lifecycle (:mod:`~amqp_locks_dev.devcluster` uses it too).
+NODES = _Nodes()
 
 
 # ------------------------------------------------------------------------------- API
-
-
-def _status(base_dir: Path) -> NodeInfo | None:
-    state = _read_state(base_dir)
-    if state is None:
-        return None
-    info, pid = state
-    return info if _running(info, pid) else None
-
-
-def _start(
-    name: str,
-    base_dir: Path,
-    amqp_port: int | None,
-    dist_port: int | None,
-    wait: float,
-    strict: bool,
-    version: str | None = None,
-) -> NodeInfo:
-    version = check_version(version or default_version())
-    state = _read_state(base_dir)
-    prev = state[0] if state and state[0].name == name else None
-    if prev is not None and prev.version != version:
-        raise DevBrokerError(
-            f"{prev.node} in {base_dir} is a RabbitMQ {prev.version} node, not {version}; "
-            "its data cannot be shared: use another name or directory"
-        )
-    if state is not None and prev is not None and _running(prev, state[1]):
-        if amqp_port is not None and amqp_port != prev.amqp_port:
-            raise DevBrokerError(
-                f"{prev.node} is already running on port {prev.amqp_port}; stop it first"
-            )
-        return prev
-    if state is not None:
-        # A VM we started earlier that no longer answers (hung or half-booted).
-        _kill(state[0], state[1])
-        _reap(base_dir)
-    ports = _pick_ports(prev, amqp_port, dist_port, strict)
-    info = NodeInfo(
-        name=name, amqp_port=ports[0], dist_port=ports[1], base_dir=base_dir, version=version
-    )
-    _write_state(info, None)
-    pid = _launch(info, wait)
-    _write_state(info, pid)
-    return info
 
 
 def start(
@@ -677,44 +516,21 @@ def start(
     version = check_version(version or default_version())
     ensure_installed(version)
     base = _resolve(name, base_dir, version)
-    with _locked(base):
-        return _start(name, base, amqp_port, None, wait, strict=False, version=version)
-
-
-def _stop(base_dir: Path) -> bool:
-    state = _read_state(base_dir)
-    if state is None:
-        return False
-    info, pid = state
-    if not _is_our_beam(info, pid):
-        _reap(base_dir)
-        return False
-    # With a pid file, `stop` blocks until the OS process has exited.
-    args = ["stop", str(info.pid_file)] if info.pid_file.exists() else ["stop"]
-    proc = _run_ctl(info, args, timeout=120)
-    if proc.returncode != 0 or _pid_alive(pid):
-        _kill(info, pid)
-    _reap(base_dir)
-    if _pid_alive(pid):
-        raise DevBrokerError(f"could not stop {info.node} (pid {pid})")
-    _write_state(info, None)
-    return True
+    return NODES.start(NodeInfo(name, 0, 0, base, version), (amqp_port, None), wait)
 
 
 def stop(
     name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
 ) -> bool:
     """Stop the node if it runs; return whether one was stopped (idempotent)."""
-    base = _resolve(name, base_dir, version)
-    with _locked(base):
-        return _stop(base)
+    return NODES.stop(_resolve(name, base_dir, version))
 
 
 def status(
     name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
 ) -> NodeInfo | None:
     """The running node (answering AMQP), or None; cheap enough to poll."""
-    return _status(_resolve(name, base_dir, version))
+    return NODES.status(_resolve(name, base_dir, version))
 
 
 def restart(
@@ -725,18 +541,14 @@ def restart(
 ) -> NodeInfo:
     """Stop and start on the same ports and data, as a broker restart test needs."""
     base = _resolve(name, base_dir, version)
-    with _locked(base):
-        state = _read_state(base)
+
+    def template(prev: NodeInfo | None) -> NodeInfo:
         # A node that ran keeps its line; a new one gets `version` (or the default).
-        version = state[0].version if state is not None else version
-        ensure_installed(version)
-        _stop(base)
-        if state is None:
-            return _start(name, base, None, None, wait, strict=False, version=version)
-        prev = state[0]
-        return _start(
-            name, base, prev.amqp_port, prev.dist_port, wait, strict=True, version=version
-        )
+        line = check_version(prev.version if prev is not None else version or default_version())
+        ensure_installed(line)
+        return NodeInfo(name, 0, 0, base, line)
+
+    return NODES.restart(base, template, wait)
 
 
 def url(name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None) -> str:
@@ -752,35 +564,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m amqp_locks_dev.devbroker", description="Private RabbitMQ node on 127.0.0.1."
     )
-    parser.add_argument("command", choices=["start", "stop", "status", "restart", "url"])
-    parser.add_argument("--name", default=DEFAULT_NAME, help="node name (default: %(default)s)")
-    parser.add_argument("--base-dir", type=Path, default=None, help="node directory")
-    parser.add_argument("--port", type=int, default=None, help="AMQP port for start")
-    parser.add_argument("--wait", type=float, default=60.0, help="startup timeout (s)")
-    parser.add_argument(
-        "--version", choices=VERSIONS, default=None,
-        help=f"RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else {HOST_VERSION})",
+    commands = Commands(
+        start=lambda a: start(a.name, a.base_dir, a.port, a.wait, version=a.version),
+        restart=lambda a: restart(a.name, a.base_dir, a.wait, version=a.version),
+        stop=lambda a: stop(a.name, a.base_dir, version=a.version),
+        status=lambda a: status(a.name, a.base_dir, version=a.version),
     )
-    args = parser.parse_args(argv)
-    v = args.version
-    try:
-        if args.command in ("start", "url"):
-            print(start(args.name, args.base_dir, args.port, args.wait, version=v).url)
-        elif args.command == "restart":
-            print(restart(args.name, args.base_dir, args.wait, version=v).url)
-        elif args.command == "stop":
-            stopped = stop(args.name, args.base_dir, version=v)
-            print("stopped" if stopped else "not running", file=sys.stderr)
-        else:
-            info = status(args.name, args.base_dir, version=v)
-            if info is None:
-                print("not running")
-                return 3
-            print(info.url)
-    except DevBrokerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return cli(
+        argv, parser, commands, DevBrokerError,
+        default_name=DEFAULT_NAME, what="node", port_help="AMQP port for start",
+        arguments=lambda p: p.add_argument(
+            "--version", choices=VERSIONS, default=None,
+            help=f"RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else {HOST_VERSION})",
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
-import os
 import secrets
 import shutil
-import signal
 import string
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from . import devbroker
-from .devbroker import DevBrokerError, NodeInfo
-from .localserver import locked, pid_alive, port_free
+from .devbroker import NODES, DevBrokerError, NodeInfo
+from .localserver import guarded, locked, port_free
 
 __all__ = [
     "DEFAULT_NAME",
@@ -172,10 +168,7 @@ def _pick_ports(count: int) -> list[int]:
     taken from the ephemeral range, as bind(0) gives, can be grabbed by one of them
     before the node listens on it (eaddrinuse at boot)."""
     ephemeral = _ephemeral_range()
-    reserved = {
-        devbroker._EPMD_PORT, devbroker._CHROOT_EPMD_PORT, 5672, 25672,
-        *devbroker._CTL_DIST_PORTS,
-    }
+    reserved = {*NODES.avoid_ports, 5672, 25672}
     low, high = 20000, min(ephemeral.start, 32768)
     start = secrets.randbelow(high - low) + low
     ports: list[int] = []
@@ -198,16 +191,17 @@ def _start_one(
     d = _node_dir(base, name, index)
     node_name = _node_name(name, index)
     with locked(d):
-        state = devbroker._read_state(d)
+        state = NODES.read_state(d)
         if state is not None:
             prev = state[0]
-            if devbroker._running(prev, state[1]):
+            if NODES.running(prev, state[1]):
                 return prev
             ports = (prev.amqp_port, prev.dist_port)
         if ports is None:
             picked = _pick_ports(2)
             ports = (picked[0], picked[1])
-        return devbroker._start(node_name, d, ports[0], ports[1], wait, strict=True)
+        template = NodeInfo(node_name, 0, 0, d, devbroker.default_version())
+        return NODES.start_unlocked(template, ports, wait, strict=True)
 
 
 def start(
@@ -252,7 +246,7 @@ def info(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> ClusterInfo:
         raise DevBrokerError(f"no cluster {name!r} in {base}: start it first")
     nodes = []
     for i in range(1, size + 1):
-        state = devbroker._read_state(_node_dir(base, name, i))
+        state = NODES.read_state(_node_dir(base, name, i))
         if state is None:
             raise DevBrokerError(f"node {_node_name(name, i)} of {name!r} was never started")
         nodes.append(state[0])
@@ -266,7 +260,7 @@ def status(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> dict[str, 
     result: dict[str, bool] = {}
     for i in range(1, size + 1):
         d = _node_dir(base, name, i)
-        result[f"{_node_name(name, i)}@localhost"] = devbroker._status(d) is not None
+        result[f"{_node_name(name, i)}@localhost"] = NODES.status(d) is not None
     return result
 
 
@@ -279,21 +273,7 @@ def _index(cluster: ClusterInfo, index: int) -> NodeInfo:
 def kill_node(name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None) -> bool:
     """SIGKILL node `index`'s VM (a crash: no clean shutdown, sockets reset by the kernel).
     Returns whether it was running. Waits until the process is gone."""
-    node = _index(info(name, base_dir), index)
-    with locked(node.base_dir):
-        state = devbroker._read_state(node.base_dir)
-        pid = state[1] if state else None
-        if not devbroker._is_our_beam(node, pid):
-            return False
-        assert pid is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        devbroker._reap(node.base_dir)
-        devbroker._write_state(node, None)
-        return True
+    return NODES.kill(_index(info(name, base_dir), index).base_dir)
 
 
 def stop_node(name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None) -> bool:
@@ -359,9 +339,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-dir", type=Path, default=None, help="cluster directory")
     parser.add_argument("--wait", type=float, default=180.0, help="startup timeout (s)")
     args = parser.parse_args(argv)
-    try:
-        if args.command in ("kill", "restart") and args.node is None:
-            parser.error(f"{args.command} needs a node index")
+    if args.command in ("kill", "restart") and args.node is None:
+        parser.error(f"{args.command} needs a node index")
+
+    def run() -> int:
         if args.command == "start":
             print(start(args.name, args.nodes, args.base_dir, args.wait).url)
         elif args.command == "urls":
@@ -384,10 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for node, up in nodes.items():
                 print(f"{node} {'running' if up else 'down'}")
             return 0 if all(nodes.values()) else 3
-    except DevBrokerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return guarded(run, DevBrokerError)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,7 @@ CLI: ``python -m amqp_locks_dev.devdb start|stop|status|restart|url|kill postgre
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
+import functools
 import logging
 import os
 import pwd
@@ -39,17 +38,24 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .localserver import cmdline_mentions, write_state
-from .localserver import locked as _locked
-from .localserver import pid_alive as _pid_alive
-from .localserver import port_free as _port_free
-from .localserver import tail as _tail
+from .localserver import (
+    HOST,
+    Commands,
+    Launch,
+    LocalServer,
+    ServerInfo,
+    apt_install,
+    cli,
+    home,
+    pid_alive,
+    resolve_dir,
+    signal_and_wait,
+)
 
 __all__ = [
     "DEFAULT_NAME",
@@ -69,17 +75,12 @@ __all__ = [
 
 KINDS = ("postgresql", "mariadb")
 DEFAULT_NAME = "amqplocks"
-HOST = "127.0.0.1"
 DB_USER = DB_PASSWORD = DB_NAME = "amqplocks"
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 #: sun_path is 108 bytes; both servers put their socket directly in base_dir.
 _MAX_SOCKET_PATH = 100
 _SEARCH_DIRS = ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin", "/usr/libexec")
 _MARIADB_SYSTEM_PID = Path("/run/mysqld/mysqld.pid")
 _log = logging.getLogger(__name__)
-
-# Servers started by this interpreter, reaped after a stop (no zombies/ResourceWarnings).
-_children: dict[Path, subprocess.Popen[bytes]] = {}
 
 
 class DevDbError(RuntimeError):
@@ -87,7 +88,7 @@ class DevDbError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class DbInfo:
+class DbInfo(ServerInfo):
     """Where a private server lives and listens; enough to connect to it or restart it."""
 
     kind: str
@@ -127,7 +128,7 @@ class DbInfo:
     @property
     def startup_log(self) -> Path:
         """Server stdout/stderr; for PostgreSQL that is its log."""
-        return self.log_file if self.kind == "postgresql" else self.base_dir / "startup.log"
+        return self.log_file if self.kind == "postgresql" else super().startup_log
 
 
 # --------------------------------------------------------------------------- install
@@ -190,7 +191,7 @@ def _system_mariadb_pid() -> int | None:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
         return None
-    return pid if _pid_alive(pid) and (b"mariadbd" in cmd or b"mysqld" in cmd) else None
+    return pid if pid_alive(pid) and (b"mariadbd" in cmd or b"mysqld" in cmd) else None
 
 
 def ensure_installed(kind: str) -> None:
@@ -203,33 +204,13 @@ def ensure_installed(kind: str) -> None:
     if _tools(kind) is not None:
         return
     package = "postgresql" if kind == "postgresql" else "mariadb-server"
-    if os.geteuid() != 0:
-        raise DevDbError(
-            f"{kind} is not installed and we are not root; run: sudo apt-get install -y {package}"
-        )
-    if shutil.which("apt-get") is None:
-        raise DevDbError(f"{kind} is not installed and apt-get is unavailable")
     before = _system_mariadb_pid()
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    policy = Path("/usr/sbin/policy-rc.d")
-    made_policy = False
-    if not policy.exists():
-        policy.write_text("#!/bin/sh\n# amqp_locks_dev.devdb: no services\nexit 101\n")
-        policy.chmod(0o755)
-        made_policy = True
-    try:
-        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", package]):
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise DevDbError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    finally:
-        if made_policy:
-            policy.unlink(missing_ok=True)
+    apt_install(package, DevDbError, "amqp_locks_dev.devdb")
     if kind == "mariadb":
         # Belt and braces: stop a system server the package started (only that one).
         pid = _system_mariadb_pid()
         if pid is not None and pid != before:
-            _signal_and_wait(pid, signal.SIGTERM, 60.0)
+            signal_and_wait(pid, signal.SIGTERM, 60.0)
     if _tools(kind) is None:
         raise DevDbError(f"apt-get installed {package} but its binaries were not found")
 
@@ -237,22 +218,11 @@ def ensure_installed(kind: str) -> None:
 # ----------------------------------------------------------------------------- state
 
 
-def _default_base_dir(kind: str, name: str) -> Path:
-    """``$AMQP_LOCKS_HOME/db/<kind>-<name>``, defaulting to the user's cache directory."""
-    home = os.environ.get("AMQP_LOCKS_HOME")
-    if home:
-        root = Path(home)
-    else:
-        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = Path(cache) / "amqp-locks"
-    return root / "db" / f"{kind}-{name}"
-
-
 def _resolve(kind: str, name: str, base_dir: Path | None) -> Path:
+    """``base_dir``, else ``$AMQP_LOCKS_HOME/db/<kind>-<name>`` (default: the user's cache
+    directory)."""
     _check_kind(kind)
-    if not _NAME_RE.match(name):
-        raise DevDbError(f"invalid name {name!r}: use letters, digits, _ and -")
-    base = (base_dir or _default_base_dir(kind, name)).expanduser().resolve()
+    base = resolve_dir(name, base_dir, lambda: home() / "db" / f"{kind}-{name}", DevDbError)
     if len(str(base)) + len("/.s.PGSQL.65535") > _MAX_SOCKET_PATH:
         raise DevDbError(f"base dir {base} is too long for a unix socket path; use a shorter one")
     return base
@@ -270,21 +240,7 @@ def db_fixture_base(prefix: str = "amqp-locks-db-") -> Path:
 
 
 def _read_state(kind: str, base_dir: Path) -> tuple[DbInfo, int | None] | None:
-    try:
-        raw = json.loads((base_dir / "node.json").read_text())
-        if raw["kind"] != kind:
-            return None
-        info = DbInfo(kind, int(raw["port"]), base_dir)
-        pid = raw.get("pid")
-        # pid is None while a start is in flight or after a stop; the pid file knows.
-        return info, (int(pid) if pid is not None else _pid_from_file(info))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_state(info: DbInfo, pid: int | None) -> None:
-    data = {"kind": info.kind, "port": info.port, "pid": pid, "url": info.url}
-    write_state(info.base_dir, data)
+    return _server(kind).read_state(base_dir)
 
 
 # ------------------------------------------------------------------------ users/perms
@@ -341,18 +297,6 @@ def _make_reachable(base_dir: Path, acct: _Account) -> None:
 # -------------------------------------------------------------------------- liveness
 
 
-def _is_our_server(info: DbInfo, pid: int | None) -> bool:
-    """The pid is alive and is this base_dir's server (guards against pid reuse)."""
-    return pid is not None and _pid_alive(pid) and cmdline_mentions(pid, str(info.base_dir))
-
-
-def _pid_from_file(info: DbInfo) -> int | None:
-    try:
-        return int(info.pid_file.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -376,29 +320,6 @@ def _ping(kind: str, port: int, timeout: float = 2.0) -> bool:
             return len(header) == 5 and header[4] == 10
     except OSError:
         return False
-
-
-def _running(info: DbInfo, pid: int | None) -> bool:
-    return _is_our_server(info, pid) and _ping(info.kind, info.port)
-
-
-# ------------------------------------------------------------------------------ ports
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def _pick_port(prev: DbInfo | None, port: int | None, strict: bool) -> int:
-    """Prefer an explicit port, then the previous run's (stable URL), then a fresh one."""
-    wanted = port or (prev.port if prev else None)
-    if wanted is not None and _port_free(wanted):
-        return wanted
-    if wanted is not None and (strict or port):
-        raise DevDbError(f"port {wanted} on {HOST} is already in use")
-    return _free_port()
 
 
 # -------------------------------------------------------------------- process control
@@ -445,12 +366,6 @@ def _checked(proc: subprocess.CompletedProcess[str], what: str) -> str:
         output = (proc.stderr + proc.stdout)[-3000:]
         raise DevDbError(f"{what} failed ({proc.returncode}):\n{output}")
     return proc.stdout
-
-
-def _failure(info: DbInfo, why: str) -> DevDbError:
-    logs = dict.fromkeys([info.startup_log, info.log_file])
-    tails = "".join(f"\n--- {log} ---\n{_tail(log)}" for log in logs)
-    return DevDbError(f"{info.kind} server in {info.base_dir} {why}.{tails}")
 
 
 # PostgreSQL --------------------------------------------------------------------------
@@ -608,89 +523,55 @@ def _maria_ready(info: DbInfo) -> bool:
 # Both --------------------------------------------------------------------------------
 
 
-def _launch(info: DbInfo, wait: float) -> int:
-    """Start the server in its own session and block until we can log in; return its pid."""
-    tools = _require_tools(info.kind)
-    acct = _server_account(info.kind)
-    if info.kind == "postgresql":
-        cmd = _pg_prepare(info, tools, acct)
-    else:
-        cmd = _maria_prepare(info, tools)
-    with info.startup_log.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            env=_env(info),
-            cwd=info.base_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # survives our exit and Ctrl-C in the terminal
-            **_as_account(acct),
-        )
-    _children[info.base_dir] = proc
-    deadline = time.monotonic() + wait
-    while True:
-        if proc.poll() is not None:
-            raise _failure(info, f"exited during startup (code {proc.returncode})")
-        if time.monotonic() > deadline:
-            _signal_and_wait(proc.pid, signal.SIGKILL, 10.0, tree=True)
-            _reap(info.base_dir)
-            raise _failure(info, f"did not start within {wait:.0f}s")
-        if _pg_ready(info, tools) if info.kind == "postgresql" else _maria_ready(info):
-            return proc.pid
-        time.sleep(0.1)
+class _Servers(LocalServer[DbInfo]):
+    """How a private server of one kind is launched, probed and stopped (see LocalServer)."""
+
+    error = DevDbError
+    hard_signals = ((signal.SIGKILL, 10.0),)
+    kill_tree = True  # PostgreSQL's backends setsid(): signal them too
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        # SIGINT is PostgreSQL's "fast" shutdown (what pg_ctl stop -m fast sends): roll
+        # back sessions, checkpoint.  SIGTERM is MariaDB's normal shutdown.
+        self.stop_signal = signal.SIGINT if kind == "postgresql" else signal.SIGTERM
+
+    def decode(self, base_dir: Path, raw: dict[str, Any]) -> DbInfo | None:
+        return DbInfo(self.kind, int(raw["port"]), base_dir) if raw["kind"] == self.kind else None
+
+    def encode(self, info: DbInfo) -> dict[str, Any]:
+        return {"kind": info.kind, "port": info.port}
+
+    def ports(self, info: DbInfo) -> tuple[int, ...]:
+        return (info.port,)
+
+    def with_ports(self, template: DbInfo, ports: Sequence[int]) -> DbInfo:
+        return replace(template, port=ports[0])
+
+    def describe(self, info: DbInfo) -> str:
+        return f"{info.kind} server in {info.base_dir}"
+
+    def answers(self, info: DbInfo) -> bool:
+        return _ping(info.kind, info.port)
+
+    def prepare(self, info: DbInfo) -> Launch:
+        """Data directory and config; ready once we can log in as ``amqplocks``."""
+        tools = _require_tools(info.kind)
+        acct = _server_account(info.kind)
+        env = _env(info)
+        if info.kind == "postgresql":
+            argv = _pg_prepare(info, tools, acct)
+            return Launch(argv, env, lambda _: _pg_ready(info, tools), _as_account(acct))
+        return Launch(_maria_prepare(info, tools), env, lambda _: _maria_ready(info))
 
 
-def _children_of(pid: int) -> list[int]:
-    """Direct children of ``pid`` (PostgreSQL backends setsid(), so killpg misses them)."""
-    kids: list[int] = []
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(entry.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(entry.parent.name))
-    return kids
-
-
-def _signal_and_wait(pid: int, sig: int, grace: float, *, tree: bool = False) -> bool:
-    """Send ``sig`` (also to direct children if ``tree``) and wait; True once all are gone."""
-    pids = [pid, *(_children_of(pid) if tree else [])]
-    for p in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, sig)
-    end = time.monotonic() + grace
-    while time.monotonic() < end:
-        if not any(_pid_alive(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return not any(_pid_alive(p) for p in pids)
-
-
-def _reap(base_dir: Path) -> None:
-    proc = _children.pop(base_dir, None)
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+@functools.cache
+def _server(kind: str) -> _Servers:
+    _check_kind(kind)
+    return _Servers(kind)
 
 
 # ------------------------------------------------------------------------------- API
-
-
-def _start(kind: str, base_dir: Path, port: int | None, wait: float, strict: bool) -> DbInfo:
-    state = _read_state(kind, base_dir)
-    if state is not None and _running(*state):
-        prev = state[0]
-        if port is not None and port != prev.port:
-            raise DevDbError(f"{kind} in {base_dir} already runs on port {prev.port}; stop it")
-        return prev
-    if state is not None and _is_our_server(*state):
-        # A server we started earlier that no longer answers (hung or half-booted).
-        _hard_stop(*state)
-    ports_from = state[0] if state else None
-    info = DbInfo(kind, _pick_port(ports_from, port, strict), base_dir)
-    _write_state(info, None)
-    pid = _launch(info, wait)
-    _write_state(info, pid)
-    return info
 
 
 def start(
@@ -707,41 +588,12 @@ def start(
     """
     ensure_installed(kind)
     base = _resolve(kind, name, base_dir)
-    with _locked(base):
-        return _start(kind, base, port, wait, strict=False)
-
-
-def _hard_stop(info: DbInfo, pid: int | None) -> None:
-    if pid is not None:
-        _signal_and_wait(pid, signal.SIGKILL, 10.0, tree=True)
-    _reap(info.base_dir)
-
-
-def _stop(kind: str, base_dir: Path) -> bool:
-    state = _read_state(kind, base_dir)
-    if state is None:
-        return False
-    info, pid = state
-    if pid is None or not _is_our_server(info, pid):
-        _reap(base_dir)
-        return False
-    # SIGINT is PostgreSQL's "fast" shutdown (what pg_ctl stop -m fast sends): roll
-    # back sessions, checkpoint.  SIGTERM is MariaDB's normal shutdown.
-    sig = signal.SIGINT if kind == "postgresql" else signal.SIGTERM
-    if not _signal_and_wait(pid, sig, 60.0):
-        _hard_stop(info, pid)
-    _reap(base_dir)
-    if _pid_alive(pid):
-        raise DevDbError(f"could not stop {kind} in {base_dir} (pid {pid})")
-    _write_state(info, None)
-    return True
+    return _server(kind).start(DbInfo(kind, 0, base), (port,), wait)
 
 
 def stop(kind: str, name: str = DEFAULT_NAME, base_dir: Path | None = None) -> bool:
     """Stop the server cleanly if it runs; return whether one was stopped (idempotent)."""
-    base = _resolve(kind, name, base_dir)
-    with _locked(base):
-        return _stop(kind, base)
+    return _server(kind).stop(_resolve(kind, name, base_dir))
 
 
 def kill(kind: str, name: str = DEFAULT_NAME, base_dir: Path | None = None) -> bool:
@@ -750,21 +602,12 @@ def kill(kind: str, name: str = DEFAULT_NAME, base_dir: Path | None = None) -> b
     The port stays recorded, so a later :func:`start` comes back on the same URL and
     runs crash recovery.
     """
-    base = _resolve(kind, name, base_dir)
-    with _locked(base):
-        state = _read_state(kind, base)
-        if state is None or not _is_our_server(*state):
-            return False
-        _hard_stop(*state)
-        _write_state(state[0], None)
-        return True
+    return _server(kind).kill(_resolve(kind, name, base_dir))
 
 
 def status(kind: str, name: str = DEFAULT_NAME, base_dir: Path | None = None) -> DbInfo | None:
     """The running server (answering its protocol), or None; cheap enough to poll."""
-    base = _resolve(kind, name, base_dir)
-    state = _read_state(kind, base)
-    return state[0] if state is not None and _running(*state) else None
+    return _server(kind).status(_resolve(kind, name, base_dir))
 
 
 def restart(
@@ -773,12 +616,7 @@ def restart(
     """Stop and start on the same port and data, as a "database restart" test needs."""
     ensure_installed(kind)
     base = _resolve(kind, name, base_dir)
-    with _locked(base):
-        state = _read_state(kind, base)
-        _stop(kind, base)
-        if state is None:
-            return _start(kind, base, None, wait, strict=False)
-        return _start(kind, base, state[0].port, wait, strict=True)
+    return _server(kind).restart(base, lambda prev: DbInfo(kind, 0, base), wait)
 
 
 def url(kind: str, name: str = DEFAULT_NAME, base_dir: Path | None = None) -> str:
@@ -795,32 +633,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m amqp_locks_dev.devdb",
         description="Private PostgreSQL or MariaDB server on 127.0.0.1.",
     )
-    parser.add_argument("command", choices=["start", "stop", "status", "restart", "url", "kill"])
-    parser.add_argument("kind", choices=KINDS)
-    parser.add_argument("--name", default=DEFAULT_NAME, help="server name (default: %(default)s)")
-    parser.add_argument("--base-dir", type=Path, default=None, help="server directory")
-    parser.add_argument("--port", type=int, default=None, help="TCP port for start")
-    parser.add_argument("--wait", type=float, default=60.0, help="startup timeout (s)")
-    args = parser.parse_args(argv)
-    kind, name, base = args.kind, args.name, args.base_dir
-    try:
-        if args.command in ("start", "url"):
-            print(start(kind, name, base, args.port, args.wait).url)
-        elif args.command == "restart":
-            print(restart(kind, name, base, args.wait).url)
-        elif args.command in ("stop", "kill"):
-            done = (stop if args.command == "stop" else kill)(kind, name, base)
-            print("stopped" if done else "not running", file=sys.stderr)
-        else:
-            info = status(kind, name, base)
-            if info is None:
-                print("not running")
-                return 3
-            print(info.url)
-    except DevDbError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    commands = Commands(
+        start=lambda a: start(a.kind, a.name, a.base_dir, a.port, a.wait),
+        restart=lambda a: restart(a.kind, a.name, a.base_dir, a.wait),
+        stop=lambda a: stop(a.kind, a.name, a.base_dir),
+        status=lambda a: status(a.kind, a.name, a.base_dir),
+        kill=lambda a: kill(a.kind, a.name, a.base_dir),
+    )
+    return cli(
+        argv,
+        parser,
+        commands,
+        DevDbError,
+        arguments=lambda p: p.add_argument("kind", choices=KINDS),
+        default_name=DEFAULT_NAME,
+    )
 
 
 if __name__ == "__main__":

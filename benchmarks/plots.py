@@ -103,6 +103,31 @@ def figure(
     plt.close(fig)
 
 
+@contextmanager
+def bar_rows(
+    path: Path,
+    labels: list[str],
+    size: tuple[float, float, float],
+    *,
+    fontsize: float | None = None,
+    xfmt: str | None = None,
+    minor_labels: bool = True,
+    **kw: Any,
+) -> Iterator[tuple[Any, list[int]]]:
+    """``figure`` for horizontal bars, one row per label (the first on top), on a log x
+    axis (tick labels formatted with ``xfmt``, minor ones unless not ``minor_labels``);
+    ``size``: width, height per row, extra height.
+    Yields the axes and the rows' y positions."""
+    width, per_row, extra = size
+    with figure(path, (width, per_row * len(labels) + extra), grid="x", **kw) as ax:
+        ys = rows_of(labels)
+        yield ax, ys
+        ax.set_yticks(ys, labels, **({"fontsize": fontsize} if fontsize else {}))
+        ax.set_xscale("log")
+        if xfmt is not None:
+            _log_ticks(ax.xaxis, xfmt, minor=not minor_labels)
+
+
 def rows_of(items: Sequence[Any]) -> list[int]:
     """y positions of one horizontal bar per item, the first item at the top."""
     return list(range(len(items)))[::-1]
@@ -141,19 +166,16 @@ def floors(r: dict[str, Any], path: Path) -> None:
         ("get_classic", GREEN, "floor: `basic.get`"),
         ("exclusive_declare", RED, "floor: exclusive declare"),
     )
-    with figure(
+    with bar_rows(
         path,
-        (7.5, 0.35 * len(items) + 1.5),
+        [label for label, _ in items],
+        (7.5, 0.35, 1.5),
         title="Floors and uncontended operations",
         xlabel="latency (ms, log scale)",
-        grid="x",
         vlines=marks,
-        legend={"loc": "lower right", "fontsize": 7},
-    ) as ax:
-        ys = rows_of(items)
+        legend=LOWER_RIGHT,
+    ) as (ax, ys):
         _p50_p99_bars(ax, ys, [s for _, s in items])
-        ax.set_yticks(ys, [label for label, _ in items])
-        ax.set_xscale("log")
 
 
 def search(r: dict[str, Any], path: Path) -> None:
@@ -291,19 +313,17 @@ def _group_bars(
 
 def failover(r: dict[str, Any], path: Path) -> None:
     labels, per = report.failover_rows(r)
-    with figure(
+    with bar_rows(
         path,
-        (8.5, 0.45 * len(labels) + 1.6),
+        labels,
+        (8.5, 0.45, 1.6),
+        fontsize=8,
+        xfmt="%g",
         title="Locker failover",
         xlabel="master kill -9 -> standby is master (s, log scale)",
-        grid="x",
         legend=LOWER_RIGHT,
-    ) as ax:
-        ys = rows_of(labels)
+    ) as (ax, ys):
         _group_bars(ax, ys, [per[label] for label in labels], 1000, samples=True)
-        ax.set_yticks(ys, labels, fontsize=8)
-        ax.set_xscale("log")
-        _log_ticks(ax.xaxis)
 
 
 def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) -> None:
@@ -311,15 +331,17 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
     runs = [r, *also]
     first = {x["label"]: x for x in report_headline.rows(r)}
     labels = [label for label, x in first.items() if not x.get("higher_is_better")]
-    with figure(
+    with bar_rows(
         path,
-        (9.0, 0.42 * len(labels) + 1.8),
+        [textwrap.fill(x.replace("`", ""), 34) for x in labels],
+        (9.0, 0.42, 1.8),
+        fontsize=7,
+        xfmt="%gx",
+        minor_labels=False,
         title="Ours against the broker's floor, same run",
         xlabel="ours / floor, p50 (log scale; left of the red mark = target met)",
-        grid="x",
         legend=LOWER_RIGHT,
-    ) as ax:
-        ys = rows_of(labels)
+    ) as (ax, ys):
         height = 0.8 / max(1, len(runs))
         for i, run in enumerate(runs):
             by = {x["label"]: x for x in report_headline.rows(run)}
@@ -341,9 +363,6 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
                 ax.plot([t, t], [y - 0.45, y + 0.45], color=RED, linewidth=2)
         ax.axvline(1.0, color="grey", linestyle=":", label="the floor (1x)")
         ax.plot([], [], color=RED, linewidth=2, label="target")
-        ax.set_yticks(ys, [textwrap.fill(x.replace("`", ""), 34) for x in labels], fontsize=7)
-        ax.set_xscale("log")
-        _log_ticks(ax.xaxis, "%gx", minor=True)
 
 
 # ------------------------------------------------------------------------ the peers
@@ -451,18 +470,16 @@ def cmp_throughput(r: dict[str, Any], path: Path) -> None:
 def cmp_crash(r: dict[str, Any], path: Path) -> None:
     rows = r["peers"].get("crash", {}).get("rows", {})
     kinds = list(rows)
-    with figure(
+    with bar_rows(
         path,
-        (8.5, 0.42 * len(kinds) + 1.6),
+        [report_compare.plain(k) for k in kinds],
+        (8.5, 0.42, 1.6),
+        fontsize=8,
+        xfmt="%g",
         xlabel="holder kill -9 -> waiter holds, ms (log); bar p50, dots samples",
-        grid="x",
-    ) as ax:
+    ) as (ax, ys):
         ax.set_title("Crash failover: default (red) and tuned (green) settings", fontsize=10)
-        ys = rows_of(kinds)
         _group_bars(ax, ys, [rows[k] for k in kinds], 1, samples=False)
-        ax.set_yticks(ys, [report_compare.plain(k) for k in kinds], fontsize=8)
-        ax.set_xscale("log")
-        _log_ticks(ax.xaxis)
 
 
 def scale(r: dict[str, Any], path: Path) -> None:

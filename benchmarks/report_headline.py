@@ -8,13 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import floors, headline
+from . import headline
 from .tables import Table, num, verdict
-
-
-def headline_floors() -> list[str]:
-    """Keys of the raw-aiormq floors in ``results["floors"]``, in table order."""
-    return list(floors.RAW)
 
 
 def rows(r: dict[str, Any]) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import headline, report_headline, run
+from benchmarks import headline, plots, report_headline, run
 from benchmarks.floors import queue_arguments, server_version
 
 
@@ -148,24 +148,26 @@ def test_fairness_summary_and_verdict() -> None:
 def test_report_section_shows_both_lines() -> None:
     other = _results(json_path="benchmarks/results/latest-4.0.json", quick=True)
     other["environment"] = {"rabbitmq": {"version": "4.0.5"}, "date": "then", "nproc": 2}
-    text = report_headline.section(_results(), [other])
-    assert "### RabbitMQ 3.10.8 (this run)" in text
-    assert "RabbitMQ 4.0.5, `benchmarks/results/latest-4.0.json`" in text
-    assert "smoke run" in text
-    assert (
-        "| token semaphore (fencing on): uncontended acquire | `basic.get` | 0.50 | 0.90 |" in text
-    )
-    assert "1000 grants/s" in text
-    assert text.count("**not met**") >= 2
+    section = report_headline.context(_results(), [other])
+    this, (line,) = section["this"], section["others"]
+    assert this["version"] == "3.10.8"
+    assert (line["version"], line["json_path"]) == ("4.0.5", "benchmarks/results/latest-4.0.json")
+    assert line["quick"]
+    first = ["token semaphore (fencing on): uncontended acquire", "`basic.get`", "0.50", "0.90"]
+    assert this["targets"].rows[0][:4] == first
+    cells = [cell for run in (this, line) for row in run["targets"].rows for cell in row]
+    assert "1000 grants/s" in cells
+    assert sum(cell.startswith("**not met**") for cell in cells) >= 2
 
 
 def test_report_plot_renders(tmp_path: Path) -> None:
     other = _results()
     other["environment"] = {"rabbitmq": {"version": "4.0.5"}}
-    values = report_headline.render(_results(), [other], tmp_path, "img")
-    assert (tmp_path / report_headline.PLOT).stat().st_size > 0
-    assert values["img_floors_targets"] == f"img/{report_headline.PLOT}"
-    assert "31 of 100" in values["reask_table"]
+    path = tmp_path / plots.FILES["floors_targets"]
+    plots.floors_targets(_results(), [other], path)
+    assert path.stat().st_size > 0
+    reask = report_headline.reask_table(_results())
+    assert reask is not None and "31 of 100" in [cell for row in reask.rows for cell in row]
 
 
 def test_server_version_and_quorum_arguments() -> None:

@@ -27,9 +27,16 @@ from ..service import LockableService, State
 from ..transport.broker import Broker
 from .common import CliError, CommandLine, Globals, error_line, get_globals, lock_name
 from .exitcodes import Exit
-from .run import Supervisor, exit_status, own_group, spawn
+from .run import Supervisor, exit_status, holders_probe, own_group, spawn
+from .waitline import WaitLine, wanted
 
 STOPPING = (signal.SIGTERM, signal.SIGINT)
+LOCKER_NAMES: dict[type, str] = {
+    AmqpLocker: "amqp",
+    SharedFileLocker: "file",
+    DatabaseLocker: "database",
+    LeaseDatabaseLocker: "lease-database",
+}
 FORWARDED = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
@@ -63,7 +70,13 @@ class Election:
     """Runs COMMAND as the work of a LockableService and reports state changes."""
 
     def __init__(
-        self, name: str, argv: list[str], locker: Locker, grace: float, g: Globals
+        self,
+        name: str,
+        argv: list[str],
+        locker: Locker,
+        grace: float,
+        g: Globals,
+        broker: Broker | None = None,
     ) -> None:
         self.name = name
         self.argv = argv
@@ -73,6 +86,14 @@ class Election:
         self.status: int | None = None  # COMMAND's status when it ended by itself
         self.sup: Supervisor | None = None
         self.requested_stop = False
+        probe = None
+        if isinstance(locker, AmqpLocker) and broker is not None:
+            probe = holders_probe(broker, "mutex", name)
+        kind = LOCKER_NAMES.get(type(locker), type(locker).__name__)
+        #: "standby for ..., 12s" on a terminal while this process waits as standby.
+        self.line = WaitLine(
+            f"{kind} lock {name!r}", None, probe, enabled=wanted(g.quiet), verb="standby for"
+        )
 
     def work(self, stop: threading.Event) -> None:
         env = dict(os.environ)
@@ -119,6 +140,10 @@ class Election:
             sup.signal(signal.SIGKILL)  # whatever is left of its process group
 
     def on_state(self, service: LockableService, state: State) -> None:
+        if state is State.STANDBY:
+            self.line.start()
+        else:
+            self.line.stop()
         if state is State.MASTER:
             self.g.info(f"elect {self.name}: master (fencing token {self.locker.fencing_token})")
         elif state is State.STANDBY:
@@ -268,7 +293,7 @@ def elect(
                     **opts,
                 )
 
-    election = Election(name, argv, the_locker, grace, g)
+    election = Election(name, argv, the_locker, grace, g, broker)
     service = LockableService(
         the_locker,
         election.work,
@@ -296,6 +321,7 @@ def elect(
         thread.start()
         thread.join()
     finally:
+        election.line.stop()
         for s, h in old.items():
             signal.signal(s, h)
         try:

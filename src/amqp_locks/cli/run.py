@@ -108,31 +108,40 @@ def _semaphore_size(broker: Broker, name: str) -> int:
 
 def ensure(broker: Broker, kind: str, name: str, slots: int | None, priority: int = 0) -> None:
     """With -n: create the semaphore of `slots` if it is missing; refuse (65) one that
-    exists with another count."""
+    exists with another count.
+
+    The count is read first without the admin mutex (the common case: it matches). Any
+    other answer — absent, another count, or a semaphore half made by a concurrent
+    creator — is settled by the idempotent create/setup, which runs under the mutex and
+    refuses another count."""
     if slots is None or kind == "mutex":
         return
     if kind == "persistent":
-        have = _semaphore_size(broker, name)
-        if have == 0:
-            try:
-                SemaphoreAdmin(broker, name).create(slots)
-                return
-            except LockError:  # created meanwhile by someone else, with another count
-                have = _semaphore_size(broker, name)
-    else:
-        tokens = TokenSemaphore(broker, name, priority=priority)
+        if _semaphore_size(broker, name) == slots:
+            return
         try:
-            have = tokens.status().permits
-        except TokenSemaphoreNotFound:
-            try:
-                tokens.setup(slots)
-                return
-            except TokenSemaphoreNotFound:
-                raise
-            except LockError:  # set up meanwhile with another count
-                have = tokens.status().permits
-    if have != slots:
-        raise _slots_conflict(name, kind, have, slots)
+            SemaphoreAdmin(broker, name).create(slots)
+            return
+        except LockError:
+            have = _semaphore_size(broker, name)
+            if have in (0, slots):
+                raise  # not a count conflict (other queue flags, ...): as it is
+            raise _slots_conflict(name, kind, have, slots) from None
+    tokens = TokenSemaphore(broker, name, priority=priority)
+    try:
+        if tokens.status().permits == slots:
+            return
+    except TokenSemaphoreNotFound:
+        pass
+    try:
+        tokens.setup(slots)
+    except TokenSemaphoreNotFound:
+        raise
+    except LockError:
+        have = tokens.status().permits
+        if have == slots:
+            raise
+        raise _slots_conflict(name, kind, have, slots) from None
 
 
 def acquire(

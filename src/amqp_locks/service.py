@@ -263,6 +263,7 @@ class LockableService:
         if worker.is_alive():
             log.warning("work did not stop within %.1fs of its stop event", self.work_stop_timeout)
         if demoted:
+            events.emit(events.Event("demoted", type(self.locker).__name__, self.locker.name))
             log.warning(
                 "%s demoted from %r: waiting as standby again", self.locker.holder_id, self.locker
             )
@@ -308,6 +309,7 @@ class LockableService:
             ok = call.result(max(0.0, min(limits)) if limits else None)
         except concurrent.futures.TimeoutError:
             if deadline is not None and time.monotonic() >= deadline:
+                events.emit(events.keep_alive(self.locker, self._pending_since, None))
                 log.error(
                     "%r: keep-alive did not answer and the lease runs out within %.2fs: demoting",
                     self.locker,
@@ -322,9 +324,11 @@ class LockableService:
             self._pending = None
             return self._policy(exc)
         self._pending = None
+        events.emit(events.keep_alive(self.locker, self._pending_since, ok))
         return ok
 
     def _policy(self, exc: BaseException) -> bool:
+        events.emit(events.keep_alive(self.locker, self._pending_since, exc))
         try:
             return self.policy.on_error(self.locker, exc)
         except Exception:

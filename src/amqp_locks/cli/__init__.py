@@ -7,15 +7,16 @@ line on stderr and a documented exit code (:mod:`amqp_locks.cli.exitcodes`).
 
 from __future__ import annotations
 
-import logging
+import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import click
 
 from .. import __version__
-from .common import CliError, Globals, error_line, exit_code_for
+from .common import CliError, Globals, add_global_options, error_line, exit_code_for, global_options
 from .exitcodes import Exit
 
 EPILOG = """\b
@@ -28,45 +29,37 @@ Examples:
   amqp-locks elect scheduler --locker amqp -- ./scheduler      # master/standby
 
 \b
-Without --url and $AMQP_URL, commands connect to amqp://guest:guest@localhost:5672/.
+Without --url, $AMQP_LOCKS_URL and $AMQP_URL, commands connect to
+amqp://guest:guest@localhost:5672/.
 Exit codes: 64 usage, 65 unknown lock/data, 69 broker unavailable, 75 lock lost or
 timeout, 77 permission, 126/127 COMMAND not executable/not found; see docs/cli.md.
 """
+#: Options also come from AMQP_LOCKS_<OPTION> (group) and AMQP_LOCKS_<COMMAND>_<OPTION>.
+ENV_PREFIX = "AMQP_LOCKS"
 
 
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--url",
-    envvar="AMQP_URL",
-    default=None,
-    metavar="URL",
-    help="amqp://user:pass@host:port/vhost (default: $AMQP_URL, else amqp://guest:guest@localhost:5672/).",
-)
-@click.option(
-    "--heartbeat",
-    type=click.FloatRange(min=0.1),
-    default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="AMQP heartbeat; a dead connection (and the locks it held) is detected after it.",
-)
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.")
-@click.version_option(__version__, "--version", prog_name="amqp-locks")
-@click.pass_context
+def _group(f: Callable[..., Any]) -> click.Group:
+    for decorate in reversed(global_options(for_group=True)):
+        f = decorate(f)
+    f = click.version_option(__version__, "--version", prog_name="amqp-locks")(f)
+    return click.group(
+        epilog=EPILOG,
+        context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
+    )(click.pass_context(f))
+
+
+@_group
 def cli(ctx: click.Context, url: str | None, heartbeat: float, verbose: int, quiet: bool) -> None:
-    """Distributed locks, semaphores and master/standby election on RabbitMQ."""
-    # Failures are reported by the command itself, as one line: library logging (and
-    # aiormq's) is shown only with -v.
-    level = logging.CRITICAL + 1
-    if verbose == 1:
-        level = logging.INFO
-    elif verbose >= 2:
-        level = logging.DEBUG
-    logging.basicConfig(
-        level=level, format="amqp-locks[%(process)d] %(levelname)s %(name)s: %(message)s"
-    )
+    """Distributed locks, semaphores and master/standby election on RabbitMQ.
+
+    Every option can also be set by an environment variable (shown in each command's
+    --help): AMQP_LOCKS_URL (or AMQP_URL), AMQP_LOCKS_HEARTBEAT, AMQP_LOCKS_VERBOSE,
+    AMQP_LOCKS_QUIET, and AMQP_LOCKS_<COMMAND>_<OPTION> for a command's options, e.g.
+    AMQP_LOCKS_RUN_WAIT=600. The command line wins. --url, --heartbeat, -v and -q are also
+    accepted after the command name.
+    """
     ctx.obj = Globals(url=url, heartbeat=heartbeat, verbose=verbose, quiet=quiet)
+    ctx.obj.configure_logging()
 
 
 def _register() -> None:
@@ -77,20 +70,41 @@ def _register() -> None:
 
     for command in (run, semaphore, token, elect, status):
         cli.add_command(command)
+    _decorate(cli, top=True)
+
+
+def _decorate(command: click.Command, top: bool = False) -> None:
+    """Global options on every subcommand; every option's variable shown in --help."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _decorate(sub)
+    elif not top:
+        add_global_options(command)
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name not in ("help", "version"):
+            param.show_envvar = param.allow_from_autoenv or bool(param.envvar)
 
 
 _register()
 
 
+def _verbose_requested(args: list[str]) -> bool:
+    """-v among our own arguments (not COMMAND's, after `--`), or $AMQP_LOCKS_VERBOSE."""
+    ours = args[: args.index("--")] if "--" in args else args
+    if any(a == "--verbose" or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in ours):
+        return True
+    return os.environ.get(f"{ENV_PREFIX}_VERBOSE", "0") not in ("", "0")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (never raises, except SystemExit)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    verbose = any(a in ("-v", "-vv", "--verbose") for a in args)
+    verbose = _verbose_requested(args)
     try:
         rv = cli.main(args=args, prog_name="amqp-locks", standalone_mode=False)
     except click.exceptions.UsageError as exc:
-        hint = ""
-        if exc.ctx is not None:
+        hint = ""  # a "did you mean: amqp-locks ..." already says what to type
+        if exc.ctx is not None and "did you mean" not in exc.format_message():
             hint = f" (try '{exc.ctx.command_path} --help')"
         error_line(f"{exc.format_message()}{hint}")
         return Exit.USAGE

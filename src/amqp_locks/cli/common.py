@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TextIO
 
 import click
+from click.core import ParameterSource
 
 from ..errors import (
     AccessRefused,
@@ -41,6 +46,12 @@ class Globals:
     verbose: int
     quiet: bool
 
+    def configure_logging(self) -> None:
+        """Library records on stderr: WARNING and above by default, one line each (no
+        traceback); -q only errors; -v INFO and -vv DEBUG, with tracebacks. Called again
+        when a subcommand's own -v/-q change the levels."""
+        configure_logging(self.verbose, self.quiet)
+
     def broker(self, purpose: str) -> Broker:
         """A Broker whose connection name says what this process does, host and pid."""
         return Broker(
@@ -53,6 +64,144 @@ class Globals:
         """A progress line on stderr (suppressed by -q)."""
         if not self.quiet:
             click.echo(f"amqp-locks: {message}", err=True)
+
+
+# --- logging ---------------------------------------------------------------------------------
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is now (the live wait line swaps in a proxy that
+    prints records above itself)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+class OneLineFormatter(logging.Formatter):
+    """`amqp-locks: warning: message (ExcType: text)`: one line, no traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            text = str(exc).strip().splitlines()
+            message += f" ({type(exc).__name__}{': ' + text[0] if text else ''})"
+        message = " ".join(message.split())
+        return f"amqp-locks: {record.levelname.lower()}: {message}"
+
+
+class _ReportedByCommand(logging.Filter):
+    """While `run` holds its lock it reports a loss itself ("slot 1 of 'x' lost (reason);
+    stopping COMMAND"): the library's warnings about the same loss (the lease's "lost",
+    the connection's "ended") would only repeat it. They still show with -v."""
+
+    LOGGERS = ("amqp_locks.lease", "amqp_locks.transport")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.active and record.name in self.LOGGERS and record.levelno < logging.ERROR)
+
+
+#: `run` sets `.active` while COMMAND runs under the lock.
+REPORTED_BY_COMMAND = _ReportedByCommand()
+
+VERBOSE_FORMAT = "amqp-locks[%(process)d] %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(verbose: int, quiet: bool) -> None:
+    if verbose >= 2:
+        level = logging.DEBUG
+    elif verbose == 1:
+        level = logging.INFO
+    elif quiet:
+        level = logging.ERROR
+    else:
+        level = logging.WARNING
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if isinstance(h, _StderrHandler):
+            root.removeHandler(h)
+    handler = _StderrHandler()
+    if verbose:
+        handler.setFormatter(logging.Formatter(VERBOSE_FORMAT))
+    else:
+        handler.setFormatter(OneLineFormatter())
+        handler.addFilter(REPORTED_BY_COMMAND)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+# --- global options, also accepted after the subcommand ---------------------------------------
+
+
+def _merge_global(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """A global option given after the subcommand: it overrides (-v adds to) the group's."""
+    if (
+        param.name is None
+        or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE
+    ):
+        return
+    g = ctx.find_root().obj
+    if not isinstance(g, Globals):  # --help, resilient parsing
+        return
+    if param.name == "verbose":
+        g.verbose += int(value)
+    elif param.name == "quiet":
+        g.quiet = g.quiet or bool(value)
+    else:
+        setattr(g, param.name, value)
+    g.configure_logging()
+
+
+URL_HELP = (
+    "amqp://user:pass@host:port/vhost; several comma-separated for a cluster "
+    "(default: $AMQP_LOCKS_URL, $AMQP_URL, else amqp://guest:guest@localhost:5672/)."
+)
+HEARTBEAT_HELP = "AMQP heartbeat; a dead connection (and the locks it held) is detected after it."
+
+
+def global_options(*, for_group: bool) -> list[Callable[[Any], Any]]:
+    """--url, --heartbeat, -v, -q: on the group (with their defaults and environment
+    variables) and on every subcommand (command line only, merged into the group's)."""
+    if for_group:
+        extra: dict[str, Any] = {}
+        url_env: Any = ["AMQP_LOCKS_URL", "AMQP_URL"]
+    else:
+        extra = {"expose_value": False, "callback": _merge_global, "allow_from_autoenv": False}
+        url_env = None
+    return [
+        click.option("--url", envvar=url_env, default=None, metavar="URL", help=URL_HELP, **extra),
+        click.option(
+            "--heartbeat",
+            type=click.FloatRange(min=0.1),
+            default=10.0 if for_group else None,
+            show_default=for_group,
+            metavar="SECONDS",
+            help=HEARTBEAT_HELP,
+            **extra,
+        ),
+        click.option(
+            "-v", "--verbose", count=True, help="More logging (-v info, -vv debug).", **extra
+        ),
+        click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.", **extra),
+    ]
+
+
+def add_global_options(command: click.Command) -> None:
+    """Let `amqp-locks CMD ... --url U -v` work like `amqp-locks --url U -v CMD ...`."""
+    for decorate in global_options(for_group=False):
+        decorate(command)
 
 
 def get_globals() -> Globals:
@@ -99,3 +248,61 @@ def exit_code_for(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, OSError):
         return Exit.UNAVAILABLE, text
     return Exit.SOFTWARE, f"unexpected {type(exc).__name__}: {text}"
+
+
+# --- `run NAME ls -l`: COMMAND's options need `--` ---------------------------------------------
+
+
+def _looks_like_option(arg: str) -> bool:
+    return arg.startswith("-") and len(arg) > 1
+
+
+class CommandLine(click.Command):
+    """A command taking `NAME [options] -- COMMAND [ARGS...]`. Without `--`, an option
+    after COMMAND's first word is refused with a hint instead of click's "no such option"
+    (or, worse, silently taken as ours: `run x sleep -w 5`)."""
+
+    def _command_start(self, args: list[str]) -> int | None:
+        """Index of COMMAND's first word when an option follows it and no `--` precedes
+        it; None otherwise."""
+        takes_value = {
+            opt
+            for p in self.params
+            if isinstance(p, click.Option) and not (p.is_flag or p.count)
+            for opt in p.opts + p.secondary_opts
+        }
+        positionals = 0
+        start: int | None = None
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--":
+                return None
+            if _looks_like_option(arg):
+                if start is not None:
+                    return start
+                i += 2 if arg in takes_value else 1
+                continue
+            positionals += 1
+            if positionals == 2:
+                start = i
+            i += 1
+        return None
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        start = self._command_start(args)
+        if start is not None:
+            first = next(a for a in args[start:] if _looks_like_option(a))
+            suggestion = shlex.join([*args[:start], "--", *args[start:]])
+            known = any(
+                first.split("=", 1)[0] in p.opts + p.secondary_opts
+                for p in self.params
+                if isinstance(p, click.Option)
+            )
+            why = (
+                f"option {first} after COMMAND {args[start]!r} needs '--' before COMMAND"
+                if known
+                else f"No such option: {first}"
+            )
+            raise click.UsageError(f"{why}; did you mean: {ctx.command_path} {suggestion}", ctx=ctx)
+        return super().parse_args(ctx, args)

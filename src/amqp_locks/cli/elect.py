@@ -25,11 +25,18 @@ from ..lockers import (
 from ..lockers.config import build_locker
 from ..service import LockableService, State
 from ..transport.broker import Broker
-from .common import CliError, Globals, error_line, get_globals, lock_name
+from .common import CliError, CommandLine, Globals, error_line, get_globals, lock_name
 from .exitcodes import Exit
-from .run import Supervisor, exit_status, own_group, spawn
+from .run import Supervisor, exit_status, holders_probe, own_group, spawn
+from .waitline import WaitLine, wanted
 
 STOPPING = (signal.SIGTERM, signal.SIGINT)
+LOCKER_NAMES: dict[type, str] = {
+    AmqpLocker: "amqp",
+    SharedFileLocker: "file",
+    DatabaseLocker: "database",
+    LeaseDatabaseLocker: "lease-database",
+}
 FORWARDED = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
 
@@ -63,7 +70,13 @@ class Election:
     """Runs COMMAND as the work of a LockableService and reports state changes."""
 
     def __init__(
-        self, name: str, argv: list[str], locker: Locker, grace: float, g: Globals
+        self,
+        name: str,
+        argv: list[str],
+        locker: Locker,
+        grace: float,
+        g: Globals,
+        broker: Broker | None = None,
     ) -> None:
         self.name = name
         self.argv = argv
@@ -73,6 +86,14 @@ class Election:
         self.status: int | None = None  # COMMAND's status when it ended by itself
         self.sup: Supervisor | None = None
         self.requested_stop = False
+        probe = None
+        if isinstance(locker, AmqpLocker) and broker is not None:
+            probe = holders_probe(broker, "mutex", name)
+        kind = LOCKER_NAMES.get(type(locker), type(locker).__name__)
+        #: "standby for ..., 12s" on a terminal while this process waits as standby.
+        self.line = WaitLine(
+            f"{kind} lock {name!r}", None, probe, enabled=wanted(g.quiet), verb="standby for"
+        )
 
     def work(self, stop: threading.Event) -> None:
         env = dict(os.environ)
@@ -119,6 +140,10 @@ class Election:
             sup.signal(signal.SIGKILL)  # whatever is left of its process group
 
     def on_state(self, service: LockableService, state: State) -> None:
+        if state is State.STANDBY:
+            self.line.start()
+        else:
+            self.line.stop()
         if state is State.MASTER:
             self.g.info(f"elect {self.name}: master (fencing token {self.locker.fencing_token})")
         elif state is State.STANDBY:
@@ -131,6 +156,7 @@ class Election:
 
 
 @click.command(
+    cls=CommandLine,
     epilog="""\b
 Examples:
   amqp-locks elect scheduler --locker amqp -- ./scheduler --serve
@@ -141,13 +167,12 @@ Examples:
 \b
 COMMAND sees AMQP_LOCKS_NAME, AMQP_LOCKS_ROLE=master and AMQP_LOCKS_FENCING_TOKEN.
 Exit status: COMMAND's when it ends by itself; 0 after SIGTERM/SIGINT (COMMAND stopped,
-lock released); 69 when the locker's backend is unavailable; 78 for a bad --config."""
+lock released); 69 when the locker's backend is unavailable; 78 for a bad --config.""",
 )
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option(
     "--locker",
-    "kind",
     type=click.Choice(["amqp", "file", "database", "lease-database"]),
     default=None,
     help="Where the lock lives (default amqp; or from --config).",
@@ -195,11 +220,18 @@ lock released); 69 when the locker's backend is unavailable; 78 for a bad --conf
     metavar="SECONDS",
     help="On demotion: SIGTERM, then SIGKILL after SECONDS.",
 )
-@click.option("-c", "--command", "shell_command", metavar="CMD", help="Run CMD with /bin/sh -c.")
+@click.option(
+    "-c",
+    "--command",
+    "shell_command",
+    metavar="CMD",
+    allow_from_autoenv=False,
+    help="Run CMD with /bin/sh -c.",
+)
 def elect(
     name: str,
     command: tuple[str, ...],
-    kind: str | None,
+    locker: str | None,
     config: Path | None,
     directory: Path | None,
     db_url: str | None,
@@ -222,6 +254,7 @@ def elect(
     if shell_command is None and not command:
         raise click.UsageError("missing COMMAND (use: elect NAME --locker ... -- COMMAND)")
     argv = ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)
+    kind = locker
     if config is not None and kind is not None:
         raise click.UsageError("give either --locker or --config, not both")
 
@@ -230,29 +263,29 @@ def elect(
     period = keep_alive
     opts: dict[str, Any] = {"lock_acquire_sleep_interval": interval}
     if config is not None:
-        locker, use_lock, file_period = _from_config(config, name, g)
+        the_locker, use_lock, file_period = _from_config(config, name, g)
         if period is None:
             period = file_period
         if period is None:
-            period = locker.lock_acquire_sleep_interval / 2
+            period = the_locker.lock_acquire_sleep_interval / 2
     else:
         kind = kind or "amqp"
         if period is None:
             period = interval / 2
         if kind == "amqp":
             broker = g.broker(f"elect {name}")
-            locker = AmqpLocker(broker, name, **opts)
+            the_locker = AmqpLocker(broker, name, **opts)
         elif kind == "file":
             if directory is None:
                 raise click.UsageError("--locker file needs --directory")
-            locker = SharedFileLocker(directory, name, **opts)
+            the_locker = SharedFileLocker(directory, name, **opts)
         else:
             if db_url is None:
                 raise click.UsageError(f"--locker {kind} needs --db-url")
             if kind == "database":
-                locker = DatabaseLocker(db_url, name, **opts)
+                the_locker = DatabaseLocker(db_url, name, **opts)
             else:
-                locker = LeaseDatabaseLocker(
+                the_locker = LeaseDatabaseLocker(
                     db_url,
                     name,
                     lease_holder_id=lease_holder_id,
@@ -260,9 +293,9 @@ def elect(
                     **opts,
                 )
 
-    election = Election(name, argv, locker, grace, g)
+    election = Election(name, argv, the_locker, grace, g, broker)
     service = LockableService(
-        locker,
+        the_locker,
         election.work,
         use_lock=use_lock,
         lock_keep_alive_period=period,
@@ -288,10 +321,11 @@ def elect(
         thread.start()
         thread.join()
     finally:
+        election.line.stop()
         for s, h in old.items():
             signal.signal(s, h)
         try:
-            locker.close()
+            the_locker.close()
         finally:
             if broker is not None:
                 broker.close()

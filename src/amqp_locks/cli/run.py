@@ -21,10 +21,20 @@ from ..errors import LockError, SemaphoreNotFound
 from ..lease import Lease
 from ..mutex import Mutex
 from ..semaphore import PersistentSemaphore, SemaphoreAdmin
+from ..semaphore.admin import find_max
 from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
 from ..transport.broker import Broker
-from .common import CliError, Globals, error_line, get_globals, lock_name
+from .common import (
+    REPORTED_BY_COMMAND,
+    CliError,
+    CommandLine,
+    Globals,
+    error_line,
+    get_globals,
+    lock_name,
+)
 from .exitcodes import Exit
+from .waitline import Probe, WaitLine, wanted
 
 #: Signals forwarded to COMMAND while it runs (SIGINT too: `kill -INT` from a script must
 #: reach it; a terminal's Ctrl-C reaches both processes anyway, they share a group).
@@ -66,8 +76,72 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise _Interrupted(signum)
 
 
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+def _slots_conflict(name: str, kind: str, have: int, asked: int) -> CliError:
+    """-n that disagrees with the existing lock's count (`consul lock` refuses it too)."""
+    if kind == "persistent":
+        what, unit, admin = (
+            f"semaphore {name!r}",
+            "slots",
+            f"amqp-locks semaphore add|remove {name}",
+        )
+    else:
+        what, unit, admin = (
+            f"token semaphore {name!r}",
+            "permits",
+            f"amqp-locks token add|remove {name}",
+        )
+    return CliError(
+        Exit.DATAERR,
+        f"{what} has {have} {unit}, not {asked} (-n {asked}): "
+        f"change its count with '{admin} COUNT', or leave out -n",
+    )
+
+
+def _semaphore_size(broker: Broker, name: str) -> int:
+    """The persistent semaphore's slot count, 0 if absent (read-only; no admin mutex)."""
+
+    async def size() -> int:
+        return await find_max(await broker._core.session(), name)
+
+    return broker._core.run(size())
+
+
+def ensure(broker: Broker, kind: str, name: str, slots: int | None, priority: int = 0) -> None:
+    """With -n: create the semaphore of `slots` if it is missing; refuse (65) one that
+    exists with another count.
+
+    The count is read first without the admin mutex (the common case: it matches). Any
+    other answer — absent, another count, or a semaphore half made by a concurrent
+    creator — is settled by the idempotent create/setup, which runs under the mutex and
+    refuses another count."""
+    if slots is None or kind == "mutex":
+        return
+    if kind == "persistent":
+        if _semaphore_size(broker, name) == slots:
+            return
+        try:
+            SemaphoreAdmin(broker, name).create(slots)
+            return
+        except LockError:
+            have = _semaphore_size(broker, name)
+            if have in (0, slots):
+                raise  # not a count conflict (other queue flags, ...): as it is
+            raise _slots_conflict(name, kind, have, slots) from None
+    tokens = TokenSemaphore(broker, name, priority=priority)
+    try:
+        if tokens.status().permits == slots:
+            return
+    except TokenSemaphoreNotFound:
+        pass
+    try:
+        tokens.setup(slots)
+    except TokenSemaphoreNotFound:
+        raise
+    except LockError:
+        have = tokens.status().permits
+        if have == slots:
+            raise
+        raise _slots_conflict(name, kind, have, slots) from None
 
 
 def acquire(
@@ -80,40 +154,47 @@ def acquire(
     timeout: float | None,
     priority: int = 0,
 ) -> Lease | None:
-    """Take the lock `name` of `kind`, creating a semaphore of `slots` if it is missing."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    """Take the lock `name` of `kind`; with `slots`, a semaphore of that count (created if
+    missing, refused if it has another)."""
+    ensure(broker, kind, name, slots, priority)
     if kind == "mutex":
         return Mutex(broker, name).acquire(blocking, timeout)
     if kind == "persistent":
-        sem = PersistentSemaphore(broker, name)
         try:
-            return sem.acquire(blocking, timeout)
+            return PersistentSemaphore(broker, name).acquire(blocking, timeout)
         except SemaphoreNotFound:
-            if slots is None:
-                raise SemaphoreNotFound(
-                    f"semaphore {name!r} does not exist: create it with "
-                    f"'amqp-locks semaphore create {name} SLOTS' or pass -n SLOTS"
-                ) from None
-        # LockError: created meanwhile by someone else, with another count: use it as is.
-        with contextlib.suppress(LockError):
-            SemaphoreAdmin(broker, name).create(slots)
-        return sem.acquire(blocking, _remaining(deadline))
-    tokens = TokenSemaphore(broker, name, priority=priority)
-    try:
-        return tokens.acquire(blocking, timeout)
-    except TokenSemaphoreNotFound:
-        if slots is None:
-            raise TokenSemaphoreNotFound(
-                f"token semaphore {name!r} does not exist: set it up with "
-                f"'amqp-locks token setup {name} PERMITS' or pass -n PERMITS"
+            raise SemaphoreNotFound(
+                f"semaphore {name!r} does not exist: create it with "
+                f"'amqp-locks semaphore create {name} SLOTS' or pass -n SLOTS"
             ) from None
     try:
-        tokens.setup(slots)
+        return TokenSemaphore(broker, name, priority=priority).acquire(blocking, timeout)
     except TokenSemaphoreNotFound:
-        raise
-    except LockError:
-        pass  # set up meanwhile with another count
-    return tokens.acquire(blocking, _remaining(deadline))
+        raise TokenSemaphoreNotFound(
+            f"token semaphore {name!r} does not exist: set it up with "
+            f"'amqp-locks token setup {name} PERMITS' or pass -n PERMITS"
+        ) from None
+
+
+def holders_probe(broker: Broker, kind: str, name: str) -> Probe:
+    """What the wait line says about the holders (read-only, no admin mutex)."""
+    from .status import _mutex_held, _semaphore
+
+    def probe() -> str | None:
+        if kind == "mutex":
+            held = broker._core.run(_mutex_held(broker, name))
+            return "held elsewhere" if held else None
+        if kind == "persistent":
+            size, held_slots = broker._core.run(_semaphore(broker, name))
+            if not size:
+                return None
+            if not held_slots:
+                return f"{size} slot(s), none held"
+            return f"held: slot {','.join(map(str, held_slots))} of {size}"
+        st = TokenSemaphore(broker, name).status()
+        return f"held: {st.held} of {st.permits} permit(s), {st.waiting} waiting"
+
+    return probe
 
 
 def exit_status(returncode: int) -> int:
@@ -239,6 +320,7 @@ class Supervisor:
 
 
 @click.command(
+    cls=CommandLine,
     epilog="""\b
 Examples:
   amqp-locks run backup --nonblock -- /usr/local/bin/backup.sh
@@ -250,7 +332,7 @@ COMMAND sees AMQP_LOCKS_NAME, AMQP_LOCKS_KIND, AMQP_LOCKS_SLOT (slot or permit n
 and AMQP_LOCKS_FENCING_TOKEN (rises with every grant: pass it to what you protect).
 Exit status: COMMAND's (128+N if killed by signal N); -E CODE (default 1) when the lock
 was not obtained; 75 when the lock was lost and COMMAND was stopped; 126/127 when COMMAND
-cannot be executed / is not found."""
+cannot be executed / is not found.""",
 )
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -260,7 +342,8 @@ cannot be executed / is not found."""
     type=click.IntRange(min=1),
     default=None,
     metavar="SLOTS",
-    help="Use a semaphore of SLOTS slots (created if missing; an existing one keeps its count).",
+    help="Use a semaphore of SLOTS slots, created if missing; one that exists with another "
+    "count is refused (exit 65).",
 )
 @click.option(
     "--kind",
@@ -282,14 +365,20 @@ cannot be executed / is not found."""
 @click.option(
     "-E",
     "--conflict-exit-code",
-    "conflict_code",
     type=click.IntRange(0, 255),
     default=1,
     show_default=True,
     metavar="CODE",
     help="Exit status when the lock was not obtained.",
 )
-@click.option("-c", "--command", "shell_command", metavar="CMD", help="Run CMD with /bin/sh -c.")
+@click.option(
+    "-c",
+    "--command",
+    "shell_command",
+    metavar="CMD",
+    allow_from_autoenv=False,
+    help="Run CMD with /bin/sh -c.",
+)
 @click.option(
     "--grace",
     type=click.FloatRange(min=0),
@@ -300,7 +389,6 @@ cannot be executed / is not found."""
 )
 @click.option(
     "--lost-exit-code",
-    "lost_code",
     type=click.IntRange(0, 255),
     default=int(Exit.TEMPFAIL),
     show_default=True,
@@ -320,10 +408,10 @@ def run(
     kind: str | None,
     wait: float | None,
     nonblock: bool,
-    conflict_code: int,
+    conflict_exit_code: int,
     shell_command: str | None,
     grace: float,
-    lost_code: int,
+    lost_exit_code: int,
     priority: int,
 ) -> int:
     """Hold the lock NAME while COMMAND runs (flock-style).
@@ -344,12 +432,21 @@ def run(
         kind = "mutex" if slots is None else "persistent"
     if kind == "mutex" and slots is not None:
         raise click.UsageError("-n SLOTS needs --kind persistent or token, not mutex")
+    if priority != 0 and kind != "token":
+        raise click.UsageError(f"--priority orders token semaphore waiters: not for --kind {kind}")
     argv = ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)
 
     broker = g.broker(f"run {name}")
     try:
         try:
-            with _handlers(_raise_interrupted, STOPPING):
+            label = {"mutex": "mutex", "persistent": "semaphore", "token": "token semaphore"}[kind]
+            line = WaitLine(
+                f"{label} {name!r}",
+                wait,
+                holders_probe(broker, kind, name),
+                enabled=not nonblock and wait != 0 and wanted(g.quiet),
+            )
+            with _handlers(_raise_interrupted, STOPPING), line:
                 lease = acquire(
                     broker,
                     kind,
@@ -364,7 +461,7 @@ def run(
         if lease is None:
             why = "busy" if nonblock else f"timed out after {wait:g}s"
             g.info(f"{name}: lock not obtained ({why})")
-            return conflict_code
+            return conflict_exit_code
         if g.verbose:
             g.info(
                 f"holding {kind} {name!r} slot {lease.number} (fencing token {lease.fencing_token})"
@@ -382,13 +479,15 @@ def run(
             sup = Supervisor(proc, grace, g, group)
             what = f"lock {name!r}" if kind == "mutex" else f"slot {lease.number} of {name!r}"
             lease.on_lost(lambda lost: sup.on_lost(what, lost.lost_reason))
+            REPORTED_BY_COMMAND.active = True
             status = exit_status(sup.wait())
         finally:
+            REPORTED_BY_COMMAND.active = False
             # Lost, or the connection is gone: the broker frees it anyway.
             with contextlib.suppress(Exception):
                 lease.release()
         if sup.lost_reason is not None:
-            return lost_code
+            return lost_exit_code
         return status
     finally:
         broker.close()

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from yarl import URL
 
+from .. import events
 from ..errors import (
     AccessRefused,
     AmqpLocksError,
@@ -194,6 +195,7 @@ class BrokerCore:
             if current is not None and current.alive:
                 return current
             session = await self._connect()
+            events.emit(events.connection(session, self.connection_name, self._session is not None))
             self._session = session
             return session
 

@@ -1,0 +1,234 @@
+"""Issue 13: -n mismatches refused, the wait line on a terminal, warnings on stderr by
+default, AMQP_LOCKS_* variables, global options after the subcommand, and the `--` hint."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+
+from .conftest import CMD, Cli, child_env
+
+
+def _on_terminal(
+    argv: Sequence[str], env: dict[str, str], timeout: float = 30.0
+) -> tuple[int, str]:
+    """Run with stderr on a pseudo-terminal (stdout a pipe): (status, what the terminal
+    got)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        env={**env, "TERM": "xterm", "COLUMNS": "200"},
+    )
+    os.close(slave)
+    got = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: the child closed its end
+                    break
+                if not chunk:
+                    break
+                got += chunk
+            elif proc.poll() is not None:
+                break
+        return proc.wait(timeout), got.decode(errors="replace")
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- 1. -n that disagrees with the existing lock ------------------------------------------------
+
+
+def test_slots_that_disagree_with_the_existing_lock_are_refused(cli: Cli, name: str) -> None:
+    assert cli.run("semaphore", "create", name, "5").returncode == 0
+    assert cli.run("token", "setup", name + "t", "2").returncode == 0
+    fewer, same, tokens, same_tokens, priority = cli.run_many(
+        ["run", name, "-n", "3", "--", "echo", "ran"],
+        ["run", name, "-n", "5", "--", "echo", "ran"],
+        ["run", name + "t", "--kind", "token", "-n", "3", "--", "echo", "ran"],
+        ["run", name + "t", "--kind", "token", "-n", "2", "--", "echo", "ran"],
+        ["run", name + "m", "--priority", "5", "--", "echo", "ran"],
+    )
+    assert fewer.returncode == 65 and fewer.stdout == ""
+    assert fewer.stderr == (
+        f"amqp-locks: error: semaphore {name!r} has 5 slots, not 3 (-n 3): change its "
+        f"count with 'amqp-locks semaphore add|remove {name} COUNT', or leave out -n\n"
+    )
+    assert (same.returncode, same.stdout) == (0, "ran\n")
+    assert tokens.returncode == 65 and tokens.stdout == ""
+    assert f"token semaphore '{name}t' has 2 permits, not 3" in tokens.stderr
+    assert tokens.stderr.count("\n") == 1
+    assert (same_tokens.returncode, same_tokens.stdout) == (0, "ran\n")
+    assert priority.returncode == 64 and "--priority" in priority.stderr
+    assert cli.run("semaphore", "max", name).stdout == "5\n"  # untouched
+
+
+# --- 2. the wait line -----------------------------------------------------------------------------
+
+
+def test_wait_line_on_a_terminal_only(cli: Cli, name: str) -> None:
+    holder = cli.start("run", name, "-n", "1", "-c", "echo held; exec sleep 60")
+    holder.expect("held")
+    waiter = cli.argv(["run", name, "--kind", "persistent", "-w", "2.5", "--", "true"])
+
+    rc, screen = _on_terminal(waiter, child_env())
+    assert rc == 1
+    assert f"waiting for semaphore {name!r}, " in screen
+    assert "of 2s; held: slot 1 of 1" in screen  # elapsed of the timeout; the holders
+    assert "lock not obtained" in screen
+
+    rc, screen = _on_terminal(
+        cli.argv(["run", name, "--kind", "persistent", "-w", "1", "-q", "--", "true"]), child_env()
+    )
+    assert (rc, screen) == (1, "")  # -q: nothing at all
+
+    piped = cli.run(
+        "run", name, "--kind", "persistent", "-w", "1", "--", "true"
+    )  # stderr not a terminal
+    assert piped.returncode == 1
+    assert piped.stderr == f"amqp-locks: {name}: lock not obtained (timed out after 1s)\n"
+
+    holder.popen.send_signal(signal.SIGTERM)
+    holder.finish()
+
+
+def test_elect_standby_line_on_a_terminal(cli: Cli, name: str) -> None:
+    master = cli.start("elect", name, "--interval", "0.5", "-c", "echo master; exec sleep 60")
+    master.expect("master")
+    argv = [
+        "timeout",
+        "--preserve-status",
+        "-s",
+        "TERM",
+        "3",
+        *cli.argv(["elect", name, "--", "true"]),
+    ]
+    rc, screen = _on_terminal(argv, child_env())
+    assert rc == 0  # stopped by SIGTERM while standby
+    assert f"standby for amqp lock {name!r}, " in screen
+    assert "held elsewhere" in screen
+    master.popen.send_signal(signal.SIGTERM)
+    assert master.finish()[0] == 0
+
+
+# --- 3. warnings visible by default --------------------------------------------------------------
+
+
+def test_library_warnings_are_shown_by_default(cli: Cli, name: str) -> None:
+    url = f"postgresql+psycopg://nobody@127.0.0.1:{_free_port()}/nothing"
+    args = ["elect", name, "--locker", "lease-database", "--db-url", url, "--interval", "0.3"]
+    p = cli.start(*args, "--", "echo", "master")
+    line = p.expect("database unavailable while standing by", which="err")
+    assert line.startswith("amqp-locks: warning: LeaseDatabaseLocker(")
+    p.popen.send_signal(signal.SIGTERM)
+    rc, out, err = p.finish()
+    assert rc == 0 and out == ""
+    assert "Traceback" not in err
+    assert all(line.startswith("amqp-locks: ") for line in err.splitlines()), err
+
+    quiet = cli.start("-q", *args, "--", "echo", "master")
+    time.sleep(2)  # several failed attempts
+    quiet.popen.send_signal(signal.SIGTERM)
+    rc, out, err = quiet.finish()
+    assert (rc, out, err) == (0, "", "")
+
+
+# --- 4. AMQP_LOCKS_* variables ----------------------------------------------------------------
+
+
+def test_options_from_environment_variables(cli: Cli, name: str) -> None:
+    env = child_env(AMQP_LOCKS_URL=cli.url, AMQP_LOCKS_HEARTBEAT="3", AMQP_LOCKS_RUN_SLOTS="3")
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CMD, *args], capture_output=True, text=True, timeout=60, env={**env, **extra}
+        )
+
+    made = run("run", name, "--", "sh", "-c", 'echo "$AMQP_LOCKS_KIND"')
+    assert (made.returncode, made.stdout) == (0, "persistent\n"), made.stderr
+    assert run("semaphore", "max", name).stdout == "3\n"
+    # AMQP_URL still works; AMQP_LOCKS_URL wins over it.
+    legacy = run("semaphore", "max", name, AMQP_LOCKS_URL="", AMQP_URL=cli.url)
+    assert legacy.stdout == "3\n", legacy.stderr
+    # The command line wins over the environment.
+    assert run("run", name, "-n", "5", "--", "true").returncode == 65
+    helped = run("run", "--help")
+    for var in ("AMQP_LOCKS_RUN_WAIT", "AMQP_LOCKS_RUN_NONBLOCK", "AMQP_LOCKS_RUN_SLOTS"):
+        assert var in helped.stdout
+    assert "AMQP_LOCKS_URL, AMQP_URL" in run("--help").stdout
+
+
+# --- 5. global options after the subcommand --------------------------------------------------
+
+
+def test_global_options_after_the_subcommand(cli: Cli, name: str) -> None:
+    env = child_env()  # no AMQP_URL: the URL only from the command line
+    dead = "amqp://guest:guest@127.0.0.1:1/"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CMD, *args], capture_output=True, text=True, timeout=60, env=env)
+
+    after = run("run", name, "--url", cli.url, "--heartbeat", "3", "--", "echo", "after")
+    assert (after.returncode, after.stdout) == (0, "after\n"), after.stderr
+    before = run("--url", cli.url, "run", name, "--", "echo", "before")
+    assert (before.returncode, before.stdout) == (0, "before\n"), before.stderr
+    override = run("--url", dead, "run", name, "--url", cli.url, "--", "echo", "later")
+    assert override.stdout == "later\n", override.stderr  # the later one wins
+    nested = run("semaphore", "create", name + "s", "2", "--url", cli.url)
+    assert nested.stdout == "2\n", nested.stderr
+
+    holder = cli.start("run", name, "-c", "echo held; exec sleep 60")
+    holder.expect("held")
+    loud, quiet = (
+        run("run", name, "--nonblock", "--url", cli.url, *q, "--", "true") for q in ([], ["-q"])
+    )
+    assert loud.returncode == quiet.returncode == 1
+    assert "not obtained" in loud.stderr and quiet.stderr == ""
+    holder.popen.send_signal(signal.SIGTERM)
+    holder.finish()
+
+
+# --- 6. COMMAND options without `--` ---------------------------------------------------------
+
+
+def test_command_options_need_dashdash_with_a_hint() -> None:
+    env = child_env(AMQP_URL="amqp://guest:guest@127.0.0.1:1/")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CMD, *args], capture_output=True, text=True, timeout=60, env=env)
+
+    ls = run("run", "backup", "ls", "-l")
+    assert ls.returncode == 64
+    assert ls.stderr == (
+        "amqp-locks: error: No such option: -l; did you mean: amqp-locks run backup -- ls -l\n"
+    )
+    ours = run("run", "backup", "-n", "2", "sleep", "-w", "5")  # -w is ours, or sleep's?
+    assert ours.returncode == 64 and ours.stderr.count("\n") == 1
+    assert "did you mean: amqp-locks run backup -n 2 -- sleep -w 5" in ours.stderr
+    elect = run("elect", "sched", "--locker", "amqp", "./sched", "--serve")
+    assert elect.returncode == 64
+    assert "did you mean: amqp-locks elect sched --locker amqp -- ./sched --serve" in elect.stderr
+    # With `--` (or -c) COMMAND's options are its own: it gets as far as connecting.
+    assert run("run", "backup", "--", "ls", "-l").returncode == 69
+    assert run("run", "backup", "-c", "ls -l").returncode == 69

@@ -7,6 +7,7 @@ disturbing holders or administrators. AMQP cannot list queues: names must be giv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -56,19 +57,24 @@ async def mutex_held(core: BrokerCore, name: str) -> bool | None:
     return False
 
 
-async def read_lock_status(core: BrokerCore, name: str) -> list[LockStatus]:
-    """Every kind of lock named `name` that exists (one name may be several: a semaphore
-    and its administration mutex share it), or one ``absent`` entry."""
+ALL_KINDS: tuple[Kind, ...] = ("semaphore", "token", "mutex")
+
+
+async def read_lock_status(
+    core: BrokerCore, name: str, kinds: Sequence[Kind] = ALL_KINDS
+) -> list[LockStatus]:
+    """Every kind of lock named `name` that exists, among `kinds` (one name may be
+    several: a semaphore and its administration mutex share it), or one ``absent`` entry."""
     name = validate_name(name)
     session = await core.session()
     found: list[LockStatus] = []
-    slots = await find_max(session, name)
+    slots = await find_max(session, name) if "semaphore" in kinds else 0
     if slots:
         holders = await held_slots(session, name, slots)
         found.append(
             LockStatus(name, "semaphore", slots, len(holders), slots - len(holders), tuple(holders))
         )
-    if await session.exists_passive(token_queue(name)):
+    if "token" in kinds and await session.exists_passive(token_queue(name)):
         try:
             st = await read_status(session, name)
         except TokenSemaphoreNotFound:
@@ -79,7 +85,7 @@ async def read_lock_status(core: BrokerCore, name: str) -> list[LockStatus]:
                     name, "token", st.permits, st.held, st.ready, (), st.consumers, st.waiting
                 )
             )
-    mutex = await mutex_held(core, name)
+    mutex = await mutex_held(core, name) if "mutex" in kinds else None
     if mutex or not found:
         # Queue `name` is a mutex, or the admin mutex of the semaphore `name` (busy admin).
         if mutex is None:
@@ -89,6 +95,13 @@ async def read_lock_status(core: BrokerCore, name: str) -> list[LockStatus]:
     return found
 
 
-def lock_status(broker: BrokerLike, name: str) -> list[LockStatus]:
+def lock_status(
+    broker: BrokerLike, name: str, kinds: Sequence[Kind] = ALL_KINDS
+) -> list[LockStatus]:
     """Sync read of :func:`read_lock_status` (``amqp_locks.aio.lock_status`` awaits it)."""
-    return broker._core.run(read_lock_status(broker._core, name))
+    return broker._core.run(read_lock_status(broker._core, name, kinds))
+
+
+def of_kind(found: Sequence[LockStatus], kind: Kind) -> LockStatus | None:
+    """The entry of `kind` in a :func:`lock_status` answer, if there is one."""
+    return next((st for st in found if st.kind == kind), None)

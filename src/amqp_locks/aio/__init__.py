@@ -256,9 +256,11 @@ class TokenSemaphore(_Acquirable):
         await self._call(self._sync.destroy)
 
 
-async def lock_status(broker: Broker, name: str) -> list[_status.LockStatus]:
+async def lock_status(
+    broker: Broker, name: str, kinds: Sequence[_status.Kind] = _status.ALL_KINDS
+) -> list[_status.LockStatus]:
     """asyncio twin of :func:`amqp_locks.lock_status`."""
-    return await broker._run(_status.read_lock_status(broker._core, name))
+    return await broker._run(_status.read_lock_status(broker._core, name, kinds))
 
 
 class SemaphoreAdmin:

@@ -9,7 +9,7 @@ from typing import TypeVar
 import click
 
 from ..semaphore import Removal, SemaphoreAdmin
-from ..semaphore.admin import find_max
+from ..status import lock_status, of_kind
 from ..tokens import Audit, TokenSemaphore
 from ..transport.broker import Broker
 from .common import CliError, get_globals, lock_name
@@ -199,7 +199,8 @@ def sem_wait(name: str, slots: tuple[int, ...], timeout: float | None) -> int:
         admin = SemaphoreAdmin(b, name)
         wanted = list(slots)
         if not wanted:
-            c = b._core.run(_max(b, name))
+            sem = of_kind(lock_status(b, name, ("semaphore",)), "semaphore")
+            c = 0 if sem is None else sem.capacity
             if c == 0:
                 raise CliError(Exit.DATAERR, f"semaphore {name!r} does not exist")
             wanted = list(range(1, c + 1))
@@ -210,10 +211,6 @@ def sem_wait(name: str, slots: tuple[int, ...], timeout: float | None) -> int:
         click.echo("still held: " + ",".join(map(str, still)))
         return Exit.TEMPFAIL
     return Exit.OK
-
-
-async def _max(b: Broker, name: str) -> int:
-    return await find_max(await b._core.session(), name)
 
 
 # --- token semaphore -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ..errors import LockError, SemaphoreNotFound
 from ..lease import Lease
 from ..mutex import Mutex
 from ..semaphore import PersistentSemaphore, SemaphoreAdmin
-from ..semaphore.admin import find_max
+from ..status import lock_status, of_kind
 from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
 from ..transport.broker import Broker
 from .common import (
@@ -99,11 +99,8 @@ def _slots_conflict(name: str, kind: str, have: int, asked: int) -> CliError:
 
 def _semaphore_size(broker: Broker, name: str) -> int:
     """The persistent semaphore's slot count, 0 if absent (read-only; no admin mutex)."""
-
-    async def size() -> int:
-        return await find_max(await broker._core.session(), name)
-
-    return broker._core.run(size())
+    st = of_kind(lock_status(broker, name, ("semaphore",)), "semaphore")
+    return 0 if st is None else st.capacity
 
 
 def ensure(broker: Broker, kind: str, name: str, slots: int | None, priority: int = 0) -> None:
@@ -178,19 +175,18 @@ def acquire(
 
 def holders_probe(broker: Broker, kind: str, name: str) -> Probe:
     """What the wait line says about the holders (read-only, no admin mutex)."""
-    from .status import _mutex_held, _semaphore
 
     def probe() -> str | None:
         if kind == "mutex":
-            held = broker._core.run(_mutex_held(broker, name))
-            return "held elsewhere" if held else None
+            mutex = of_kind(lock_status(broker, name, ("mutex",)), "mutex")
+            return "held elsewhere" if mutex is not None and mutex.held else None
         if kind == "persistent":
-            size, held_slots = broker._core.run(_semaphore(broker, name))
-            if not size:
+            sem = of_kind(lock_status(broker, name, ("semaphore",)), "semaphore")
+            if sem is None:
                 return None
-            if not held_slots:
-                return f"{size} slot(s), none held"
-            return f"held: slot {','.join(map(str, held_slots))} of {size}"
+            if not sem.holders:
+                return f"{sem.capacity} slot(s), none held"
+            return f"held: slot {','.join(map(str, sem.holders))} of {sem.capacity}"
         st = TokenSemaphore(broker, name).status()
         return f"held: {st.held} of {st.permits} permit(s), {st.waiting} waiting"
 

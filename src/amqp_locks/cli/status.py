@@ -13,76 +13,33 @@ from typing import Any
 
 import click
 
-from ..errors import QueueNotFound, ResourceLocked
-from ..names import token_queue
-from ..semaphore.admin import find_max, held_slots
-from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
+from ..status import lock_status
 from ..transport.broker import Broker
 from .common import get_globals, lock_name
 
 
-async def _mutex_held(b: Broker, name: str) -> bool | None:
-    """True: the exclusive queue NAME is held by a connection; False: it exists, unheld
-    (cannot happen for a live mutex); None: no such queue (free)."""
-    session = await b._core.session()
-    try:
-        await session.call(name, lambda ch: ch.queue_declare(name, passive=True))
-    except ResourceLocked:
-        return True
-    except QueueNotFound:
-        return None
-    return False
-
-
-async def _semaphore(b: Broker, name: str) -> tuple[int, list[int]]:
-    session = await b._core.session()
-    c = await find_max(session, name)
-    return c, (await held_slots(session, name, c) if c else [])
-
-
-async def _token_exists(b: Broker, name: str) -> bool:
-    session = await b._core.session()
-    return await session.exists_passive(token_queue(name))
-
-
 def collect(b: Broker, name: str) -> list[dict[str, Any]]:
-    """Every kind of lock named `name` that exists (a name may be several)."""
+    """Every kind of lock named `name` that exists (a name may be several), in the JSON
+    shape of `--json` (per kind: slots/holders/free, permits/ready/consumers/waiting)."""
     found: list[dict[str, Any]] = []
-    slots, holders = b._core.run(_semaphore(b, name))
-    if slots:
-        found.append(
-            {
-                "name": name,
-                "kind": "semaphore",
-                "slots": slots,
-                "held": len(holders),
-                "holders": holders,
-                "free": slots - len(holders),
-            }
-        )
-    if b._core.run(_token_exists(b, name)):
-        try:
-            st = TokenSemaphore(b, name).status()
-        except TokenSemaphoreNotFound:
-            pass
-        else:
+    for st in lock_status(b, name):
+        if st.kind == "semaphore":
+            row = {"slots": st.capacity, "held": st.held, "holders": list(st.holders)}
+            found.append({"name": name, "kind": "semaphore", **row, "free": st.free})
+        elif st.kind == "token":
             found.append(
                 {
                     "name": name,
                     "kind": "token",
-                    "permits": st.permits,
-                    "ready": st.ready,
+                    "permits": st.capacity,
+                    "ready": st.free,
                     "held": st.held,
                     "consumers": st.consumers,
                     "waiting": st.waiting,
                 }
             )
-    mutex = b._core.run(_mutex_held(b, name))
-    if mutex or not found:
-        # Queue NAME is a mutex, or the admin mutex of the semaphore NAME (busy admin).
-        found.append(
-            {"name": name, "kind": "mutex" if mutex is not None else "absent", "held": bool(mutex)}
-        )
+        else:  # a mutex, or the admin mutex of the semaphore NAME (busy admin), or absent
+            found.append({"name": name, "kind": st.kind, "held": bool(st.held)})
     return found
 
 

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -35,8 +35,6 @@ from .errors import (
     ResourceLocked,
     WrongProcess,
 )
-from .fencing import ensure_fence, take_token
-from .names import fence_queue
 from .transport.errors import channel_error
 from .transport.features import helper_queue
 from .transport.wakeups import HOLDER_PRIORITY
@@ -356,12 +354,23 @@ class LeaseState(HeldState):
         self.session.spawn(drop())
 
 
-async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing: bool) -> bool:
+#: Where a grant takes its fencing token: the lock kind's own source (see ``grant``).
+FenceSource = Callable[["LeaseState"], Awaitable[int]]
+
+
+async def grant(
+    state: LeaseState, arguments: dict[str, Any] | None, *, fence: FenceSource | None
+) -> bool:
     """The grant step of every exclusive-queue lock: declare the held queue exclusive,
-    watch, take a fencing token. True when granted; False when a watched queue vanished
-    meanwhile (undone). Raises :class:`ResourceLocked` when another connection holds it.
-    Whatever fails or is cancelled after the declare is undone (the queue is deleted).
+    watch, take a fencing token from `fence` (None: no token). True when granted; False
+    when a watched queue vanished meanwhile (undone). Raises :class:`ResourceLocked` when
+    another connection holds it. Whatever fails or is cancelled after the declare is
+    undone (the queue is deleted).
+
+    The fence source is passed in by the lock kind (``mutex.mutex_fence``,
+    ``semaphore.client.semaphore_fence``), so this module never imports the mutex back.
     """
+    fencing = fence is not None
     session = state.session
     watch_channel: AbstractChannel | None = None
     try:
@@ -379,8 +388,8 @@ async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing:
         # The consume on the watched queues verifies they exist (the seed's "verify before
         # returning success"); the fencing token is taken meanwhile on another channel.
         jobs: list[Any] = [state.watch(watch_channel)]
-        if fencing:
-            jobs.append(_fence_token(state))
+        if fence is not None:
+            jobs.append(fence(state))
         results = await asyncio.gather(*jobs, state.hold_sentinel(), return_exceptions=True)
         if isinstance(results[0], QueueNotFound):
             await state.abandon()
@@ -403,32 +412,6 @@ async def grant(state: LeaseState, arguments: dict[str, Any] | None, *, fencing:
             state._watch = watch_channel
         await asyncio.shield(state.abandon())
         raise
-
-
-#: How long a holder waits for the admin mutex to create a missing fence queue.
-FENCE_CREATE_TIMEOUT = 10.0
-
-
-async def _fence_token(state: LeaseState) -> int:
-    """Take a fencing token, creating the fence queue if the lock has none yet."""
-    session, name = state.session, state.name
-    if state.kind == "mutex" and fence_queue(name) not in session.fences_known:
-        # Holding mutex N is holding the lock's administration mutex: no other creator
-        # can race us, so the fence gets exactly one message.
-        await ensure_fence(session, name)
-        session.fences_known.add(fence_queue(name))
-    try:
-        return await take_token(session, name)
-    except QueueNotFound:
-        if state.kind == "mutex":
-            raise
-    # A semaphore whose fence is missing (made by another tool, or purged by hand).
-    from .mutex import held_mutex
-    from .waiting import Backoff
-
-    async with held_mutex(state.core, name, FENCE_CREATE_TIMEOUT, Backoff()):
-        await ensure_fence(session, name)
-    return await take_token(session, name)
 
 
 async def _ack_quietly(ch: AbstractChannel, tag: int) -> None:

@@ -17,12 +17,24 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
+from .fencing import ensure_fence, take_token
 from .lease import LeaseState, grant
 from .lockobject import LockObject
-from .names import sentinel_queue, validate_name, wakeup_queue
+from .names import fence_queue, sentinel_queue, validate_name, wakeup_queue
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.session import Session
 from .waiting import Backoff, acquire_loop
+
+
+async def mutex_fence(state: LeaseState) -> int:
+    """The mutex's fencing token, creating its fence queue on first use: holding mutex N
+    is holding the lock's administration mutex, so no other creator can race us and the
+    fence gets exactly one message."""
+    session, name = state.session, state.name
+    if fence_queue(name) not in session.fences_known:
+        await ensure_fence(session, name)
+        session.fences_known.add(fence_queue(name))
+    return await take_token(session, name)
 
 
 async def try_mutex(
@@ -45,7 +57,7 @@ async def try_mutex(
         sentinels=sentinel_queue(name, "mutex"),
     )
     try:
-        granted = await grant(state, None, fencing=fencing)
+        granted = await grant(state, None, fence=mutex_fence if fencing else None)
     except ResourceLocked:
         if await session.exists_passive(name):
             # We may use it, so it is not another connection's exclusive queue.

@@ -25,11 +25,14 @@ from collections.abc import Iterator
 from ..errors import (
     AcquireRacesExceeded,
     ConfigurationError,
+    QueueNotFound,
     ResourceLocked,
     SemaphoreNotFound,
 )
+from ..fencing import ensure_fence, take_token
 from ..lease import Lease, LeaseState, grant
 from ..lockobject import LockObject
+from ..mutex import held_mutex
 from ..names import holder_queue, sentinel_queue, slot_queue, validate_name, wakeup_queue
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
@@ -64,6 +67,22 @@ def first_window(session: Session, name: str) -> int:
     return FIRST_WINDOW if hint is None else max(FIRST_WINDOW, hint + 1)
 
 
+#: How long a holder waits for the admin mutex to create a missing fence queue.
+FENCE_CREATE_TIMEOUT = 10.0
+
+
+async def semaphore_fence(state: LeaseState) -> int:
+    """The semaphore's fencing token. A fence queue that is missing (a semaphore made by
+    another tool, or a fence purged by hand) is created under the admin mutex first."""
+    try:
+        return await take_token(state.session, state.name)
+    except QueueNotFound:
+        pass
+    async with held_mutex(state.core, state.name, FENCE_CREATE_TIMEOUT, Backoff()):
+        await ensure_fence(state.session, state.name)
+    return await take_token(state.session, state.name)
+
+
 class _Race(Exception):
     """Step 6: another connection declared `B[L]` between our probe and our declare."""
 
@@ -89,7 +108,7 @@ async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> Lease
         sentinels=sentinel_queue(name, "sem"),
     )
     try:
-        granted = await grant(state, HOLDER_ARGS, fencing=True)
+        granted = await grant(state, HOLDER_ARGS, fence=semaphore_fence)
     except ResourceLocked:
         raise _Race(b) from None
     if not granted:

@@ -24,7 +24,7 @@ from amqp_locks import (
     SemaphoreAdmin,
     SemaphoreNotFound,
 )
-from amqp_locks.names import holder_queue, slot_queue
+from amqp_locks.names import fence_queue, holder_queue, slot_queue
 from amqp_locks_dev import devbroker
 
 from . import workers
@@ -408,3 +408,27 @@ def test_a_releaser_asking_again_at_once_lets_the_waiter_go_first(
     finally:
         stop.set()
         looper.join(60)
+
+
+def test_a_missing_fence_is_made_again_under_the_admin_mutex(
+    node: devbroker.NodeInfo, broker: Broker, name: str
+) -> None:
+    """A semaphore whose fence queue was deleted by hand still grants, with a token: the
+    first holder re-creates the fence (under the admin mutex, so only one fence message)."""
+    SemaphoreAdmin(broker, name).create(2)
+    first = PersistentSemaphore(broker, name).acquire(timeout=10)
+    assert first is not None and first.fencing_token > 0
+    first.release()
+    devbroker.rabbitmqctl(node, "delete_queue", fence_queue(name))
+    with PersistentSemaphore(broker, name, timeout=10) as a, PersistentSemaphore(
+        broker, name, timeout=10
+    ) as b:
+        assert a.fencing_token > 0 and b.fencing_token > a.fencing_token
+
+    async def ready() -> int:
+        # declare-ok counts quorum messages exactly (list_queues' stats lag by seconds)
+        session = await broker._core.session()
+        ok = await session.call(None, lambda ch: ch.queue_declare(fence_queue(name), passive=True))
+        return int(ok.message_count)
+
+    assert broker._core.run(ready()) == 1  # one fence, not one per racing holder

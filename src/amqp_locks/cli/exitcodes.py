@@ -13,15 +13,13 @@ class Exit(enum.IntEnum):
     OK = 0
     #: `run`: the lock was not obtained (`--nonblock`, `-w` timeout); `-E` changes it.
     NOT_OBTAINED = 1
-    #: `broker status`: the private node is not running (LSB "program is not running").
-    NOT_RUNNING = 3
     #: EX_USAGE: bad option or argument, invalid lock name, SLOTS < 1.
     USAGE = 64
     #: EX_DATAERR: the lock does not exist (unknown semaphore or token semaphore), or its
     #: state conflicts with the request (created with another count, other queue flags),
     #: or an audit found missing/surplus tokens.
     DATAERR = 65
-    #: EX_UNAVAILABLE: broker unreachable, connection lost, private node cannot start.
+    #: EX_UNAVAILABLE: broker unreachable, connection lost, database unavailable.
     UNAVAILABLE = 69
     #: EX_SOFTWARE: a bug (unexpected exception); run with -v for the traceback.
     SOFTWARE = 70

@@ -44,6 +44,19 @@ def broker(amqp_url: str) -> Iterator[Broker]:
     b.close()
 
 
+def fence_messages(broker: Broker, name: str) -> int:
+    """Messages in the lock's fence queue, exactly: declare-ok counts quorum messages
+    (list_queues' stats lag by seconds)."""
+    from amqp_locks.names import fence_queue
+
+    async def count() -> int:
+        session = await broker._core.session()
+        ok = await session.call(None, lambda ch: ch.queue_declare(fence_queue(name), passive=True))
+        return int(ok.message_count)
+
+    return broker._core.run(count())
+
+
 @pytest.fixture
 def name() -> str:
     """A lock name unique to the test, so tests never see each other's queues."""

@@ -22,6 +22,8 @@ from amqp_locks import (
 from amqp_locks.names import fence_queue, slot_queue
 from amqp_locks_dev import devbroker
 
+from .conftest import fence_messages
+
 
 def test_unreachable_broker_is_a_typed_error() -> None:
     with socket.socket() as s:
@@ -107,14 +109,7 @@ def test_fence_queue_is_quorum_and_holds_one_message(
     out = devbroker.rabbitmqctl(node, "list_queues", "name", "type", "--no-table-headers")
     row = [line.split() for line in out.splitlines() if line.startswith(fence_queue(name))]
     assert row == [[fence_queue(name), "quorum"]]
-
-    async def ready() -> int:
-        # declare-ok counts quorum messages exactly (list_queues' stats lag by seconds)
-        session = await broker._core.session()
-        ok = await session.call(None, lambda ch: ch.queue_declare(fence_queue(name), passive=True))
-        return int(ok.message_count)
-
-    assert broker._core.run(ready()) == 1
+    assert fence_messages(broker, name) == 1
 
 
 def test_repair_fence_keeps_tokens_rising(

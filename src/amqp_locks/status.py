@@ -16,6 +16,7 @@ from .names import token_queue, validate_name
 from .semaphore.admin import find_max, held_slots
 from .tokens import read_status
 from .transport.broker import BrokerCore, BrokerLike
+from .transport.session import Session
 
 Kind = Literal["semaphore", "token", "mutex", "absent"]
 
@@ -42,10 +43,9 @@ class LockStatus:
         return out
 
 
-async def mutex_held(core: BrokerCore, name: str) -> bool | None:
+async def mutex_held(session: Session, name: str) -> bool | None:
     """True: the exclusive queue `name` is held by a connection; False: it exists unheld
     (a queue that is not a mutex); None: no such queue (the mutex is free)."""
-    session = await core.session()
     if name in session.held:  # held through this very connection (the declare would pass)
         return True
     try:
@@ -85,7 +85,7 @@ async def read_lock_status(
                     name, "token", st.permits, st.held, st.ready, (), st.consumers, st.waiting
                 )
             )
-    mutex = await mutex_held(core, name) if "mutex" in kinds else None
+    mutex = await mutex_held(session, name) if "mutex" in kinds else None
     if mutex or not found:
         # Queue `name` is a mutex, or the admin mutex of the semaphore `name` (busy admin).
         if mutex is None:

@@ -24,8 +24,16 @@ def collect(b: Broker, name: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for st in lock_status(b, name):
         if st.kind == "semaphore":
-            row = {"slots": st.capacity, "held": st.held, "holders": list(st.holders)}
-            found.append({"name": name, "kind": "semaphore", **row, "free": st.free})
+            found.append(
+                {
+                    "name": name,
+                    "kind": "semaphore",
+                    "slots": st.capacity,
+                    "held": st.held,
+                    "holders": list(st.holders),
+                    "free": st.free,
+                }
+            )
         elif st.kind == "token":
             found.append(
                 {

@@ -126,8 +126,15 @@ class _Acquirable:
     """`await x.acquire()`, `async with x.acquire() as lease`, and `async with x as lease`
     (with the lock's own `timeout`/`blocking`, raising LockTimeout; leases per task)."""
 
-    _broker: Broker
+    #: The sync lock class this twin wraps (its protocol core and wait settings).
+    _lock_class: Callable[..., LockObject]
     _sync: LockObject
+
+    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
+        self._broker = broker
+        self._sync = self._lock_class(broker, name, **options)
+        #: The leases each task's `async with` holds (innermost last).
+        self._held: dict[asyncio.Task[Any] | None, list[Lease]] = {}
 
     def _start(
         self, blocking: bool, timeout: float | None
@@ -141,13 +148,9 @@ class _Acquirable:
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> _AcquireCall:
         return _AcquireCall(self, blocking, timeout)
 
-    def _task_leases(self) -> list[Lease]:
-        held: dict[asyncio.Task[Any] | None, list[Lease]] = self.__dict__.setdefault("_held", {})
-        return held.setdefault(asyncio.current_task(), [])
-
     async def __aenter__(self) -> Lease:
         sync = self._sync
-        leases = self._task_leases()
+        leases = self._held.setdefault(asyncio.current_task(), [])
         if leases and not sync.reentrant_with:
             raise LockError(f"{self!r} is already held by this task's enclosing `async with`")
         lease = await self.acquire(sync.blocking, sync.timeout)._go()
@@ -162,12 +165,11 @@ class _Acquirable:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        held: dict[asyncio.Task[Any] | None, list[Lease]] = self.__dict__["_held"]
         task = asyncio.current_task()
-        leases = held[task]
+        leases = self._held[task]
         lease = leases.pop()
         if not leases:
-            del held[task]
+            del self._held[task]
         await lease.release()
 
     def __repr__(self) -> str:
@@ -208,28 +210,21 @@ class _AcquireCall:
 class PersistentSemaphore(_Acquirable):
     """asyncio twin of :class:`amqp_locks.PersistentSemaphore`."""
 
-    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
-        self._broker = broker
-        self._sync = _client.PersistentSemaphore(broker, name, **options)
+    _lock_class = _client.PersistentSemaphore
 
 
 class Mutex(_Acquirable):
     """asyncio twin of :class:`amqp_locks.Mutex`."""
 
-    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
-        self._broker = broker
-        self._sync = _mutex.Mutex(broker, name, **options)
+    _lock_class = _mutex.Mutex
 
 
 class TokenSemaphore(_Acquirable):
     """asyncio twin of :class:`amqp_locks.TokenSemaphore`: acquire on the I/O thread,
     admin methods on a worker thread (they wait on the I/O thread)."""
 
+    _lock_class = _tokens.TokenSemaphore
     _sync: _tokens.TokenSemaphore
-
-    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
-        self._broker = broker
-        self._sync = _tokens.TokenSemaphore(broker, name, **options)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kw))

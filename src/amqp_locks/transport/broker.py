@@ -150,7 +150,6 @@ class BrokerCore:
         self.connect_timeout = connect_timeout
         self._named = connection_name is not None
         self.connection_name = connection_name or default_connection_name()
-        self.pid = os.getpid()
         self._io: IOThread | None = None
         self._io_lock = threading.Lock()
         self._session: Session | None = None
@@ -177,7 +176,6 @@ class BrokerCore:
         self._io_lock = threading.Lock()
         self._session = None
         self._lock = None
-        self.pid = os.getpid()
         if not self._named:
             self.connection_name = default_connection_name()
 

@@ -3,9 +3,10 @@
 ``Mutex``, ``PersistentSemaphore`` and ``TokenSemaphore`` implement one coroutine,
 ``_wait(blocking, timeout)``, run on the Broker's I/O thread; this base observes it (the
 "acquire" event) and turns it into the sync API. ``with lock as lease:`` acquires with the
-lock's own ``blocking``/``timeout`` (given to its constructor) and raises :class:`~amqp_locks.errors.LockTimeout` instead of
-returning None, as filelock and redis-py users expect. The leases a ``with`` block took
-are kept per thread, so one lock object can be shared by threads.
+lock's own ``blocking``/``timeout`` (given to its constructor) and raises
+:class:`~amqp_locks.errors.LockTimeout` instead of returning None, as filelock and redis-py
+users expect. The leases a ``with`` block took are kept per thread, so one lock object can
+be shared by threads.
 """
 
 from __future__ import annotations

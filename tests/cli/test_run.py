@@ -155,6 +155,17 @@ def test_sigterm_is_forwarded_to_the_command(cli: Cli, name: str) -> None:
     assert cli.run("run", name, "--nonblock", "--", "true").returncode == 0
 
 
+def test_a_signal_the_moment_the_command_starts_is_forwarded(cli: Cli, name: str) -> None:
+    """The command signals `amqp-locks` first thing, as early as a signal can come after
+    the spawn: forwarding is in place from before COMMAND starts (it used to be installed
+    after, and a SIGTERM in between killed `amqp-locks` itself: exit -15, seen in CI under
+    load)."""
+    command = 'trap "exit 7" TERM; kill -TERM $PPID; while :; do sleep 0.05; done'
+    for _ in range(20):
+        r = cli.run("run", name, "-c", command)
+        assert r.returncode == 7, r.stderr
+
+
 def test_removed_slot_stops_the_command(cli: Cli, name: str, tmp_path: Path) -> None:
     # The command ignores SIGTERM, so only the SIGKILL after --grace stops it; its child
     # (sleep) is in the same process group and must go too.

@@ -253,15 +253,31 @@ class Supervisor:
     group of its own and signals go to the whole group (its children too)."""
 
     def __init__(
-        self, proc: subprocess.Popen[bytes], grace: float, g: Globals, group: bool
+        self, proc: subprocess.Popen[bytes] | None, grace: float, g: Globals, group: bool
     ) -> None:
-        self.proc = proc
+        self._proc = proc
         self.grace = grace
         self.g = g
         self.group = group
         self.lost_reason: str | None = None
         self.lost_at = 0.0
         self._lock = threading.Lock()
+        #: Signals forwarded before COMMAND was started (see `start`).
+        self._pending: list[int] = []
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        assert self._proc is not None, "COMMAND not started"
+        return self._proc
+
+    def start(self, argv: list[str], env: dict[str, str]) -> None:
+        """Spawn COMMAND, then forward the signals that came while it was being started.
+        Install `forward` before calling this: a signal in between would otherwise get its
+        default action and kill us, leaving COMMAND unsupervised."""
+        self._proc = spawn(argv, env, self.group)
+        for signum in self._pending:
+            self.signal(signum)
+        self._pending.clear()
 
     def signal(self, signum: int) -> None:
         if self.proc.poll() is not None and not self.group:
@@ -275,7 +291,10 @@ class Supervisor:
             pass
 
     def forward(self, signum: int, frame: FrameType | None) -> None:
-        self.signal(signum)
+        if self._proc is None:
+            self._pending.append(signum)
+        else:
+            self.signal(signum)
 
     def on_lost(self, what: str, reason: str | None) -> None:
         with self._lock:
@@ -469,14 +488,14 @@ def run(
             AMQP_LOCKS_SLOT=str(lease.number),
             AMQP_LOCKS_FENCING_TOKEN=str(lease.fencing_token),
         )
+        sup = Supervisor(None, grace, g, own_group())
         try:
-            group = own_group()
-            proc = spawn(argv, env, group)
-            sup = Supervisor(proc, grace, g, group)
-            what = f"lock {name!r}" if kind == "mutex" else f"slot {lease.number} of {name!r}"
-            lease.on_lost(lambda lost: sup.on_lost(what, lost.lost_reason))
-            REPORTED_BY_COMMAND.active = True
-            status = exit_status(sup.wait())
+            with _handlers(sup.forward, FORWARDED):  # from before COMMAND starts
+                sup.start(argv, env)
+                what = f"lock {name!r}" if kind == "mutex" else f"slot {lease.number} of {name!r}"
+                lease.on_lost(lambda lost: sup.on_lost(what, lost.lost_reason))
+                REPORTED_BY_COMMAND.active = True
+                status = exit_status(sup.wait())
         finally:
             REPORTED_BY_COMMAND.active = False
             # Lost, or the connection is gone: the broker frees it anyway.

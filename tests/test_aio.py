@@ -66,7 +66,11 @@ def test_aio_token_semaphore(amqp_url: str, name: str) -> None:
             async with ts.acquire(timeout=5) as permit:
                 assert permit.number == 1 and await permit.verify()
                 assert await ts.acquire(blocking=False) is None
-            status = await ts.status()
+            # The release returns before the broker's commit (docs/tokens.md): wait for the
+            # token to be back (each read is a round trip; 20 s is only a ceiling).
+            deadline = asyncio.get_running_loop().time() + 20
+            while (status := await ts.status()).ready != 1:
+                assert asyncio.get_running_loop().time() < deadline, status
             assert (status.permits, status.ready) == (1, 1)
 
     asyncio.run(main())

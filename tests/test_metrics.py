@@ -39,22 +39,22 @@ def test_acquire_hold_lost_and_master(registry, broker: Broker, name: str, tmp_p
     admin.create(1)
     sem = PersistentSemaphore(broker, name)
     with sem.acquire() as lease:  # type: ignore[union-attr]
-        assert value("amqp_locks_held", kind="slot", name=name) == 1
+        assert value("amqp_locks_held", kind="semaphore", name=name) == 1
         assert sem.acquire(blocking=False) is None
-    assert value("amqp_locks_held", kind="slot", name=name) == 0
-    granted = dict(kind="slot", name=name, outcome="granted")
-    timeout = dict(kind="slot", name=name, outcome="timeout")
+    assert value("amqp_locks_held", kind="semaphore", name=name) == 0
+    granted = dict(kind="semaphore", name=name, outcome="granted")
+    timeout = dict(kind="semaphore", name=name, outcome="timeout")
     assert value("amqp_locks_acquire_seconds_count", **granted) == 1
     assert value("amqp_locks_acquire_seconds_count", **timeout) == 1
-    assert value("amqp_locks_hold_seconds_count", kind="slot", name=name, end="released") == 1
+    assert value("amqp_locks_hold_seconds_count", kind="semaphore", name=name, end="released") == 1
 
     lost = sem.acquire()
     assert lost is not None
     admin.remove_slots(1)
     assert lost.lost.wait(10)
     lost.release()  # counted once, as lost
-    assert value("amqp_locks_lost_total", kind="slot", name=name) == 1
-    assert value("amqp_locks_held", kind="slot", name=name) == 0
+    assert value("amqp_locks_lost_total", kind="semaphore", name=name) == 1
+    assert value("amqp_locks_held", kind="semaphore", name=name) == 0
     assert lease.released
 
     mastered = threading.Event()

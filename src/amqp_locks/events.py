@@ -27,9 +27,10 @@ type                      kind / name            seconds / detail
                                                  `detail` is then ``"down: <reason>"``)
 ========================  =====================  ============================================
 
-Lock kinds are ``"slot"`` (persistent semaphore), ``"mutex"`` and ``"permit"`` (token
-semaphore). Every ``"acquiring"`` is followed by exactly one ``"acquire"``; a listener that
-subscribes in between sees the ``"acquire"`` alone.
+Lock kinds are ``"mutex"``, ``"semaphore"`` (persistent semaphore) and ``"token"`` (token
+semaphore): the same words as :data:`amqp_locks.status.Kind` and the CLI's ``--kind``.
+Every ``"acquiring"`` is followed by exactly one ``"acquire"``; a listener that subscribes
+in between sees the ``"acquire"`` alone.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ log = logging.getLogger("amqp_locks.events")
 class Event:
     #: see the table above
     type: str
-    #: "slot", "mutex", "permit"; the locker's class name for service events; "broker"
+    #: "mutex", "semaphore", "token"; the locker's class name for service events; "broker"
     kind: str
     name: str
     #: acquire: seconds the call took; release/lost: seconds the lock was held;

@@ -62,7 +62,7 @@ class HeldState:
 
     core: BrokerCore
     session: Session
-    kind: str  # "slot" | "mutex" | "permit"
+    kind: str  # "mutex" | "semaphore" | "token" (status.Kind)
     name: str
     number: int
     fencing_token: int = 0
@@ -313,9 +313,9 @@ class LeaseState(HeldState):
                 session.spawn(_close_quietly(watch))
             self._drop_sentinel()
         session.released_at[self.notice_key] = time.monotonic()
-        if self.kind == "slot":
+        if self.kind == "semaphore":
             session.slot_hints[self.name] = self.number
-        session.notify_soon(self.notice_key, [self.number if self.kind == "slot" else 0])
+        session.notify_soon(self.notice_key, [self.number if self.kind == "semaphore" else 0])
         log.debug(
             "released %s %d of %r after %.3fs",
             self.kind,

@@ -44,7 +44,8 @@ def check_blocking(blocking: bool, timeout: float | None) -> float | None:
 class LockObject(ABC):
     """Base of the sync lock classes (see the module docstring)."""
 
-    #: The lock kind in events, metrics and errors: "mutex", "slot" or "permit".
+    #: The lock kind in events, metrics and errors: "mutex", "semaphore" or "token"
+    #: (the same words as :data:`amqp_locks.status.Kind` and the CLI).
     kind: ClassVar[str]
     #: A ``with`` block inside another on the same object and thread would wait for itself.
     reentrant_with: ClassVar[bool] = True

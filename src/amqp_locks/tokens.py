@@ -366,7 +366,7 @@ async def acquire_permit(
         state = PermitState(
             core=core,
             session=session,
-            kind="permit",
+            kind="token",
             name=name,
             number=token_id,
             fencing_token=fencing_token,
@@ -403,7 +403,7 @@ class TokenSemaphore(LockObject):
     it raises :class:`~amqp_locks.errors.LockTimeout` when no permit was obtained.
     """
 
-    kind = "permit"
+    kind = "token"
 
     def __init__(
         self,

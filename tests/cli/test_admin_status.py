@@ -26,7 +26,7 @@ def test_semaphore_admin_commands(cli: Cli, name: str) -> None:
     assert conflict.returncode == 65 and "already" in conflict.stderr
     assert cli.run("semaphore", "add", name, "2").stdout == "4\n"
 
-    holder = cli.start("run", name, "--kind", "persistent", "-c", "echo ready; exec sleep 60")
+    holder = cli.start("run", name, "--kind", "semaphore", "-c", "echo ready; exec sleep 60")
     holder.expect("ready")
     held, waited = cli.run_many(
         ["semaphore", "holders", name, "--json"],

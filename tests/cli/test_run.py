@@ -100,7 +100,7 @@ def test_child_status_environment_and_exec_errors(cli: Cli, name: str) -> None:
     assert killed.returncode == 128 + signal.SIGKILL
     assert env.returncode == 0
     got_name, kind, slot, token = env.stdout.split()
-    assert (got_name, kind, slot) == (name, "persistent", "1")
+    assert (got_name, kind, slot) == (name, "semaphore", "1")
     assert int(token) >= 1
     assert missing.returncode == 127
     assert missing.stderr.strip().endswith("no-such-command-xyz: command not found")

@@ -90,7 +90,7 @@ def test_slots_that_disagree_with_the_existing_lock_are_refused(cli: Cli, name: 
 def test_wait_line_on_a_terminal_only(cli: Cli, name: str) -> None:
     holder = cli.start("run", name, "-n", "1", "-c", "echo held; exec sleep 60")
     holder.expect("held")
-    waiter = cli.argv(["run", name, "--kind", "persistent", "-w", "2.5", "--", "true"])
+    waiter = cli.argv(["run", name, "--kind", "semaphore", "-w", "2.5", "--", "true"])
 
     rc, screen = _on_terminal(waiter, child_env())
     assert rc == 1
@@ -99,12 +99,12 @@ def test_wait_line_on_a_terminal_only(cli: Cli, name: str) -> None:
     assert "lock not obtained" in screen
 
     rc, screen = _on_terminal(
-        cli.argv(["run", name, "--kind", "persistent", "-w", "1", "-q", "--", "true"]), child_env()
+        cli.argv(["run", name, "--kind", "semaphore", "-w", "1", "-q", "--", "true"]), child_env()
     )
     assert (rc, screen) == (1, "")  # -q: nothing at all
 
     piped = cli.run(
-        "run", name, "--kind", "persistent", "-w", "1", "--", "true"
+        "run", name, "--kind", "semaphore", "-w", "1", "--", "true"
     )  # stderr not a terminal
     assert piped.returncode == 1
     assert piped.stderr == f"amqp-locks: {name}: lock not obtained (timed out after 1s)\n"
@@ -166,7 +166,7 @@ def test_options_from_environment_variables(cli: Cli, name: str) -> None:
         )
 
     made = run("run", name, "--", "sh", "-c", 'echo "$AMQP_LOCKS_KIND"')
-    assert (made.returncode, made.stdout) == (0, "persistent\n"), made.stderr
+    assert (made.returncode, made.stdout) == (0, "semaphore\n"), made.stderr
     assert run("semaphore", "max", name).stdout == "3\n"
     # AMQP_URL still works; AMQP_LOCKS_URL wins over it.
     legacy = run("semaphore", "max", name, AMQP_LOCKS_URL="", AMQP_URL=cli.url)

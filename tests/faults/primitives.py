@@ -25,7 +25,7 @@ from amqp_locks.tokens import ledger_queue
 
 KINDS = ("semaphore", "token", "token-quorum", "mutex")
 #: The kind `amqp_locks.events` reports for each primitive.
-EVENT_KIND = {"semaphore": "slot", "token": "permit", "token-quorum": "permit", "mutex": "mutex"}
+EVENT_KIND = {"semaphore": "semaphore", "token": "token", "token-quorum": "token", "mutex": "mutex"}
 
 
 def setup(kind: str, broker: Broker, name: str, permits: int) -> None:

@@ -78,7 +78,7 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 def _slots_conflict(name: str, kind: str, have: int, asked: int) -> CliError:
     """-n that disagrees with the existing lock's count (`consul lock` refuses it too)."""
-    if kind == "persistent":
+    if kind == "semaphore":
         what, unit, admin = (
             f"semaphore {name!r}",
             "slots",
@@ -113,7 +113,7 @@ def ensure(broker: Broker, kind: str, name: str, slots: int | None, priority: in
     refuses another count."""
     if slots is None or kind == "mutex":
         return
-    if kind == "persistent":
+    if kind == "semaphore":
         if _semaphore_size(broker, name) == slots:
             return
         try:
@@ -156,7 +156,7 @@ def acquire(
     ensure(broker, kind, name, slots, priority)
     if kind == "mutex":
         return Mutex(broker, name).acquire(blocking, timeout)
-    if kind == "persistent":
+    if kind == "semaphore":
         try:
             return PersistentSemaphore(broker, name).acquire(blocking, timeout)
         except SemaphoreNotFound:
@@ -180,7 +180,7 @@ def holders_probe(broker: Broker, kind: str, name: str) -> Probe:
         if kind == "mutex":
             mutex = of_kind(lock_status(broker, name, ("mutex",)), "mutex")
             return "held elsewhere" if mutex is not None and mutex.held else None
-        if kind == "persistent":
+        if kind == "semaphore":
             sem = of_kind(lock_status(broker, name, ("semaphore",)), "semaphore")
             if sem is None:
                 return None
@@ -362,9 +362,10 @@ cannot be executed / is not found.""",
 )
 @click.option(
     "--kind",
-    type=click.Choice(["mutex", "persistent", "token"]),
+    type=click.Choice(["mutex", "semaphore", "token", "persistent"]),
     default=None,
-    help="mutex (default without -n), persistent semaphore (default with -n), token semaphore.",
+    help="mutex (default without -n), semaphore: the persistent semaphore (default with -n), "
+    "token: the token semaphore. (persistent: the old name of semaphore.)",
 )
 @click.option(
     "-w",
@@ -443,10 +444,12 @@ def run(
         raise click.UsageError("missing COMMAND (use: run NAME -- COMMAND [ARGS...])")
     if nonblock and wait is not None:
         raise click.UsageError("--nonblock and -w are mutually exclusive")
+    if kind == "persistent":
+        kind = "semaphore"
     if kind is None:
-        kind = "mutex" if slots is None else "persistent"
+        kind = "mutex" if slots is None else "semaphore"
     if kind == "mutex" and slots is not None:
-        raise click.UsageError("-n SLOTS needs --kind persistent or token, not mutex")
+        raise click.UsageError("-n SLOTS needs --kind semaphore or token, not mutex")
     if priority != 0 and kind != "token":
         raise click.UsageError(f"--priority orders token semaphore waiters: not for --kind {kind}")
     argv = ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)
@@ -454,7 +457,7 @@ def run(
     broker = g.broker(f"run {name}")
     try:
         try:
-            label = {"mutex": "mutex", "persistent": "semaphore", "token": "token semaphore"}[kind]
+            label = {"mutex": "mutex", "semaphore": "semaphore", "token": "token semaphore"}[kind]
             line = WaitLine(
                 f"{label} {name!r}",
                 wait,

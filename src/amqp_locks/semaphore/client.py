@@ -98,7 +98,7 @@ async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> Lease
     state = LeaseState(
         core=core,
         session=session,
-        kind="slot",
+        kind="semaphore",
         name=name,
         number=k,
         held_queue=b,
@@ -190,7 +190,7 @@ class PersistentSemaphore(LockObject):
     :class:`~amqp_locks.errors.LockTimeout` when no slot was obtained.
     """
 
-    kind = "slot"
+    kind = "semaphore"
 
     def __init__(
         self,

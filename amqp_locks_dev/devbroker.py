@@ -276,6 +276,13 @@ def _resolve(name: str, base_dir: Path | None, version: str | None = None) -> Pa
     return resolve_dir(name, base_dir, lambda: _default_base_dir(name, version), DevBrokerError)
 
 
+def node_dir(
+    name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
+) -> Path:
+    """The node's data directory (where :data:`EXTRA_CONFIG` goes), started or not."""
+    return _resolve(name, base_dir, version)
+
+
 # -------------------------------------------------------------------------- liveness
 
 def _amqp_ping(port: int, timeout: float = 2.0) -> bool:

@@ -13,6 +13,7 @@ import concurrent.futures
 import logging
 import os
 import socket
+import ssl
 import threading
 import weakref
 from collections.abc import Coroutine, Sequence
@@ -128,6 +129,7 @@ class BrokerCore:
         connect_timeout: float = 10.0,
         connection_name: str | None = None,
         cluster: bool | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if heartbeat <= 0:
             raise ConfigurationError(f"heartbeat must be > 0 seconds, got {heartbeat}")
@@ -139,6 +141,13 @@ class BrokerCore:
         #: The node of the current (or last) connection.
         self.url = self.urls[0]
         self.cluster = len(self.urls) > 1 if cluster is None else bool(cluster)
+        plain = [censor(u) for u in self.urls if u.scheme != "amqps"]
+        if ssl_context is not None and plain:
+            raise ConfigurationError(
+                f"ssl_context is for TLS, but {', '.join(plain)} is not amqps:// "
+                "(the connection would not use it)"
+            )
+        self.ssl_context = ssl_context
         self.heartbeat = float(heartbeat)
         # The broker declares us dead after two heartbeat periods of silence at the
         # earliest (it checks every period, needs two checks without data). One period of
@@ -212,6 +221,7 @@ class BrokerCore:
                 loss_timeout=self.loss_timeout,
                 connection_name=self.connection_name,
                 cluster=self.cluster,
+                ssl_context=self.ssl_context,
             )
             try:
                 await session.connect(self.connect_timeout)
@@ -295,6 +305,7 @@ class BrokerBase:
         connect_timeout: float = 10.0,
         connection_name: str | None = None,
         cluster: bool | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._core = BrokerCore(
             url,
@@ -303,6 +314,7 @@ class BrokerBase:
             connect_timeout=connect_timeout,
             connection_name=connection_name,
             cluster=cluster,
+            ssl_context=ssl_context,
         )
 
     @property
@@ -342,6 +354,11 @@ class Broker(BrokerBase):
     set it for a single URL that fronts a cluster (a load balancer). ``heartbeat``
     (seconds) bounds how long a dead peer goes unnoticed; leases are marked lost after
     ``loss_timeout`` (default: one heartbeat period) without a frame from the broker.
+
+    TLS: an ``amqps://`` URL connects over TLS, verifying the broker's certificate against
+    the system's CAs, or against ``?cafile=PATH`` (also ``certfile``, ``keyfile`` for a
+    client certificate; aiormq's URL options); or pass ``ssl_context`` (an
+    :class:`ssl.SSLContext`) for full control.
     """
 
     def connect(self) -> Broker:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 
 import aiormq.exceptions as ex
 from yarl import URL
@@ -75,6 +76,16 @@ def channel_error(exc: BaseException, queue: str | None = None) -> AmqpLocksErro
     return BrokerError(f"{type(exc).__name__}{what}: {_text(exc)}")
 
 
+def _tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind `exc` (aiormq re-raises it as AMQPConnectionError)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None or isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def connect_error(exc: BaseException, url: URL) -> AmqpLocksError:
     """Map a failure to open the connection."""
     where = censor(url)
@@ -94,6 +105,15 @@ def connect_error(exc: BaseException, url: URL) -> AmqpLocksError:
             f"broker {where} refused access to vhost {url.path[1:] or '/'!r} for user "
             f"{url.user!r} (the vhost does not exist or the user has no permissions on it)"
         )
+    tls = _tls_error(exc)
+    if isinstance(tls, ssl.SSLCertVerificationError):
+        return BrokerUnreachable(
+            f"TLS to broker {where}: its certificate could not be verified "
+            f"({tls.verify_message}); trust its CA with ?cafile=PATH in the URL or "
+            "Broker(ssl_context=...)"
+        )
+    if tls is not None:
+        return BrokerUnreachable(f"TLS handshake with broker {where} failed: {_text(tls)}")
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return BrokerUnreachable(f"broker {where} did not answer within the connect timeout")
     if isinstance(exc, OSError | ex.AMQPConnectionError):

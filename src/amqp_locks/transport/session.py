@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -27,6 +28,7 @@ from pamqp.header import ContentHeader
 from yarl import URL
 
 from ..errors import AmqpLocksError, ConnectionLost, QueueNotFound, ResourceLocked
+from .aiormq_compat import LOGGER_NAMES, TimedTransport, connection_blocked
 from .errors import censor, channel_error, connect_error
 
 log = logging.getLogger("amqp_locks.transport")
@@ -111,39 +113,8 @@ class _OwnConnectionsFilter(logging.Filter):
         return False
 
 
-for _name in ("aiormq.connection", "aiormq.connection.marshall", "aiormq.channel"):
+for _name in LOGGER_NAMES:
     logging.getLogger(_name).addFilter(_OwnConnectionsFilter())
-
-
-class _TimedReader:
-    """A StreamReader proxy recording when bytes last arrived (for the loss watchdog)."""
-
-    def __init__(self, reader: asyncio.StreamReader, session: Session) -> None:
-        self._reader = reader
-        self._session = session
-
-    async def readexactly(self, n: int) -> bytes:
-        data = await self._reader.readexactly(n)
-        self._session.last_rx = time.monotonic()
-        return data
-
-    async def read(self, n: int = -1) -> bytes:
-        data = await self._reader.read(n)
-        self._session.last_rx = time.monotonic()
-        return data
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._reader, name)
-
-
-class _TimedTransport(aiormq.connection.TCPTransportFactory):
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    async def create(self, url: URL, **kwargs: Any) -> tuple[Any, Any]:
-        reader, writer = await super().create(url, **kwargs)
-        self._session.transport_writer = writer
-        return _TimedReader(reader, self._session), writer
 
 
 class Session:
@@ -157,8 +128,11 @@ class Session:
         loss_timeout: float,
         connection_name: str,
         cluster: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        #: For ``amqps://`` URLs; None lets aiormq build one from the URL's options.
+        self.ssl_context = ssl_context
         #: The broker is one node of a cluster (see `Broker(cluster=...)`): quorum queues
         #: are read by consumers, never `basic.get` (fencing.take_token says why).
         self.cluster = cluster
@@ -210,7 +184,8 @@ class Session:
         _OUR_LOOPS.add(asyncio.get_running_loop())
         self.conn = aiormq.Connection(
             url,
-            transport_factory=_TimedTransport(self),
+            context=self.ssl_context,
+            transport_factory=TimedTransport(url, self._heard_bytes, self._got_writer),
             client_properties={"connection_name": self.connection_name},
         )
         try:
@@ -285,10 +260,14 @@ class Session:
             await asyncio.sleep(interval)
 
     def _blocked(self) -> bool:
-        """RabbitMQ sent connection.blocked (a resource alarm) and not yet unblocked.
-        aiormq keeps that state privately; without it we assume not blocked."""
-        unblocked = getattr(self.conn, "_Connection__connection_unblocked", None)
-        return isinstance(unblocked, asyncio.Event) and not unblocked.is_set()
+        """RabbitMQ sent connection.blocked (a resource alarm) and not yet unblocked."""
+        return connection_blocked(self.conn)
+
+    def _heard_bytes(self, at: float) -> None:
+        self.last_rx = at
+
+    def _got_writer(self, writer: asyncio.StreamWriter) -> None:
+        self.transport_writer = writer
 
     def _on_connection_closed(self, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():

@@ -50,7 +50,7 @@ def contend(
 ) -> None:
     """`rounds` holds (or until `stop` is set), each `hold` seconds long."""
     with Broker(url) as broker:
-        rw = ReadWriteLock(broker, name, readers=8, quorum=quorum)
+        rw = ReadWriteLock(broker, name, quorum=quorum)  # set up by the test
         side = rw.read_lock if shared else rw.write_lock
         done = 0
         while done < rounds and not (stop is not None and stop.is_set()):

@@ -178,38 +178,50 @@ def test_processes_never_overlap_a_writer(
 # --- starvation -------------------------------------------------------------------------
 
 
-def test_a_waiting_writer_keeps_new_readers_out(broker: Broker, amqp_url: str, name: str) -> None:
-    rw = ReadWriteLock(broker, name, readers=4)
-    reader = _acquired(rw.read_lock.acquire())
-    got: list[Lease | None] = []
-    with Broker(amqp_url) as wb:
-        writer = threading.Thread(
-            target=lambda: got.append(ReadWriteLock(wb, name).write_lock.acquire(timeout=30))
-        )
-        writer.start()
-        # The writer has the turn and consumes the tokens: 3 free ones went to it.
-        _wait_for(lambda: _consumers(broker, readers_queue(name)) == 2, "the writer waiting")
-        st = rw.status()
-        assert st is not None and st.writer and st.free == 0
+def test_a_waiting_writer_goes_ahead_of_waiting_readers(
+    broker: Broker, amqp_url: str, name: str
+) -> None:
+    """Two readers hold both tokens; reader B waits, then a writer, then reader D. Each
+    freed token is pushed to the writer (consumer priority), not to B, which waited longer,
+    nor to D; when the writer releases, B and D get in together."""
+    rw = ReadWriteLock(broker, name, readers=2)
+    a, c = _acquired(rw.read_lock.acquire()), _acquired(rw.read_lock.acquire())
+    got: dict[str, Lease | None] = {}
+    with Broker(amqp_url) as b1, Broker(amqp_url) as b2, Broker(amqp_url) as b3:
+
+        def start(key: str, broker_: Broker, shared: bool, consumers: int) -> threading.Thread:
+            orw = ReadWriteLock(broker_, name)
+            side = orw.read_lock if shared else orw.write_lock
+            t = threading.Thread(target=lambda: got.__setitem__(key, side.acquire(timeout=30)))
+            t.start()
+            _wait_for(lambda: _consumers(broker, readers_queue(name)) == consumers, key)
+            return t
+
+        tb = start("B", b1, True, 3)  # a, c, B
+        tw = start("W", b2, False, 4)  # ... and the writer with the turn
+        td = start("D", b3, True, 5)
         assert rw.read_lock.acquire(blocking=False) is None
-        assert rw.read_lock.acquire(timeout=0.5) is None  # tokens free, but behind the writer
-        assert not got
-        reader.release()
-        writer.join(30)
-        lease = _acquired(got[0])
-        assert rw.read_lock.acquire(timeout=0.3) is None
-        lease.release()
-    again = _acquired(rw.read_lock.acquire(timeout=5))
-    again.release()
+        a.release()
+        c.release()
+        tw.join(30)
+        writer = _acquired(got["W"])
+        assert "B" not in got and "D" not in got, "a reader went ahead of the waiting writer"
+        writer.release()
+        tb.join(30)
+        td.join(30)
+        for key in "BD":
+            lease = _acquired(got[key])
+            assert lease.fencing_token > writer.fencing_token
+            lease.release()
 
 
 def test_writer_is_not_starved_by_a_stream_of_readers(
     amqp_url: str, broker: Broker, name: str
 ) -> None:
-    """Three processes read in overlapping 0.3 s holds, so some reader always holds; a
-    writer still gets in, and while it waits no reader is let in that was not already on
-    its way (at most one grant per reader process)."""
-    ReadWriteLock(broker, name, readers=8).setup()
+    """Four processes read in 0.3 s holds on two reader tokens, so readers always hold and
+    wait; a writer still gets in, and while it waits no reader is let in that was not
+    already on its way (at most one grant per reader process)."""
+    ReadWriteLock(broker, name, readers=2).setup()
     ctx = multiprocessing.get_context("spawn")
     lock, stop = ctx.Lock(), ctx.Event()
     counters = ctx.Array("i", 6, lock=False)
@@ -218,7 +230,7 @@ def test_writer_is_not_starved_by_a_stream_of_readers(
             target=w.contend,
             args=(amqp_url, name, True, 10**6, 0.3, lock, counters, False, stop),
         )
-        for _ in range(3)
+        for _ in range(4)
     ]
     for p in readers:
         p.start()
@@ -235,7 +247,7 @@ def test_writer_is_not_starved_by_a_stream_of_readers(
         for p in readers:
             p.join(60)
     assert readers_now == 0
-    assert granted_meanwhile <= 3, f"{granted_meanwhile} readers went ahead of a waiting writer"
+    assert granted_meanwhile <= 4, f"{granted_meanwhile} readers went ahead of a waiting writer"
     assert counters[w.VIOLATIONS] == 0
 
 

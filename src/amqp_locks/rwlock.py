@@ -191,14 +191,15 @@ async def _publish_all(session: Session, name: str, count: int) -> None:
         await _close(ch)
 
 
-async def _fence(core: BrokerCore, session: Session, name: str) -> int:
-    """The next fencing token; re-creates a deleted fence queue under the admin mutex."""
+async def _fence(core: BrokerCore, session: Session, fence: str) -> int:
+    """The next value of the counter `fence`-fence; creates a missing fence queue under
+    the mutex `fence` (the lock's admin mutex, or the lock whose counter we share)."""
     try:
-        return await take_token(session, base_name(name))
+        return await take_token(session, fence)
     except QueueNotFound:
-        async with held_mutex(core, base_name(name), FENCE_CREATE_TIMEOUT, Backoff()) as admin:
-            await ensure_fence(admin.session, base_name(name))
-        return await take_token(session, base_name(name))
+        async with held_mutex(core, fence, FENCE_CREATE_TIMEOUT, Backoff()) as admin:
+            await ensure_fence(admin.session, fence)
+        return await take_token(session, fence)
 
 
 # --- one consumer and its deliveries ------------------------------------------------------
@@ -302,6 +303,10 @@ async def _give_back(session: Session, box: _Inbox) -> None:
         session.return_holder_channel(ch, transactional=False)
 
 
+async def _no_undo(_: int) -> None:
+    """A fencing token taken after a cancel costs nothing to keep."""
+
+
 def _tag(message: DeliveredMessage) -> int:
     tag = getattr(message.delivery, "delivery_tag", None)
     assert isinstance(tag, int)
@@ -376,7 +381,7 @@ class HoldState(HeldState):
 
 
 async def acquire_read(
-    core: BrokerCore, name: str, *, deadline: float | None, nonblocking: bool, fencing: bool
+    core: BrokerCore, name: str, *, deadline: float | None, nonblocking: bool, fence: str | None
 ) -> HoldState | None:
     """One reader token (push). None at the deadline, or when not blocking and none is free.
     Raises QueueNotFound when the lock is not set up."""
@@ -395,7 +400,7 @@ async def acquire_read(
                 return None
         except _Ended as exc:
             raise _ended(session, name, exc) from None
-        token = await shielded(_fence(core, session, name), lambda _: _close(ch)) if fencing else 0
+        token = 0 if fence is None else await shielded(_fence(core, session, fence), _no_undo)
         state = HoldState(
             core=core,
             session=session,
@@ -415,7 +420,7 @@ async def acquire_read(
 
 
 async def acquire_write(
-    core: BrokerCore, name: str, *, deadline: float | None, nonblocking: bool, fencing: bool
+    core: BrokerCore, name: str, *, deadline: float | None, nonblocking: bool, fence: str | None
 ) -> HoldState | None:
     """The turn, then every reader token (push, ahead of the readers). None at the
     deadline, or when not blocking and a writer or reader holds."""
@@ -445,11 +450,7 @@ async def acquire_write(
         if not await tokens.wait(deadline):
             _abandon(session, channels, turn, tokens)
             return None
-        token = (
-            await shielded(_fence(core, session, name), lambda _: _close(tokens_ch))
-            if fencing
-            else 0
-        )
+        token = 0 if fence is None else await shielded(_fence(core, session, fence), _no_undo)
         state = HoldState(
             core=core,
             session=session,
@@ -564,7 +565,7 @@ class _Half(LockObject):
                     self.name,
                     deadline=deadline,
                     nonblocking=nonblocking,
-                    fencing=self.rw.fencing,
+                    fence=self.rw.fence if self.rw.fencing else None,
                 )
             except QueueNotFound:
                 if set_up:
@@ -625,6 +626,9 @@ class ReadWriteLock:
         self.readers = check_readers(readers)
         self.quorum = bool(quorum)
         self.fencing = bool(fencing)
+        #: Whose fence queue (`<fence>-fence`) the grants count on: the lock's own. The
+        #: tooz driver points it at the queue its earlier, mutex-based locks counted on.
+        self.fence = base_name(self.name)
         self.mutex_timeout = check_timeout(mutex_timeout)
         self.read_lock = ReadLock(self, blocking, timeout)
         self.write_lock = WriteLock(self, blocking, timeout)

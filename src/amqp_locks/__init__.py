@@ -41,6 +41,7 @@ from .errors import (
 from .lease import Lease
 from .lockers import AmqpLocker, Locker
 from .mutex import Mutex
+from .rwlock import ReadWriteLock, RWLockStatus
 from .semaphore import PersistentSemaphore, Removal, SemaphoreAdmin
 from .service import LeaseAwarePolicy, LockableService, State
 from .status import LockStatus, lock_status
@@ -101,6 +102,8 @@ __all__ = [
     "PersistentSemaphore",
     "PreconditionFailed",
     "QueueNotFound",
+    "RWLockStatus",
+    "ReadWriteLock",
     "Removal",
     "ResourceLocked",
     "SemaphoreAdmin",

@@ -27,8 +27,9 @@ type                      kind / name            seconds / detail
                                                  `detail` is then ``"down: <reason>"``)
 ========================  =====================  ============================================
 
-Lock kinds are ``"mutex"``, ``"semaphore"`` (persistent semaphore) and ``"token"`` (token
-semaphore): the same words as :data:`amqp_locks.status.Kind` and the CLI's ``--kind``.
+Lock kinds are ``"mutex"``, ``"semaphore"`` (persistent semaphore), ``"token"`` (token
+semaphore) and ``"rwlock"`` (read and write holds of a read-write lock): the same words as
+:data:`amqp_locks.status.Kind`, the CLI's ``--kind`` and ``AMQP_LOCKS_KIND``.
 Every ``"acquiring"`` is followed by exactly one ``"acquire"``; a listener that subscribes
 in between sees the ``"acquire"`` alone.
 """

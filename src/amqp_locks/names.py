@@ -3,10 +3,12 @@
 A persistent semaphore `N` owns the queues `N` (admin mutex), `N-k-A` (slots), `N-k-B`
 (holders), `N-fence` (fencing counter), the wake-up queues `N-sem-wakeups` and
 `N-mutex-wakeups` and the sentinel queues `N-sem-watch` and `N-mutex-watch`; a token
-semaphore owns `N.semaphore`. (Versions before 0.2 named the last two `-waiters` and
-`-sentinels` and declared them transient; the new names keep old and new clients of one
-lock from refusing each other's declarations during an upgrade.) A name that
-ends like one of those suffixes could alias another lock's queue, so it is refused.
+semaphore owns `N.semaphore`; a read-write lock `N.rwlock` (its admin mutex),
+`N.rwlock-readers`, `-writer`, `-ledger` and `-fence`. (Versions before 0.2 named the
+wake-up and sentinel queues `-waiters` and `-sentinels` and declared them transient; the
+new names keep old and new clients of one lock from refusing each other's declarations
+during an upgrade.) A name that ends like one of those suffixes could alias another
+lock's queue, so it is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ MAX_SLOT_DIGITS = 7
 _LONGEST_SUFFIX = max(len("-") + MAX_SLOT_DIGITS + len("-A"), len("-mutex-sentinels"))
 
 _RESERVED = re.compile(
-    r"(-\d+-[AB]|-fence|-waiters|-sentinels|-wakeups|-watch|\.semaphore(-ledger)?)$"
+    r"(-\d+-[AB]|-fence|-waiters|-sentinels|-wakeups|-watch|\.semaphore(-ledger)?"
+    r"|\.rwlock(-readers|-writer|-ledger)?)$"
 )
 
 

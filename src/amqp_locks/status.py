@@ -13,12 +13,13 @@ from typing import Any, Literal
 
 from .errors import QueueNotFound, ResourceLocked, TokenSemaphoreNotFound
 from .names import token_queue, validate_name
+from .rwlock import read_status as read_rwlock_status
 from .semaphore.admin import find_max, held_slots
 from .tokens import read_status
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.session import Session
 
-Kind = Literal["semaphore", "token", "mutex", "absent"]
+Kind = Literal["semaphore", "token", "rwlock", "mutex", "absent"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,9 @@ class LockStatus:
     """One lock named `name`. ``capacity``: slots, permits, or 1 for a mutex; ``held``:
     how many are held now; ``free``: free slots, ready tokens, or 1 for a free mutex;
     ``holders``: held slot numbers (persistent semaphore); ``consumers`` / ``waiting``: the
-    token queue's consumers and those waiting for a token (token semaphore)."""
+    token queue's consumers and those waiting for a token (token semaphore). A read-write
+    lock: ``capacity`` reader tokens, ``held`` of them out (all while a writer holds),
+    ``consumers`` of the tokens, ``waiting`` writers waiting for the turn."""
 
     name: str
     kind: Kind
@@ -57,7 +60,7 @@ async def mutex_held(session: Session, name: str) -> bool | None:
     return False
 
 
-ALL_KINDS: tuple[Kind, ...] = ("semaphore", "token", "mutex")
+ALL_KINDS: tuple[Kind, ...] = ("semaphore", "token", "rwlock", "mutex")
 
 
 async def read_lock_status(
@@ -85,6 +88,13 @@ async def read_lock_status(
                     name, "token", st.permits, st.held, st.ready, (), st.consumers, st.waiting
                 )
             )
+    rw = await read_rwlock_status(session, name) if "rwlock" in kinds else None
+    if rw is not None:
+        found.append(
+            LockStatus(
+                name, "rwlock", rw.readers, rw.held, rw.free, (), rw.consumers, rw.writers_waiting
+            )
+        )
     mutex = await mutex_held(session, name) if "mutex" in kinds else None
     if mutex or not found:
         # Queue `name` is a mutex, or the admin mutex of the semaphore `name` (busy admin).

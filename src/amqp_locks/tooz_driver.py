@@ -8,11 +8,12 @@ Every coordinator owns one :class:`amqp_locks.Broker` (one AMQP connection); wha
 coordinator holds is tied to that connection, so it vanishes when the process dies, like
 ZooKeeper's ephemeral nodes:
 
-* a **lock** is an :class:`amqp_locks.Mutex` (exclusive queue ``tooz.<L>.lock``, fencing
-  token from ``tooz.<L>.lock-fence``). A shared (read) hold passes through that mutex (the
-  turnstile that gives waiting writers priority) and then stays a consumer of the durable
-  queue ``tooz.<L>.readers``; a writer holds the mutex and waits until that queue has no
-  consumers. Consumers vanish with their channel, so a crashed reader is gone at once.
+* a **lock** is an :class:`amqp_locks.ReadWriteLock` named ``tooz.<L>.lock`` (queues
+  ``tooz.<L>.lock.rwlock-*``; docs/rwlock.md): an exclusive hold is its write hold, a
+  shared hold a read hold. Both are unacknowledged deliveries, returned by the broker the
+  moment the holder's connection dies; waiters are consumers, woken by the broker's push.
+  Fencing tokens come from ``tooz.<L>.lock-fence``, the counter earlier versions' mutex
+  locks used.
 * a **group** is the durable queue ``tooz.<G>.group``, holding one snapshot message (the
   member records: id, capabilities, times; the last leader announced). It is read and
   rewritten only under the mutex ``tooz.<G>.group-lock`` (basic.get, then requeue or
@@ -51,7 +52,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 from tooz import coordination, locking, utils
 
-from . import Broker, Lease, Mutex
+from . import Broker, Lease, Mutex, ReadWriteLock
 from .errors import (
     AmqpLocksError,
     BrokerUnreachable,
@@ -70,8 +71,6 @@ REGISTRY_QUEUE = "tooz.groups"
 REGISTRY_LOCK = "tooz.groups.lock"
 #: Queues whose existence is a member or a leader: probes are dropped, never stored.
 _FLAG_ARGS: dict[str, Any] = {"x-max-length": 0}
-#: The readers queue of a lock outlives its last reader by a day, then the broker drops it.
-_READERS_ARGS: dict[str, Any] = {"x-expires": 86_400_000}
 
 _SAFE = re.compile(rb"[A-Za-z0-9_:\-]{1,100}")
 
@@ -112,10 +111,6 @@ def leader_queue(group: bytes, member: bytes) -> str:
 
 def lock_name(name: bytes) -> str:
     return f"tooz.{encode_id(name)}.lock"
-
-
-def readers_queue(name: bytes) -> str:
-    return f"tooz.{encode_id(name)}.readers"
 
 
 def broker_urls(parsed_url: Any) -> list[str]:
@@ -199,34 +194,26 @@ class _Members:
 # --- locks ---------------------------------------------------------------------------------
 
 
-class _Reader:
-    """A shared hold: a consumer of the lock's readers queue on its own channel."""
-
-    def __init__(self, channel: AbstractChannel, session: Session, token: int) -> None:
-        self.channel = channel
-        self.session = session
-        self.fencing_token = token
-
-
 class AmqpLock(locking.Lock):
-    """A tooz lock on :class:`amqp_locks.Mutex`; ``shared=True`` takes a read hold.
+    """A tooz lock on :class:`amqp_locks.ReadWriteLock`: ``acquire()`` takes its write
+    hold, ``acquire(shared=True)`` a read hold (many readers, no writer; a waiting writer
+    keeps new readers out and waiting readers go before the next writer).
 
     Extras beyond tooz's API: :attr:`fencing_token` (strictly rising with every grant of
-    this lock, shared or exclusive) and :attr:`lease` (the exclusive hold's
+    this lock, shared or exclusive) and :attr:`lease` (the newest hold's
     :class:`amqp_locks.Lease`: ``lost``, ``on_lost``).
     """
-
-    #: How often a writer re-counts the readers it waits for (seconds, growing to the max).
-    READERS_POLL = (0.005, 0.2)
 
     def __init__(self, driver: AmqpDriver, name: bytes) -> None:
         super().__init__(name)
         self._driver = driver
-        self._mutex = Mutex(driver.broker, lock_name(_as_bytes(name)))
-        self._readers_queue = readers_queue(_as_bytes(name))
+        self._rw = ReadWriteLock(driver.broker, lock_name(_as_bytes(name)))
+        # The fencing counter of this lock's earlier, mutex-based versions: tokens go on
+        # rising across the upgrade.
+        self._rw.fence = lock_name(_as_bytes(name))
         self._mu = threading.Lock()
-        self._lease: Lease | None = None
-        self._readers: list[_Reader] = []
+        #: Holds of this object, newest last (several only for shared holds).
+        self._leases: list[Lease] = []
         self._token = 0
 
     @property
@@ -236,7 +223,8 @@ class AmqpLock(locking.Lock):
 
     @property
     def lease(self) -> Lease | None:
-        return self._lease
+        with self._mu:
+            return self._leases[-1] if self._leases else None
 
     def acquire(
         self,
@@ -245,111 +233,39 @@ class AmqpLock(locking.Lock):
         timeout: float | None = None,
     ) -> bool:
         wait, limit = utils.convert_blocking(blocking, timeout)
-        deadline = None if limit is None else time.monotonic() + limit
+        side = self._rw.read_lock if shared else self._rw.write_lock
         with _translated():
-            gate = self._mutex.acquire(blocking=wait, timeout=limit if wait else None)
-            if gate is None:
-                return False
-            if shared:
-                return self._enter_reader(gate)
-            if not self._wait_for_readers(wait, deadline):
-                gate.release()
-                return False
-            with self._mu:
-                self._lease = gate
-                self._token = gate.fencing_token
-            return True
-
-    def _enter_reader(self, gate: Lease) -> bool:
-        try:
-            reader = self._driver.run(self._start_reader(gate.fencing_token))
-        finally:
-            gate.release()
+            lease = side.acquire(blocking=wait, timeout=limit if wait else None)
+        if lease is None:
+            return False
         with self._mu:
-            self._readers.append(reader)
-            self._token = reader.fencing_token
-        return True
-
-    async def _start_reader(self, token: int) -> _Reader:
-        session = await self._driver.session()
-        ch = await session.open_channel()
-        try:
-            await ch.queue_declare(self._readers_queue, durable=True, arguments=_READERS_ARGS)
-            await ch.basic_consume(self._readers_queue, _ignore, no_ack=True)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await ch.close()
-            raise
-        return _Reader(ch, session, token)
-
-    def _readers_count(self) -> int:
-        async def count() -> int:
-            session = await self._driver.session()
-            try:
-                return (await session.declare_passive_counts(self._readers_queue))[1]
-            except QueueNotFound:
-                return 0
-
-        return self._driver.run(count())
-
-    def _wait_for_readers(self, wait: bool, deadline: float | None) -> bool:
-        """Holding the mutex (no new readers get in): wait until the readers are gone."""
-        delay, most = self.READERS_POLL
-        while self._readers_count():
-            if not wait:
-                return False
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return False
-            pause = delay if deadline is None else min(delay, deadline - now)
-            time.sleep(pause)
-            delay = min(delay * 2, most)
+            self._leases.append(lease)
+            self._token = lease.fencing_token
         return True
 
     def release(self) -> bool:
         with self._mu:
-            if self._readers:
-                reader = self._readers.pop()
-                lease = None
-            elif self._lease is not None:
-                lease, self._lease = self._lease, None
-                reader = None
-            else:
+            if not self._leases:
                 return False
+            lease = self._leases.pop()
         with _translated():
-            if reader is not None:
-                return self._driver.run(_stop_reader(reader))
-            assert lease is not None
             held = lease.held
             lease.release()
             return held
 
     def is_still_owner(self) -> bool:
-        with self._mu:
-            lease = self._lease
-            readers = list(self._readers)
-        if lease is not None:
-            with _translated():
-                return lease.held and lease.verify()
-        return any(not r.channel.is_closed and r.session.alive for r in readers)
+        lease = self.lease
+        if lease is None:
+            return False
+        with _translated():
+            return lease.held and lease.verify()
 
     def break_(self) -> bool:
         raise tooz.NotImplemented(
-            "RabbitMQ lets no connection delete another connection's exclusive queue, so a "
-            "held lock cannot be broken; it is released when its holder's connection dies"
+            "a held lock cannot be broken: its reader tokens and the writer's turn are "
+            "unacknowledged deliveries of the holder's connection, which RabbitMQ returns "
+            "only when the holder releases them or its connection dies"
         )
-
-
-async def _ignore(message: DeliveredMessage) -> None:
-    return None
-
-
-async def _stop_reader(reader: _Reader) -> bool:
-    if reader.channel.is_closed or not reader.session.alive:
-        return False
-    with contextlib.suppress(Exception):
-        await reader.channel.close()
-    return True
 
 
 @contextlib.contextmanager

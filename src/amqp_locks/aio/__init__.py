@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .. import mutex as _mutex
+from .. import rwlock as _rwlock
 from .. import status as _status
 from .. import tokens as _tokens
 from ..errors import LockError
@@ -31,6 +32,7 @@ __all__ = [
     "Lease",
     "Mutex",
     "PersistentSemaphore",
+    "ReadWriteLock",
     "SemaphoreAdmin",
     "TokenSemaphore",
     "lock_status",
@@ -249,6 +251,41 @@ class TokenSemaphore(_Acquirable):
 
     async def destroy(self) -> None:
         await self._call(self._sync.destroy)
+
+
+class _RWHalf(_Acquirable):
+    """asyncio twin of one side of a :class:`amqp_locks.ReadWriteLock`."""
+
+    def __init__(self, broker: Broker, sync: _rwlock._Half) -> None:
+        self._broker = broker
+        self._sync = sync
+        self._held = {}
+
+
+class ReadWriteLock:
+    """asyncio twin of :class:`amqp_locks.ReadWriteLock`: ``read_lock`` and ``write_lock``
+    are awaitable lock objects; setup/status/destroy run on a worker thread."""
+
+    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
+        self._sync = _rwlock.ReadWriteLock(broker, name, **options)
+        self.name = self._sync.name
+        self.read_lock = _RWHalf(broker, self._sync.read_lock)
+        self.write_lock = _RWHalf(broker, self._sync.write_lock)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args))
+
+    async def setup(self) -> int:
+        return await self._call(self._sync.setup)
+
+    async def status(self) -> _rwlock.RWLockStatus | None:
+        return await self._call(self._sync.status)
+
+    async def destroy(self) -> None:
+        await self._call(self._sync.destroy)
+
+    def __repr__(self) -> str:
+        return f"aio.{self._sync!r}"
 
 
 async def lock_status(

@@ -20,6 +20,7 @@ import click
 from ..errors import LockError, SemaphoreNotFound
 from ..lease import Lease
 from ..mutex import Mutex
+from ..rwlock import ReadWriteLock
 from ..semaphore import PersistentSemaphore, SemaphoreAdmin
 from ..status import lock_status, of_kind
 from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
@@ -111,7 +112,7 @@ def ensure(broker: Broker, kind: str, name: str, slots: int | None, priority: in
     other answer — absent, another count, or a semaphore half made by a concurrent
     creator — is settled by the idempotent create/setup, which runs under the mutex and
     refuses another count."""
-    if slots is None or kind == "mutex":
+    if slots is None or kind in ("mutex", "shared", "exclusive"):
         return
     if kind == "semaphore":
         if _semaphore_size(broker, name) == slots:
@@ -154,6 +155,10 @@ def acquire(
     """Take the lock `name` of `kind`; with `slots`, a semaphore of that count (created if
     missing, refused if it has another)."""
     ensure(broker, kind, name, slots, priority)
+    if kind in ("shared", "exclusive"):
+        rw = ReadWriteLock(broker, name)
+        side = rw.read_lock if kind == "shared" else rw.write_lock
+        return side.acquire(blocking, timeout)
     if kind == "mutex":
         return Mutex(broker, name).acquire(blocking, timeout)
     if kind == "semaphore":
@@ -177,6 +182,15 @@ def holders_probe(broker: Broker, kind: str, name: str) -> Probe:
     """What the wait line says about the holders (read-only, no admin mutex)."""
 
     def probe() -> str | None:
+        if kind in ("shared", "exclusive"):
+            rw = ReadWriteLock(broker, name).status()
+            if rw is None:
+                return None
+            writer = "a writer has the turn" if rw.writer else "no writer"
+            return (
+                f"{rw.held} of {rw.readers} reader token(s) out, {writer}, "
+                f"{rw.writers_waiting} writer(s) waiting"
+            )
         if kind == "mutex":
             mutex = of_kind(lock_status(broker, name, ("mutex",)), "mutex")
             return "held elsewhere" if mutex is not None and mutex.held else None
@@ -342,8 +356,11 @@ Examples:
   amqp-locks run deploys -n 3 -w 600 -- ./deploy.sh web-1
   amqp-locks run db-migrate -c 'alembic upgrade head'
   amqp-locks run gpu --kind token -n 2 -- python train.py
+  amqp-locks run config --shared -- ./read-config.sh
+  amqp-locks run config --exclusive -- ./rewrite-config.sh
 \b
-COMMAND sees AMQP_LOCKS_NAME, AMQP_LOCKS_KIND, AMQP_LOCKS_SLOT (slot or permit number)
+COMMAND sees AMQP_LOCKS_NAME, AMQP_LOCKS_KIND, AMQP_LOCKS_SLOT (slot or permit number;
+reader token, 0 for --exclusive), AMQP_LOCKS_MODE (shared or exclusive, read-write locks)
 and AMQP_LOCKS_FENCING_TOKEN (rises with every grant: pass it to what you protect).
 Exit status: COMMAND's (128+N if killed by signal N); -E CODE (default 1) when the lock
 was not obtained; 75 when the lock was lost and COMMAND was stopped; 126/127 when COMMAND
@@ -366,6 +383,17 @@ cannot be executed / is not found.""",
     default=None,
     help="mutex (default without -n), semaphore: the persistent semaphore (default with -n), "
     "token: the token semaphore. (persistent: the old name of semaphore.)",
+)
+@click.option(
+    "--shared",
+    is_flag=True,
+    help="Take a read hold of the read-write lock NAME (many readers at once, no writer). "
+    "Not the mutex NAME: see docs/cli.md.",
+)
+@click.option(
+    "--exclusive",
+    is_flag=True,
+    help="Take the write hold of the read-write lock NAME (no reader, no other writer).",
 )
 @click.option(
     "-w",
@@ -422,6 +450,8 @@ def run(
     command: tuple[str, ...],
     slots: int | None,
     kind: str | None,
+    shared: bool,
+    exclusive: bool,
     wait: float | None,
     nonblock: bool,
     conflict_exit_code: int,
@@ -446,6 +476,15 @@ def run(
         raise click.UsageError("--nonblock and -w are mutually exclusive")
     if kind == "persistent":
         kind = "semaphore"
+    if shared and exclusive:
+        raise click.UsageError("--shared and --exclusive are mutually exclusive")
+    mode = "shared" if shared else "exclusive" if exclusive else None
+    if mode is not None:
+        if kind is not None or slots is not None or priority != 0:
+            raise click.UsageError(
+                f"--{mode} takes the read-write lock NAME: no --kind, -n or --priority"
+            )
+        kind = mode
     if kind is None:
         kind = "mutex" if slots is None else "semaphore"
     if kind == "mutex" and slots is not None:
@@ -457,7 +496,13 @@ def run(
     broker = g.broker(f"run {name}")
     try:
         try:
-            label = {"mutex": "mutex", "semaphore": "semaphore", "token": "token semaphore"}[kind]
+            label = {
+                "mutex": "mutex",
+                "semaphore": "semaphore",
+                "token": "token semaphore",
+                "shared": "read-write lock (shared)",
+                "exclusive": "read-write lock (exclusive)",
+            }[kind]
             line = WaitLine(
                 f"{label} {name!r}",
                 wait,
@@ -487,15 +532,24 @@ def run(
         env = dict(os.environ)
         env.update(
             AMQP_LOCKS_NAME=name,
-            AMQP_LOCKS_KIND=kind,
+            AMQP_LOCKS_KIND="rwlock" if mode else kind,
             AMQP_LOCKS_SLOT=str(lease.number),
             AMQP_LOCKS_FENCING_TOKEN=str(lease.fencing_token),
         )
+        if mode:
+            env["AMQP_LOCKS_MODE"] = mode
+        else:
+            env.pop("AMQP_LOCKS_MODE", None)
         sup = Supervisor(None, grace, g, own_group())
         try:
             with _handlers(sup.forward, FORWARDED):  # from before COMMAND starts
                 sup.start(argv, env)
-                what = f"lock {name!r}" if kind == "mutex" else f"slot {lease.number} of {name!r}"
+                if mode:
+                    what = f"{mode} hold of {name!r}"
+                elif kind == "mutex":
+                    what = f"lock {name!r}"
+                else:
+                    what = f"slot {lease.number} of {name!r}"
                 lease.on_lost(lambda lost: sup.on_lost(what, lost.lost_reason))
                 REPORTED_BY_COMMAND.active = True
                 status = exit_status(sup.wait())

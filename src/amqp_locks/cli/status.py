@@ -46,6 +46,18 @@ def collect(b: Broker, name: str) -> list[dict[str, Any]]:
                     "waiting": st.waiting,
                 }
             )
+        elif st.kind == "rwlock":
+            found.append(
+                {
+                    "name": name,
+                    "kind": "rwlock",
+                    "readers": st.capacity,
+                    "held": st.held,
+                    "free": st.free,
+                    "consumers": st.consumers,
+                    "writers_waiting": st.waiting,
+                }
+            )
         else:  # a mutex, or the admin mutex of the semaphore NAME (busy admin), or absent
             found.append({"name": name, "kind": st.kind, "held": bool(st.held)})
     return found
@@ -74,6 +86,14 @@ def _table(rows: list[dict[str, Any]], url: str) -> Any:
                 str(r["ready"]),
                 f"{r['consumers']} consumer(s)",
                 str(r["waiting"]),
+            ]
+        elif kind == "rwlock":
+            cells = [
+                str(r["readers"]),
+                str(r["held"]),
+                str(r["free"]),
+                f"{r['consumers']} consumer(s)",
+                f"{r['writers_waiting']} writer(s)",
             ]
         elif kind == "mutex":
             cells = ["1", "1" if r["held"] else "0", "0" if r["held"] else "1", "-", "-"]
@@ -105,7 +125,8 @@ def status(names: tuple[str, ...], as_json: bool, watch: bool, interval: float) 
     """Show semaphores (slots, held slots), token semaphores (permits, ready, held,
     consumers, waiters) and mutexes named NAME.
 
-    Kinds: semaphore, token, mutex (queue NAME, also the admin mutex of a semaphore NAME
+    Kinds: semaphore, token, rwlock (reader tokens out of R; all R while a writer
+    holds), mutex (queue NAME, also the admin mutex of a semaphore NAME
     while an admin command runs), absent.
     """
     checked = [lock_name(n) for n in names]

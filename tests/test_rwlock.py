@@ -1,0 +1,449 @@
+"""The read-write lock against a real broker: sharing, exclusion, starvation, crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqp_locks import (
+    Broker,
+    ConfigurationError,
+    InvalidName,
+    Lease,
+    LockError,
+    LockTimeout,
+    ReadWriteLock,
+    aio,
+    lock_status,
+)
+from amqp_locks.rwlock import readers_queue, writer_queue
+
+from . import rwlock_workers as w
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=[False, True], ids=["classic", "quorum"])
+def quorum(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def _consumers(broker: Broker, queue: str) -> int:
+    async def count() -> int:
+        session = await broker._core.session()
+        return (await session.declare_passive_counts(queue))[1]
+
+    return broker._core.run(count())
+
+
+def _wait_for(predicate: Any, what: str, limit: float = 20.0) -> None:
+    """Re-check `predicate` (each check is a broker round trip) until it holds."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+
+
+def _spawn_holder(url: str, name: str, mode: str) -> tuple[subprocess.Popen[str], int]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tests.rwlock_workers", url, name, mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline().split()
+    assert line[:1] == ["HELD"], line
+    return p, int(line[1])
+
+
+def _acquired(lease: Lease | None) -> Lease:
+    assert lease is not None
+    return lease
+
+
+# --- input ------------------------------------------------------------------------------
+
+
+def test_bad_input(broker: Broker, name: str) -> None:
+    for bad in ("", "amq.x", "a\nb", "x.rwlock", "x.rwlock-readers", "x-fence", "é" * 120):
+        with pytest.raises(InvalidName):
+            ReadWriteLock(broker, bad)
+    for readers in (0, -1, True, 1.5, 10_001):
+        with pytest.raises(ConfigurationError):
+            ReadWriteLock(broker, name, readers=readers)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        ReadWriteLock(broker, name, blocking=False, timeout=1)
+    with pytest.raises(ConfigurationError):
+        ReadWriteLock(broker, name).read_lock.acquire(timeout=-1)
+
+
+def test_setup_is_idempotent_and_refuses_another_count(broker: Broker, name: str) -> None:
+    rw = ReadWriteLock(broker, name, readers=3)
+    assert rw.status() is None
+    assert rw.setup() == 3
+    assert rw.setup() == 3
+    assert ReadWriteLock(broker, name).setup() == 3  # no count given: the lock's own
+    with pytest.raises(LockError, match="3 reader tokens"):
+        ReadWriteLock(broker, name, readers=4).setup()
+    st = rw.status()
+    assert st is not None and (st.readers, st.free, st.writer, st.held) == (3, 3, False, 0)
+
+
+# --- sharing and exclusion --------------------------------------------------------------
+
+
+def test_readers_share_and_a_writer_excludes(broker: Broker, amqp_url: str, name: str) -> None:
+    rw = ReadWriteLock(broker, name, readers=4)  # set up by the first acquire
+    with Broker(amqp_url) as other:
+        orw = ReadWriteLock(other, name)
+        r1 = _acquired(rw.read_lock.acquire())
+        r2 = _acquired(orw.read_lock.acquire(timeout=5))
+        assert {r1.number, r2.number} <= {1, 2, 3, 4} and r1.number != r2.number
+        assert orw.write_lock.acquire(blocking=False) is None
+        assert orw.write_lock.acquire(timeout=0.3) is None
+        r1.release()
+        assert orw.write_lock.acquire(timeout=0.3) is None  # r2 still reads
+        r2.release()
+        wl = _acquired(orw.write_lock.acquire(timeout=5))
+        assert wl.number == 0 and wl.fencing_token > max(r1.fencing_token, r2.fencing_token)
+        assert rw.read_lock.acquire(blocking=False) is None
+        assert rw.write_lock.acquire(timeout=0.3) is None
+        st = rw.status()
+        assert st is not None and st.writer and st.free == 0
+        wl.release()
+        again = _acquired(rw.read_lock.acquire(timeout=5))
+        assert again.fencing_token > wl.fencing_token
+        again.release()
+    _wait_for(lambda: (s := rw.status()) is not None and s.free == 4, "all tokens back")
+
+
+def test_with_blocks_and_lock_timeout(broker: Broker, name: str) -> None:
+    rw = ReadWriteLock(broker, name, readers=2, timeout=0.2)
+    with rw.write_lock as lease:
+        assert lease.held
+        with pytest.raises(LockTimeout), ReadWriteLock(broker, name, blocking=False).read_lock:
+            pass
+        with pytest.raises(LockError, match="already held"), rw.write_lock:
+            pass
+    with rw.read_lock as a:
+        b = _acquired(rw.read_lock.acquire(timeout=5))  # another thread could hold it too
+        b.release()
+        assert a.held
+    assert lease.released and a.released
+
+
+def test_processes_never_overlap_a_writer(
+    amqp_url: str, broker: Broker, name: str, quorum: bool
+) -> None:
+    """Readers and writers in separate processes; every hold recorded in shared memory."""
+    ReadWriteLock(broker, name, readers=8, quorum=quorum).setup()
+    ctx = multiprocessing.get_context("spawn")
+    lock = ctx.Lock()
+    counters = ctx.Array("i", 6, lock=False)
+    plan = [(True, 12, 0.02)] * 4 + [(False, 6, 0.01)] * 2
+    procs = [
+        ctx.Process(
+            target=w.contend, args=(amqp_url, name, shared, n, hold, lock, counters, quorum)
+        )
+        for shared, n, hold in plan
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    assert counters[w.VIOLATIONS] == 0, f"{counters[w.VIOLATIONS]} overlaps with a writer"
+    assert (counters[w.READ_GRANTS], counters[w.WRITE_GRANTS]) == (48, 12)
+    assert counters[w.MOST_READERS] >= 2, "readers never held at the same time"
+    st = ReadWriteLock(broker, name).status()
+    _wait_for(
+        lambda: (s := ReadWriteLock(broker, name).status()) is not None and s.free == 8, "tokens"
+    )
+    assert st is not None and st.readers == 8
+
+
+# --- starvation -------------------------------------------------------------------------
+
+
+def test_a_waiting_writer_goes_ahead_of_waiting_readers(
+    broker: Broker, amqp_url: str, name: str
+) -> None:
+    """Two readers hold both tokens; reader B waits, then a writer, then reader D. Each
+    freed token is pushed to the writer (consumer priority), not to B, which waited longer,
+    nor to D; when the writer releases, B and D get in together."""
+    rw = ReadWriteLock(broker, name, readers=2)
+    a, c = _acquired(rw.read_lock.acquire()), _acquired(rw.read_lock.acquire())
+    got: dict[str, Lease | None] = {}
+    with Broker(amqp_url) as b1, Broker(amqp_url) as b2, Broker(amqp_url) as b3:
+
+        def start(key: str, broker_: Broker, shared: bool, consumers: int) -> threading.Thread:
+            orw = ReadWriteLock(broker_, name)
+            side = orw.read_lock if shared else orw.write_lock
+            t = threading.Thread(target=lambda: got.__setitem__(key, side.acquire(timeout=30)))
+            t.start()
+            _wait_for(lambda: _consumers(broker, readers_queue(name)) == consumers, key)
+            return t
+
+        tb = start("B", b1, True, 3)  # a, c, B
+        tw = start("W", b2, False, 4)  # ... and the writer with the turn
+        td = start("D", b3, True, 5)
+        assert rw.read_lock.acquire(blocking=False) is None
+        a.release()
+        c.release()
+        tw.join(30)
+        writer = _acquired(got["W"])
+        assert "B" not in got and "D" not in got, "a reader went ahead of the waiting writer"
+        writer.release()
+        tb.join(30)
+        td.join(30)
+        for key in "BD":
+            lease = _acquired(got[key])
+            assert lease.fencing_token > writer.fencing_token
+            lease.release()
+
+
+def test_writer_is_not_starved_by_a_stream_of_readers(
+    amqp_url: str, broker: Broker, name: str
+) -> None:
+    """Four processes read in 0.3 s holds on two reader tokens, so readers always hold and
+    wait; a writer still gets in, and while it waits no reader is let in that was not
+    already on its way (at most one grant per reader process)."""
+    ReadWriteLock(broker, name, readers=2).setup()
+    ctx = multiprocessing.get_context("spawn")
+    lock, stop = ctx.Lock(), ctx.Event()
+    counters = ctx.Array("i", 6, lock=False)
+    readers = [
+        ctx.Process(
+            target=w.contend,
+            args=(amqp_url, name, True, 10**6, 0.3, lock, counters, False, stop),
+        )
+        for _ in range(4)
+    ]
+    for p in readers:
+        p.start()
+    try:
+        _wait_for(lambda: counters[w.READ_GRANTS] >= 6, "the readers going", 60)
+        before = counters[w.READ_GRANTS]
+        lease = _acquired(ReadWriteLock(broker, name).write_lock.acquire(timeout=30))
+        with lock:
+            granted_meanwhile = counters[w.READ_GRANTS] - before
+            readers_now = counters[w.READERS_NOW]
+        lease.release()
+    finally:
+        stop.set()
+        for p in readers:
+            p.join(60)
+    assert readers_now == 0
+    assert granted_meanwhile <= 4, f"{granted_meanwhile} readers went ahead of a waiting writer"
+    assert counters[w.VIOLATIONS] == 0
+
+
+def test_readers_are_not_starved_by_a_stream_of_writers(
+    amqp_url: str, broker: Broker, name: str
+) -> None:
+    """Two processes write back to back; a reader gets in at the next hand-off: at most
+    one writer is granted between its request and its grant."""
+    ReadWriteLock(broker, name, readers=8).setup()
+    ctx = multiprocessing.get_context("spawn")
+    lock, stop = ctx.Lock(), ctx.Event()
+    counters = ctx.Array("i", 6, lock=False)
+    writers = [
+        ctx.Process(
+            target=w.contend,
+            args=(amqp_url, name, False, 10**6, 0.1, lock, counters, False, stop),
+        )
+        for _ in range(2)
+    ]
+    for p in writers:
+        p.start()
+    rw = ReadWriteLock(broker, name)
+    try:
+        _wait_for(lambda: counters[w.WRITE_GRANTS] >= 4, "the writers going", 60)
+        ahead = []
+        for _ in range(3):
+            before = counters[w.WRITE_GRANTS]
+            lease = _acquired(rw.read_lock.acquire(timeout=30))
+            with lock:
+                ahead.append(counters[w.WRITE_GRANTS] - before)
+                writing = counters[w.WRITERS_NOW]
+            lease.release()
+            assert writing == 0
+    finally:
+        stop.set()
+        for p in writers:
+            p.join(60)
+    assert max(ahead) <= 1, f"writers granted ahead of a waiting reader: {ahead}"
+    assert counters[w.VIOLATIONS] == 0
+
+
+# --- crashes and losses -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_kill_9_of_a_holder_frees_it(amqp_url: str, broker: Broker, name: str, mode: str) -> None:
+    rw = ReadWriteLock(broker, name)
+    rw.setup()
+    proc, token = _spawn_holder(amqp_url, name, mode)
+    assert rw.write_lock.acquire(blocking=False) is None
+    waiter: list[Lease | None] = []
+    t = threading.Thread(target=lambda: waiter.append(rw.write_lock.acquire(timeout=30)))
+    t.start()  # waits as a consumer: the dead holder's tokens are pushed to it
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    t.join(30)
+    lease = _acquired(waiter[0])
+    assert lease.fencing_token > token
+    lease.release()
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_cut_connection_marks_the_hold_lost(
+    proxy: Any, broker: Broker, name: str, mode: str
+) -> None:
+    rw = ReadWriteLock(broker, name)
+    with Broker(proxy.url()) as b:
+        orw = ReadWriteLock(b, name)
+        lease = _acquired((orw.read_lock if mode == "read" else orw.write_lock).acquire(timeout=10))
+        called = threading.Event()
+        lease.on_lost(lambda _: called.set())
+        proxy.reset()
+        assert lease.lost.wait(10) and called.wait(10)
+        assert not lease.verify()
+    again = _acquired(rw.write_lock.acquire(timeout=10))
+    again.release()
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_destroy_marks_holders_lost(broker: Broker, amqp_url: str, name: str, mode: str) -> None:
+    rw = ReadWriteLock(broker, name, readers=2)
+    with Broker(amqp_url) as other:
+        orw = ReadWriteLock(other, name)
+        lease = _acquired((orw.read_lock if mode == "read" else orw.write_lock).acquire(timeout=10))
+        assert lease.verify()
+        rw.destroy()
+        assert lease.lost.wait(10)
+        assert "cancelled" in (lease.lost_reason or "")
+        lease.release()  # harmless after a loss
+    assert rw.status() is None
+    fresh = _acquired(rw.write_lock.acquire(timeout=10))  # set up again on first use
+    assert fresh.fencing_token > lease.fencing_token  # the fence queue was kept
+    fresh.release()
+
+
+# --- fencing, timeouts ------------------------------------------------------------------
+
+
+def test_fencing_tokens_rise_across_grants(broker: Broker, amqp_url: str, name: str) -> None:
+    rw = ReadWriteLock(broker, name, readers=3)
+    seen: list[int] = []
+    with Broker(amqp_url) as other:
+        orw = ReadWriteLock(other, name)
+        for i in range(20):
+            side = [rw.read_lock, orw.read_lock, rw.write_lock, orw.write_lock][i % 4]
+            lease = _acquired(side.acquire(timeout=10))
+            seen.append(lease.fencing_token)
+            lease.release()
+        a, b = _acquired(rw.read_lock.acquire()), _acquired(orw.read_lock.acquire())
+        seen += [a.fencing_token, b.fencing_token]
+        a.release()
+        b.release()
+    assert seen == sorted(set(seen)), seen
+    unfenced = ReadWriteLock(broker, name, fencing=False)
+    lease = _acquired(unfenced.write_lock.acquire(timeout=10))
+    assert lease.fencing_token == 0
+    lease.release()
+
+
+def test_timeouts_never_strand_a_token(broker: Broker, amqp_url: str, name: str) -> None:
+    rw = ReadWriteLock(broker, name, readers=2)
+    rw.setup()
+    stop = threading.Event()
+
+    def churn() -> None:
+        with Broker(amqp_url) as b:
+            orw = ReadWriteLock(b, name)
+            i = 0
+            while not stop.is_set():
+                side = orw.write_lock if i % 3 == 0 else orw.read_lock
+                lease = side.acquire(timeout=30)
+                assert lease is not None
+                lease.release()
+                i += 1
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        for i in range(60):
+            side = rw.write_lock if i % 2 else rw.read_lock
+            lease = side.acquire(timeout=0.005 * (i % 5))
+            if lease is not None:
+                lease.release()
+    finally:
+        stop.set()
+        t.join(60)
+    lease = _acquired(rw.write_lock.acquire(timeout=10))  # all 2 tokens and the turn exist
+    lease.release()
+    _wait_for(lambda: (s := rw.status()) is not None and s.free == 2 and not s.writer, "tokens")
+    assert _consumers(broker, writer_queue(name)) == 0
+
+
+def test_status_lists_the_rwlock(broker: Broker, name: str) -> None:
+    rw = ReadWriteLock(broker, name, readers=5)
+    lease = _acquired(rw.read_lock.acquire())
+    found = lock_status(broker, name)
+    kinds = {st.kind: st for st in found}
+    assert "rwlock" in kinds, found
+    st = kinds["rwlock"]
+    assert (st.capacity, st.held, st.free) == (5, 1, 4)
+    lease.release()
+
+
+# --- asyncio ----------------------------------------------------------------------------
+
+
+def test_aio_readers_share_and_writer_excludes(amqp_url: str, name: str) -> None:
+    async def main() -> None:
+        async with aio.Broker(amqp_url) as broker:
+            rw = aio.ReadWriteLock(broker, name, readers=4)
+            assert await rw.setup() == 4
+            async with rw.read_lock as a, rw.read_lock.acquire() as b:
+                assert a.number != b.number
+                assert await rw.write_lock.acquire(blocking=False) is None
+            async with rw.write_lock as wl:
+                assert wl.held and wl.fencing_token > b.fencing_token
+                assert await rw.read_lock.acquire(timeout=0.2) is None
+            # a cancelled waiter leaves nothing behind
+            async with rw.write_lock:
+                task = asyncio.ensure_future(rw.read_lock.acquire())
+
+                async def consumers() -> int:
+                    session = await broker._core.session()
+                    return (await session.declare_passive_counts(readers_queue(name)))[1]
+
+                while await broker._run(consumers()) < 2:  # the writer and our waiter
+                    pass
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            lease = await rw.write_lock.acquire(timeout=10)
+            assert lease is not None
+            await lease.release()
+            st = await rw.status()
+            assert st is not None and st.readers == 4
+            await rw.destroy()
+            assert await rw.status() is None
+
+    asyncio.run(main())

@@ -132,9 +132,7 @@ async def ask_holders(
     want = _expected(found)
     if not want:
         return {}, None
-    result = await session.holder_reader.ask(
-        name, timeout, lambda res: _satisfied(name, want, res)
-    )
+    result = await session.holder_reader.ask(name, timeout, lambda res: _satisfied(name, want, res))
     got = _records(name, result)
     out: dict[str, tuple[HolderRecord, ...]] = {}
     for kind, need in want.items():
@@ -151,6 +149,15 @@ async def ask_holders(
             mine = [HolderRecord(name, kind, 1)]
         out[kind] = tuple(mine)
     return out, result.note
+
+
+def pick_holder(records: Sequence[HolderRecord]) -> HolderRecord | None:
+    """A mutex's holder: the answered record (the newest token if a hand-off answered
+    twice), else the unknown one, else None (free)."""
+    known = [r for r in records if r.known]
+    if known:
+        return max(known, key=lambda r: r.fencing_token or 0)
+    return records[0] if records else None
 
 
 class HolderQueries:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
 from .fencing import ensure_fence, take_token
-from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord
+from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, pick_holder
 from .lease import LeaseState, grant
 from .lockobject import LockObject
 from .names import fence_queue, sentinel_queue, validate_name, wakeup_queue
@@ -155,5 +155,4 @@ class Mutex(LockObject, HolderQueries):
         """Who holds the mutex: None when it is free; a record with ``holder_id=None``
         when it is held but the holder did not answer within `timeout` seconds (frozen,
         cut off, or without holder records). One passive declare, then one query."""
-        records = self.holders(timeout)
-        return next((r for r in records if r.known), records[0] if records else None)
+        return pick_holder(self.holders(timeout))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .. import holders as _holders
 from .. import mutex as _mutex
 from .. import status as _status
 from .. import tokens as _tokens
@@ -207,19 +208,50 @@ class _AcquireCall:
             await self._lease.release()
 
 
-class PersistentSemaphore(_Acquirable):
+class _HolderQueries:
+    """asyncio twins of ``locked()`` and ``holders()`` (``amqp_locks.holders``)."""
+
+    _broker: Broker
+    _sync: LockObject
+
+    async def locked(self) -> bool:
+        """See :meth:`amqp_locks.Mutex.locked`."""
+        core = self._broker._core
+        return await self._broker._run(_holders.read_locked(core, self._sync.kind, self.name))
+
+    async def holders(
+        self, timeout: float = _holders.HOLDER_TIMEOUT
+    ) -> list[_holders.HolderRecord]:
+        """See :meth:`amqp_locks.Mutex.holders`."""
+        core = self._broker._core
+        return await self._broker._run(
+            _holders.read_holders(core, self._sync.kind, self.name, timeout)
+        )
+
+    @property
+    def name(self) -> str:
+        return self._sync.name
+
+
+class PersistentSemaphore(_HolderQueries, _Acquirable):
     """asyncio twin of :class:`amqp_locks.PersistentSemaphore`."""
 
     _lock_class = _client.PersistentSemaphore
 
 
-class Mutex(_Acquirable):
+class Mutex(_HolderQueries, _Acquirable):
     """asyncio twin of :class:`amqp_locks.Mutex`."""
 
     _lock_class = _mutex.Mutex
 
+    async def holder(
+        self, timeout: float = _holders.HOLDER_TIMEOUT
+    ) -> _holders.HolderRecord | None:
+        """See :meth:`amqp_locks.Mutex.holder`."""
+        return _holders.pick_holder(await self.holders(timeout))
 
-class TokenSemaphore(_Acquirable):
+
+class TokenSemaphore(_HolderQueries, _Acquirable):
     """asyncio twin of :class:`amqp_locks.TokenSemaphore`: acquire on the I/O thread,
     admin methods on a worker thread (they wait on the I/O thread)."""
 
@@ -252,10 +284,17 @@ class TokenSemaphore(_Acquirable):
 
 
 async def lock_status(
-    broker: Broker, name: str, kinds: Sequence[_status.Kind] = _status.ALL_KINDS
+    broker: Broker,
+    name: str,
+    kinds: Sequence[_status.Kind] = _status.ALL_KINDS,
+    *,
+    records: bool = False,
+    timeout: float = _holders.HOLDER_TIMEOUT,
 ) -> list[_status.LockStatus]:
     """asyncio twin of :func:`amqp_locks.lock_status`."""
-    return await broker._run(_status.read_lock_status(broker._core, name, kinds))
+    return await broker._run(
+        _status.read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
+    )
 
 
 class SemaphoreAdmin:

@@ -78,8 +78,7 @@ def check_holder_id(value: object) -> str:
         raise ConfigurationError(f"holder_id must be 1..{MAX_HOLDER_ID} characters long")
     if not value.isprintable() or value != value.strip():
         raise ConfigurationError(
-            "holder_id must be printable, without control characters or leading/trailing "
-            "spaces"
+            "holder_id must be printable, without control characters or leading/trailing spaces"
         )
     if "://" in value:
         raise ConfigurationError(

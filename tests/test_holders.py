@@ -397,12 +397,13 @@ def test_without_permission_on_the_exchange_locks_work_and_records_are_unknown(
     try:
         url = f"amqp://{user}:pw@127.0.0.1:{node.amqp_port}/{vhost}"
         with Broker(url) as b, Broker(url) as other:
-            with Mutex(b, "reindex").acquire(timeout=5) as lease:  # type: ignore[union-attr]
-                assert lease.fencing_token >= 1
-                [st] = lock_status(other, "reindex", ("mutex",), records=True, timeout=0.3)
-                assert st.records == (HolderRecord("reindex", "mutex", 1),)
-                assert st.records_note is not None
-                assert "exchange" in st.records_note or "403" in st.records_note
+            lease = Mutex(b, "reindex").acquire(timeout=5)
+            assert lease is not None and lease.fencing_token >= 1
+            [st] = lock_status(other, "reindex", ("mutex",), records=True, timeout=0.3)
+            assert st.records == (HolderRecord("reindex", "mutex", 1),)
+            assert st.records_note is not None
+            assert "exchange" in st.records_note or "403" in st.records_note
+            lease.release()
     finally:
         devbroker.rabbitmqctl(node, "delete_user", user)
         devbroker.rabbitmqctl(node, "delete_vhost", vhost)
@@ -422,10 +423,11 @@ def test_documented_permissions_give_records(node: devbroker.NodeInfo) -> None:
     try:
         url = f"amqp://{user}:pw@127.0.0.1:{node.amqp_port}/{vhost}"
         with Broker(url, holder_id="ops") as b, Broker(url) as other:
-            with Mutex(b, "reindex").acquire(timeout=5) as lease:  # type: ignore[union-attr]
-                rec = Mutex(other, "reindex").holder()
-                assert rec is not None and rec.holder_id == "ops"
-                assert rec.fencing_token == lease.fencing_token
+            lease = Mutex(b, "reindex").acquire(timeout=5)
+            assert lease is not None
+            rec = Mutex(other, "reindex").holder()
+            assert rec is not None and rec.holder_id == "ops"
+            assert rec.fencing_token == lease.fencing_token
     finally:
         devbroker.rabbitmqctl(node, "delete_user", user)
         devbroker.rabbitmqctl(node, "delete_vhost", vhost)

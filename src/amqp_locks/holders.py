@@ -63,6 +63,21 @@ class HolderRecord:
             "fencing_token": self.fencing_token,
         }
 
+    @classmethod
+    def from_dict(cls, name: str, d: dict[str, Any]) -> HolderRecord:
+        """The record :meth:`as_dict` wrote (``amqp-locks status --json`` rows)."""
+        since = d.get("since")
+        return cls(
+            name,
+            d["kind"],
+            d.get("number"),
+            d.get("holder_id"),
+            d.get("host"),
+            d.get("pid"),
+            datetime.fromisoformat(since) if since else None,
+            d.get("fencing_token"),
+        )
+
     def describe(self) -> str:
         """``worker-7 (host a, pid 123)``, or ``a:123`` for the default id, or ``unknown``."""
         if not self.known:

@@ -447,3 +447,45 @@ def test_aio_readers_share_and_writer_excludes(amqp_url: str, name: str) -> None
             assert await rw.status() is None
 
     asyncio.run(main())
+
+
+def test_holders_and_locked_name_readers_and_the_writer(amqp_url: str, name: str) -> None:
+    """Holder records (issue 14) for a read-write lock: one per read hold (its reader
+    token), one for a write hold (number 0, though it holds every token)."""
+    with (
+        Broker(amqp_url, holder_id="reader-a") as a,
+        Broker(amqp_url, holder_id="reader-b") as b,
+        Broker(amqp_url, holder_id="writer") as c,
+    ):
+        rw_a, rw_b, rw_c = (ReadWriteLock(x, name, readers=4) for x in (a, b, c))
+        assert not rw_c.locked() and rw_c.holders(timeout=0.5) == []
+        with rw_a.read_lock as ra, rw_b.read_lock as rb:
+            got = rw_c.holders()
+            assert sorted(r.holder_id or "" for r in got) == ["reader-a", "reader-b"]
+            assert {r.number for r in got} == {ra.number, rb.number}
+            assert all(r.kind == "rwlock" and r.pid == os.getpid() for r in got)
+            assert rw_c.locked()
+        with rw_c.write_lock as wl:
+            got = rw_a.holders()
+            assert [(r.holder_id, r.number, r.fencing_token) for r in got] == [
+                ("writer", 0, wl.fencing_token)
+            ]
+        assert not rw_a.locked()
+
+
+def test_aio_holders_of_a_read_write_lock(amqp_url: str, name: str) -> None:
+    async def main() -> None:
+        async with aio.Broker(amqp_url, holder_id="aio-reader") as broker:
+            rw = aio.ReadWriteLock(broker, name, readers=2)
+            assert await rw.setup() == 2
+            async with rw.read_lock:
+                assert await rw.locked()
+                got = await rw.holders()
+                assert [r.holder_id for r in got] == ["aio-reader"]
+                st = await rw.status()
+                assert st is not None and st.readers == 2
+            assert not await rw.locked()
+            await rw.destroy()
+            assert await rw.status() is None
+
+    asyncio.run(main())

@@ -46,9 +46,9 @@ def contend(
             lease.release()
 
 
-def hold(url: str, name: str, kind: str) -> None:
+def hold(url: str, name: str, kind: str, holder_id: str | None = None) -> None:
     """Acquire, report `HELD slot token`, then hold until killed."""
-    broker = Broker(url)
+    broker = Broker(url, holder_id=holder_id)
     lock: Any = {"semaphore": PersistentSemaphore, "mutex": Mutex, "token": TokenSemaphore}[kind](
         broker, name
     )
@@ -59,7 +59,7 @@ def hold(url: str, name: str, kind: str) -> None:
 
 
 if __name__ == "__main__":
-    hold(sys.argv[1], sys.argv[2], sys.argv[3])
+    hold(*sys.argv[1:5])
 
 
 def contend_in_processes(

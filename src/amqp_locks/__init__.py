@@ -38,6 +38,7 @@ from .errors import (
     TokenSemaphoreNotFound,
     WrongProcess,
 )
+from .holders import HolderRecord
 from .lease import Lease
 from .lockers import AmqpLocker, Locker
 from .mutex import Mutex
@@ -85,6 +86,7 @@ __all__ = [
     "DatabaseLocker",
     "FeatureUnavailable",
     "FenceMissing",
+    "HolderRecord",
     "InvalidName",
     "KeepAliveTimeout",
     "Lease",

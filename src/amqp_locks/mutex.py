@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
 from .fencing import ensure_fence, take_token
+from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, pick_holder
 from .lease import LeaseState, grant
 from .lockobject import LockObject
 from .names import fence_queue, sentinel_queue, validate_name, wakeup_queue
@@ -111,7 +112,7 @@ async def held_mutex(
         await asyncio.shield(state.release())
 
 
-class Mutex(LockObject):
+class Mutex(LockObject, HolderQueries):
     """A distributed mutex on the exclusive queue `name`.
 
     ``fencing=True`` (default) takes a fencing token from the quorum queue `name-fence`
@@ -149,3 +150,9 @@ class Mutex(LockObject):
             fencing=self.fencing,
             backoff=self.backoff,
         )
+
+    def holder(self, timeout: float = HOLDER_TIMEOUT) -> HolderRecord | None:
+        """Who holds the mutex: None when it is free; a record with ``holder_id=None``
+        when it is held but the holder did not answer within `timeout` seconds (frozen,
+        cut off, or without holder records). One passive declare, then one query."""
+        return pick_holder(self.holders(timeout))

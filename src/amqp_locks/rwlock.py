@@ -52,6 +52,7 @@ from .errors import (
     QueueNotFound,
 )
 from .fencing import ensure_fence, take_token
+from .holders import HolderQueries
 from .lease import HeldState, Lease
 from .lockobject import LockObject
 from .mutex import held_mutex
@@ -598,7 +599,7 @@ class WriteLock(_Half):
     shared = False
 
 
-class ReadWriteLock:
+class ReadWriteLock(HolderQueries):
     """A distributed read-write lock ``name``: ``read_lock`` and ``write_lock`` are lock
     objects (``acquire()``, ``with``) whose leases carry fencing tokens and loss reports.
 
@@ -607,7 +608,11 @@ class ReadWriteLock:
     receives and returns R messages. ``quorum=True`` sets the queues up as quorum queues.
     ``fencing=False`` skips the fence round trip (``fencing_token`` is then 0).
     ``timeout`` / ``blocking`` are what ``with rw.read_lock:`` waits (default: for ever).
+    ``locked()`` is true while anyone holds it (read or write); ``holders()`` lists a
+    record per hold (a write hold's ``number`` is 0).
     """
+
+    kind = "rwlock"
 
     def __init__(
         self,
@@ -645,26 +650,24 @@ class ReadWriteLock:
         use); returns R. Raises LockError if ``readers`` was given and differs."""
         return self._core.run(self._setup())
 
+    async def _status(self) -> RWLockStatus | None:
+        return await read_status(await self._core.session(), self.name)
+
     def status(self) -> RWLockStatus | None:
         """Reader tokens, free tokens, writer and waiters; None if not set up."""
+        return self._core.run(self._status())
 
-        async def status() -> RWLockStatus | None:
-            return await read_status(await self._core.session(), self.name)
-
-        return self._core.run(status())
+    async def _destroy(self) -> None:
+        admin = held_mutex(self._core, base_name(self.name), self.mutex_timeout, Backoff())
+        async with admin as m:
+            for queue in (ledger_queue(self.name), readers_queue(self.name)):
+                await m.session.delete(queue)
+            await m.session.delete(writer_queue(self.name))
 
     def destroy(self) -> None:
         """Delete the lock's queues (holders are told: lost). The fence queue stays, so a
         lock set up again under this name keeps its fencing tokens rising."""
-
-        async def destroy() -> None:
-            admin = held_mutex(self._core, base_name(self.name), self.mutex_timeout, Backoff())
-            async with admin as m:
-                for queue in (ledger_queue(self.name), readers_queue(self.name)):
-                    await m.session.delete(queue)
-                await m.session.delete(writer_queue(self.name))
-
-        self._core.run(destroy())
+        self._core.run(self._destroy())
 
     def __repr__(self) -> str:
         return f"ReadWriteLock({self.name!r})"

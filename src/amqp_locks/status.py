@@ -8,10 +8,11 @@ disturbing holders or administrators. AMQP cannot list queues: names must be giv
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from .errors import QueueNotFound, ResourceLocked, TokenSemaphoreNotFound
+from .errors import ConfigurationError, QueueNotFound, ResourceLocked, TokenSemaphoreNotFound
+from .holders import HOLDER_TIMEOUT, HolderRecord, ask_holders
 from .names import token_queue, validate_name
 from .rwlock import read_status as read_rwlock_status
 from .semaphore.admin import find_max, held_slots
@@ -29,7 +30,10 @@ class LockStatus:
     ``holders``: held slot numbers (persistent semaphore); ``consumers`` / ``waiting``: the
     token queue's consumers and those waiting for a token (token semaphore). A read-write
     lock: ``capacity`` reader tokens, ``held`` of them out (all while a writer holds),
-    ``consumers`` of the tokens, ``waiting`` writers waiting for the turn."""
+    ``consumers`` of the tokens, ``waiting`` writers waiting for the turn.
+    ``records``: who holds it, one :class:`HolderRecord` per held slot, permit, mutex or
+    read-write hold (read only with ``records=True``); ``records_note``: why records may
+    be missing."""
 
     name: str
     kind: Kind
@@ -39,10 +43,13 @@ class LockStatus:
     holders: tuple[int, ...] = field(default_factory=tuple)
     consumers: int | None = None
     waiting: int | None = None
+    records: tuple[HolderRecord, ...] = ()
+    records_note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["holders"] = list(self.holders)
+        out["records"] = [r.as_dict() for r in self.records]
         return out
 
 
@@ -64,11 +71,20 @@ ALL_KINDS: tuple[Kind, ...] = ("semaphore", "token", "rwlock", "mutex")
 
 
 async def read_lock_status(
-    core: BrokerCore, name: str, kinds: Sequence[Kind] = ALL_KINDS
+    core: BrokerCore,
+    name: str,
+    kinds: Sequence[Kind] = ALL_KINDS,
+    *,
+    records: bool = False,
+    timeout: float = HOLDER_TIMEOUT,
 ) -> list[LockStatus]:
     """Every kind of lock named `name` that exists, among `kinds` (one name may be
-    several: a semaphore and its administration mutex share it), or one ``absent`` entry."""
+    several: a semaphore and its administration mutex share it), or one ``absent`` entry.
+    With `records`, also ask the holders who they are, waiting up to `timeout` seconds for
+    silent ones (amqp_locks/holders.py)."""
     name = validate_name(name)
+    if timeout < 0:
+        raise ConfigurationError(f"timeout must be >= 0 seconds, got {timeout}")
     session = await core.session()
     found: list[LockStatus] = []
     slots = await find_max(session, name) if "semaphore" in kinds else 0
@@ -102,14 +118,31 @@ async def read_lock_status(
             found.append(LockStatus(name, "absent", 0, 0, 0))
         else:
             found.append(LockStatus(name, "mutex", 1, int(mutex), 1 - int(mutex)))
+    if records:
+        by_kind, note = await ask_holders(session, name, found, timeout)
+        found = [
+            replace(st, records=by_kind.get(st.kind, ()), records_note=note if st.held else None)
+            for st in found
+        ]
     return found
 
 
 def lock_status(
-    broker: BrokerLike, name: str, kinds: Sequence[Kind] = ALL_KINDS
+    broker: BrokerLike,
+    name: str,
+    kinds: Sequence[Kind] = ALL_KINDS,
+    *,
+    records: bool = False,
+    timeout: float = HOLDER_TIMEOUT,
 ) -> list[LockStatus]:
-    """Sync read of :func:`read_lock_status` (``amqp_locks.aio.lock_status`` awaits it)."""
-    return broker._core.run(read_lock_status(broker._core, name, kinds))
+    """Sync read of :func:`read_lock_status` (``amqp_locks.aio.lock_status`` awaits it).
+
+    ``records=True`` adds who holds each lock (:attr:`LockStatus.records`): the holders
+    answer themselves, and one that has not answered within `timeout` seconds is listed
+    with ``holder_id=None`` rather than guessed."""
+    return broker._core.run(
+        read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
+    )
 
 
 def of_kind(found: Sequence[LockStatus], kind: Kind) -> LockStatus | None:

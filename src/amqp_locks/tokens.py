@@ -57,6 +57,7 @@ from .errors import (
     TokenSemaphoreNotFound,
 )
 from .fencing import ensure_fence, fence_arguments, rule_matches, take_token
+from .holders import HolderQueries
 from .lease import HeldState, Lease
 from .lockobject import LockObject
 from .mutex import held_mutex
@@ -391,7 +392,7 @@ async def acquire_permit(
         raise
 
 
-class TokenSemaphore(LockObject):
+class TokenSemaphore(LockObject, HolderQueries):
     """A counting (or binary) semaphore of `permits` token messages in `name.semaphore`.
 
     ``priority`` is this client's consumer priority: the broker gives a freed token to the

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 
-from .conftest import Cli
+from .conftest import Cli, child_env
 
 
 def test_semaphore_admin_commands(cli: Cli, name: str) -> None:
@@ -64,9 +65,9 @@ def test_status_json_matches_reality(cli: Cli, name: str) -> None:
     sem, tok, mtx, none = name + "s", name + "t", name + "m", name + "x"
     assert cli.run("token", "setup", tok, "2").returncode == 0
     holders = [
-        cli.start("run", sem, "-n", "3", "-c", "echo ready; exec sleep 60"),
+        cli.start("run", sem, "-n", "3", "--holder-id", "sem-1", "-c", "echo ready; exec sleep 60"),
         cli.start("run", tok, "--kind", "token", "-c", "echo ready; exec sleep 60"),
-        cli.start("run", mtx, "-c", "echo ready; exec sleep 60"),
+        cli.start("run", mtx, "--holder-id", "mtx-1", "-c", "echo ready; exec sleep 60"),
     ]
     for h in holders:
         h.expect("ready")
@@ -78,6 +79,20 @@ def test_status_json_matches_reality(cli: Cli, name: str) -> None:
         out = cli.run("status", sem, tok, mtx, none, "--json")
         assert out.returncode == 0, out.stderr
         rows = {r["name"]: r for r in json.loads(out.stdout)}
+        records = {n: r.pop("records", None) for n, r in rows.items()}
+        [srec] = records[sem]
+        assert (srec["kind"], srec["number"], srec["holder_id"], srec["pid"]) == (
+            "semaphore",
+            1,
+            "sem-1",
+            holders[0].popen.pid,
+        )
+        assert srec["host"] == socket.gethostname() and srec["fencing_token"] >= 1
+        [mrec] = records[mtx]
+        assert (mrec["holder_id"], mrec["pid"]) == ("mtx-1", holders[2].popen.pid)
+        assert records[none] is None  # nothing to ask about
+        tok_ids = {r["holder_id"] for r in records[tok]}
+        assert tok_ids <= {f"{socket.gethostname()}:{p.popen.pid}" for p in (holders[1], waiter)}
         assert rows[sem] == {
             "name": sem,
             "kind": "semaphore",
@@ -104,8 +119,15 @@ def test_status_json_matches_reality(cli: Cli, name: str) -> None:
         "consumers": 3,
         "waiting": 1,
     }
-    table = cli.run("status", sem, tok)
+    table = cli.run("status", sem, tok, mtx, env=child_env(COLUMNS="250"))
     assert table.returncode == 0 and "semaphore" in table.stdout and "token" in table.stdout
+    assert "held by" in table.stdout
+    assert f"slot 1: sem-1 (host {socket.gethostname()}, pid {holders[0].popen.pid}) since" in (
+        table.stdout
+    )
+    assert f"mtx-1 (host {socket.gethostname()}, pid {holders[2].popen.pid})" in table.stdout
+    bare = json.loads(cli.run("status", sem, "--json", "--holder-timeout", "0").stdout)
+    assert "records" not in bare[0]  # not asked
     for h in [*holders, waiter]:
         h.popen.send_signal(signal.SIGTERM)
         h.finish()

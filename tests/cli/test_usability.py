@@ -88,14 +88,19 @@ def test_slots_that_disagree_with_the_existing_lock_are_refused(cli: Cli, name: 
 
 
 def test_wait_line_on_a_terminal_only(cli: Cli, name: str) -> None:
-    holder = cli.start("run", name, "-n", "1", "-c", "echo held; exec sleep 60")
+    holder = cli.start(
+        "run", name, "-n", "1", "--holder-id", "build-7", "-c", "echo held; exec sleep 60"
+    )
     holder.expect("held")
     waiter = cli.argv(["run", name, "--kind", "semaphore", "-w", "2.5", "--", "true"])
 
     rc, screen = _on_terminal(waiter, child_env())
     assert rc == 1
     assert f"waiting for semaphore {name!r}, " in screen
-    assert "of 2s; held: slot 1 of 1" in screen  # elapsed of the timeout; the holders
+    # elapsed of the timeout; who holds what, as the holder answered
+    who = f"slot 1 held by build-7 (host {socket.gethostname()}, pid {holder.popen.pid}) since "
+    assert f"of 2s; {who}" in screen
+    assert "(1 of 1 slot(s))" in screen
     assert "lock not obtained" in screen
 
     rc, screen = _on_terminal(
@@ -113,6 +118,32 @@ def test_wait_line_on_a_terminal_only(cli: Cli, name: str) -> None:
     holder.finish()
 
 
+def test_wait_line_names_mutex_and_token_holders(cli: Cli, name: str) -> None:
+    assert cli.run("token", "setup", name + "t", "1").returncode == 0
+    mutex = cli.start("run", name, "--holder-id", "w-m", "-c", "echo held; exec sleep 60")
+    token = cli.start(
+        "run", name + "t", "--kind", "token", "--holder-id", "w-t", "-c", "echo held; exec sleep 60"
+    )
+    mutex.expect("held")
+    token.expect("held")
+    host = socket.gethostname()
+    rc, screen = _on_terminal(cli.argv(["run", name, "-w", "2", "--", "true"]), child_env())
+    assert rc == 1
+    assert (
+        f"waiting for mutex {name!r}, " in screen
+        and f"; held by w-m (host {host}, pid {mutex.popen.pid}) since " in screen
+    )
+    rc, screen = _on_terminal(
+        cli.argv(["run", name + "t", "--kind", "token", "-w", "2", "--", "true"]), child_env()
+    )
+    assert rc == 1
+    assert f"; permit 1 held by w-t (host {host}, pid {token.popen.pid}) since " in screen
+    assert "(1 of 1 permit(s) held), 1 waiting" in screen
+    for h in (mutex, token):
+        h.popen.send_signal(signal.SIGTERM)
+        h.finish()
+
+
 def test_elect_standby_line_on_a_terminal(cli: Cli, name: str) -> None:
     master = cli.start("elect", name, "--interval", "0.5", "-c", "echo master; exec sleep 60")
     master.expect("master")
@@ -127,7 +158,7 @@ def test_elect_standby_line_on_a_terminal(cli: Cli, name: str) -> None:
     rc, screen = _on_terminal(argv, child_env())
     assert rc == 0  # stopped by SIGTERM while standby
     assert f"standby for amqp lock {name!r}, " in screen
-    assert "held elsewhere" in screen
+    assert f"held by {socket.gethostname()}:{master.popen.pid} since " in screen
     master.popen.send_signal(signal.SIGTERM)
     assert master.finish()[0] == 0
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .. import holders as _holders
 from .. import mutex as _mutex
 from .. import rwlock as _rwlock
 from .. import status as _status
@@ -209,19 +210,51 @@ class _AcquireCall:
             await self._lease.release()
 
 
-class PersistentSemaphore(_Acquirable):
+class _HolderQueries:
+    """asyncio twins of ``locked()`` and ``holders()`` (``amqp_locks.holders``)."""
+
+    _broker: Broker
+    #: The sync object whose ``kind`` and ``name`` the queries are about.
+    _sync: Any
+
+    async def locked(self) -> bool:
+        """See :meth:`amqp_locks.Mutex.locked`."""
+        core = self._broker._core
+        return await self._broker._run(_holders.read_locked(core, self._sync.kind, self.name))
+
+    async def holders(
+        self, timeout: float = _holders.HOLDER_TIMEOUT
+    ) -> list[_holders.HolderRecord]:
+        """See :meth:`amqp_locks.Mutex.holders`."""
+        core = self._broker._core
+        return await self._broker._run(
+            _holders.read_holders(core, self._sync.kind, self.name, timeout)
+        )
+
+    @property
+    def name(self) -> str:
+        return str(self._sync.name)
+
+
+class PersistentSemaphore(_HolderQueries, _Acquirable):
     """asyncio twin of :class:`amqp_locks.PersistentSemaphore`."""
 
     _lock_class = _client.PersistentSemaphore
 
 
-class Mutex(_Acquirable):
+class Mutex(_HolderQueries, _Acquirable):
     """asyncio twin of :class:`amqp_locks.Mutex`."""
 
     _lock_class = _mutex.Mutex
 
+    async def holder(
+        self, timeout: float = _holders.HOLDER_TIMEOUT
+    ) -> _holders.HolderRecord | None:
+        """See :meth:`amqp_locks.Mutex.holder`."""
+        return _holders.pick_holder(await self.holders(timeout))
 
-class TokenSemaphore(_Acquirable):
+
+class TokenSemaphore(_HolderQueries, _Acquirable):
     """asyncio twin of :class:`amqp_locks.TokenSemaphore`: acquire on the I/O thread,
     admin methods on a worker thread (they wait on the I/O thread)."""
 
@@ -262,37 +295,43 @@ class _RWHalf(_Acquirable):
         self._held = {}
 
 
-class ReadWriteLock:
+class ReadWriteLock(_HolderQueries):
     """asyncio twin of :class:`amqp_locks.ReadWriteLock`: ``read_lock`` and ``write_lock``
-    are awaitable lock objects; setup/status/destroy run on a worker thread."""
+    are awaitable lock objects; setup/status/destroy await the same core."""
+
+    _sync: _rwlock.ReadWriteLock
 
     def __init__(self, broker: Broker, name: str, **options: Any) -> None:
+        self._broker = broker
         self._sync = _rwlock.ReadWriteLock(broker, name, **options)
-        self.name = self._sync.name
         self.read_lock = _RWHalf(broker, self._sync.read_lock)
         self.write_lock = _RWHalf(broker, self._sync.write_lock)
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args))
-
     async def setup(self) -> int:
-        return await self._call(self._sync.setup)
+        return await self._broker._run(self._sync._setup())
 
     async def status(self) -> _rwlock.RWLockStatus | None:
-        return await self._call(self._sync.status)
+        return await self._broker._run(self._sync._status())
 
     async def destroy(self) -> None:
-        await self._call(self._sync.destroy)
+        await self._broker._run(self._sync._destroy())
 
     def __repr__(self) -> str:
         return f"aio.{self._sync!r}"
 
 
 async def lock_status(
-    broker: Broker, name: str, kinds: Sequence[_status.Kind] = _status.ALL_KINDS
+    broker: Broker,
+    name: str,
+    kinds: Sequence[_status.Kind] = _status.ALL_KINDS,
+    *,
+    records: bool = False,
+    timeout: float = _holders.HOLDER_TIMEOUT,
 ) -> list[_status.LockStatus]:
     """asyncio twin of :func:`amqp_locks.lock_status`."""
-    return await broker._run(_status.read_lock_status(broker._core, name, kinds))
+    return await broker._run(
+        _status.read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
+    )
 
 
 class SemaphoreAdmin:

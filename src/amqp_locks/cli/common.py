@@ -52,12 +52,14 @@ class Globals:
         when a subcommand's own -v/-q change the levels."""
         configure_logging(self.verbose, self.quiet)
 
-    def broker(self, purpose: str) -> Broker:
-        """A Broker whose connection name says what this process does, host and pid."""
+    def broker(self, purpose: str, holder_id: str | None = None) -> Broker:
+        """A Broker whose connection name says what this process does, host and pid;
+        `holder_id` is what its locks' holder records say (default HOST:PID)."""
         return Broker(
             self.url,
             heartbeat=self.heartbeat,
             connection_name=default_connection_name(purpose),
+            holder_id=holder_id,
         )
 
     def info(self, message: str) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from ..errors import LockError, SemaphoreNotFound
+from ..holders import HolderRecord, pick_holder
 from ..lease import Lease
 from ..mutex import Mutex
 from ..rwlock import ReadWriteLock
@@ -35,6 +36,7 @@ from .common import (
     lock_name,
 )
 from .exitcodes import Exit
+from .status import since_text
 from .waitline import Probe, WaitLine, wanted
 
 #: Signals forwarded to COMMAND while it runs (SIGINT too: `kill -INT` from a script must
@@ -179,7 +181,18 @@ def acquire(
 
 
 def holders_probe(broker: Broker, kind: str, name: str) -> Probe:
-    """What the wait line says about the holders (read-only, no admin mutex)."""
+    """What the wait line says about the holders: who (holder id, host, pid, since, as
+    they answer themselves; "an unknown holder" when one does not) and how many. Read-only,
+    no admin mutex, on the wait line's own thread."""
+
+    def who(records: Sequence[HolderRecord]) -> str:
+        parts = []
+        for r in records:
+            label = {"semaphore": "slot ", "token": "permit "}.get(r.kind)
+            part = "" if label is None or r.number is None else f"{label}{r.number} "
+            part += f"held by {r.describe()}"
+            parts.append(part + (f" since {since_text(r.since)}" if r.known else ""))
+        return ", ".join(parts)
 
     def probe() -> str | None:
         if kind in ("shared", "exclusive"):
@@ -192,17 +205,25 @@ def holders_probe(broker: Broker, kind: str, name: str) -> Probe:
                 f"{rw.writers_waiting} writer(s) waiting"
             )
         if kind == "mutex":
-            mutex = of_kind(lock_status(broker, name, ("mutex",)), "mutex")
-            return "held elsewhere" if mutex is not None and mutex.held else None
+            mutex = of_kind(lock_status(broker, name, ("mutex",), records=True), "mutex")
+            if mutex is None or not mutex.held:
+                return None
+            holder = pick_holder(mutex.records)
+            return "held elsewhere" if holder is None else who([holder])
         if kind == "semaphore":
-            sem = of_kind(lock_status(broker, name, ("semaphore",)), "semaphore")
+            sem = of_kind(lock_status(broker, name, ("semaphore",), records=True), "semaphore")
             if sem is None:
                 return None
             if not sem.holders:
                 return f"{sem.capacity} slot(s), none held"
-            return f"held: slot {','.join(map(str, sem.holders))} of {sem.capacity}"
-        st = TokenSemaphore(broker, name).status()
-        return f"held: {st.held} of {st.permits} permit(s), {st.waiting} waiting"
+            return f"{who(sem.records)} ({sem.held} of {sem.capacity} slot(s))"
+        tok = of_kind(lock_status(broker, name, ("token",), records=True), "token")
+        if tok is None:
+            return None
+        held = f"{tok.held} of {tok.capacity} permit(s) held"
+        if tok.records:
+            held = f"{who(tok.records)} ({held})"
+        return f"{held}, {tok.waiting} waiting"
 
     return probe
 
@@ -445,6 +466,12 @@ cannot be executed / is not found.""",
     default=0,
     help="Token semaphores: consumer priority (higher is served first).",
 )
+@click.option(
+    "--holder-id",
+    metavar="ID",
+    help="Who `status` and waiting `run`s say holds the lock (default: HOST:PID); "
+    "readable by every client of the vhost.",
+)
 def run(
     name: str,
     command: tuple[str, ...],
@@ -459,6 +486,7 @@ def run(
     grace: float,
     lost_exit_code: int,
     priority: int,
+    holder_id: str | None,
 ) -> int:
     """Hold the lock NAME while COMMAND runs (flock-style).
 
@@ -493,7 +521,7 @@ def run(
         raise click.UsageError(f"--priority orders token semaphore waiters: not for --kind {kind}")
     argv = ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)
 
-    broker = g.broker(f"run {name}")
+    broker = g.broker(f"run {name}", holder_id=holder_id)
     try:
         try:
             label = {

@@ -1,73 +1,103 @@
 """`amqp-locks status NAME...`: what each named lock is and who holds it.
 
-Read-only and without the administration mutex (one passive declare or probe per queue),
-so it can be polled (`--watch`) without disturbing admins or holders. AMQP cannot list
-queues, so the names must be given.
+Read-only and without the administration mutex (one passive declare or probe per queue,
+then one query the holders answer themselves: amqp_locks/holders.py), so it can be polled
+(`--watch`) without disturbing admins or holders. AMQP cannot list queues, so the names
+must be given.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from typing import Any
 
 import click
 
-from ..status import lock_status
+from ..holders import HOLDER_TIMEOUT, HolderRecord
+from ..status import LockStatus, lock_status
 from ..transport.broker import Broker
 from .common import get_globals, lock_name
 
 
-def collect(b: Broker, name: str) -> list[dict[str, Any]]:
+def since_text(since: datetime | None, now: datetime | None = None) -> str:
+    """A holder's start in local time: ``12:00:01`` today, ``2025-01-31 12:00:01`` before."""
+    if since is None:
+        return "?"
+    local = since.astimezone()
+    today = (now or datetime.now().astimezone()).date()
+    return local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+def holder_text(rec: HolderRecord, *, number: bool = True) -> str:
+    """``slot 2: worker-7 (host a, pid 123) since 12:00:01, token 5``; an unknown holder
+    is said to be one, never guessed."""
+    label = ""
+    if number and rec.kind != "mutex":
+        what = "slot" if rec.kind == "semaphore" else "permit"
+        label = f"{what} {rec.number if rec.number is not None else '?'}: "
+    if not rec.known:
+        return f"{label}unknown holder (did not answer)"
+    return f"{label}{rec.describe()} since {since_text(rec.since)}, token {rec.fencing_token}"
+
+
+def collect(b: Broker, name: str, timeout: float = HOLDER_TIMEOUT) -> list[dict[str, Any]]:
     """Every kind of lock named `name` that exists (a name may be several), in the JSON
-    shape of `--json` (per kind: slots/holders/free, permits/ready/consumers/waiting)."""
+    shape of `--json` (per kind: slots/holders/free, permits/ready/consumers/waiting, and
+    `records`: who holds it, unless `timeout` is 0)."""
     found: list[dict[str, Any]] = []
-    for st in lock_status(b, name):
-        if st.kind == "semaphore":
-            found.append(
-                {
-                    "name": name,
-                    "kind": "semaphore",
-                    "slots": st.capacity,
-                    "held": st.held,
-                    "holders": list(st.holders),
-                    "free": st.free,
-                }
-            )
-        elif st.kind == "token":
-            found.append(
-                {
-                    "name": name,
-                    "kind": "token",
-                    "permits": st.capacity,
-                    "ready": st.free,
-                    "held": st.held,
-                    "consumers": st.consumers,
-                    "waiting": st.waiting,
-                }
-            )
-        elif st.kind == "rwlock":
-            found.append(
-                {
-                    "name": name,
-                    "kind": "rwlock",
-                    "readers": st.capacity,
-                    "held": st.held,
-                    "free": st.free,
-                    "consumers": st.consumers,
-                    "writers_waiting": st.waiting,
-                }
-            )
-        else:  # a mutex, or the admin mutex of the semaphore NAME (busy admin), or absent
-            found.append({"name": name, "kind": st.kind, "held": bool(st.held)})
+    for st in lock_status(b, name, records=timeout > 0, timeout=timeout):
+        row = _row(name, st)
+        if st.kind != "absent" and timeout > 0:
+            row["records"] = [r.as_dict() for r in st.records]
+            if st.records_note:
+                row["records_note"] = st.records_note
+        found.append(row)
     return found
+
+
+def _row(name: str, st: LockStatus) -> dict[str, Any]:
+    if st.kind == "semaphore":
+        return {
+            "name": name,
+            "kind": "semaphore",
+            "slots": st.capacity,
+            "held": st.held,
+            "holders": list(st.holders),
+            "free": st.free,
+        }
+    if st.kind == "token":
+        return {
+            "name": name,
+            "kind": "token",
+            "permits": st.capacity,
+            "ready": st.free,
+            "held": st.held,
+            "consumers": st.consumers,
+            "waiting": st.waiting,
+        }
+    if st.kind == "rwlock":
+        return {
+            "name": name,
+            "kind": "rwlock",
+            "readers": st.capacity,
+            "held": st.held,
+            "free": st.free,
+            "consumers": st.consumers,
+            "writers_waiting": st.waiting,
+        }
+    # a mutex, or the admin mutex of the semaphore NAME (busy admin), or absent
+    return {"name": name, "kind": st.kind, "held": bool(st.held)}
 
 
 def _table(rows: list[dict[str, Any]], url: str) -> Any:
     from rich.table import Table
 
     table = Table(title=f"amqp-locks status ({url})", title_justify="left")
-    for col in ("name", "kind", "capacity", "held", "free/ready", "holders", "waiting"):
+    with_records = any("records" in r for r in rows)
+    cols = ["name", "kind", "capacity", "held", "free/ready", "holders", "waiting"]
+    for col in cols + (["held by"] if with_records else []):
         table.add_column(col)
     for r in rows:
         kind = r["kind"]
@@ -99,6 +129,12 @@ def _table(rows: list[dict[str, Any]], url: str) -> Any:
             cells = ["1", "1" if r["held"] else "0", "0" if r["held"] else "1", "-", "-"]
         else:
             cells = ["-", "-", "-", "-", "-"]
+        if with_records:
+            records = [HolderRecord.from_dict(r["name"], d) for d in r.get("records", ())]
+            lines = [holder_text(rec) for rec in records]
+            if r.get("records_note") and not all(rec.known for rec in records):
+                lines.append(f"({r['records_note']})")
+            cells.append("\n".join(lines) or "-")
         table.add_row(r["name"], kind, *cells)
     return table
 
@@ -107,10 +143,18 @@ def _table(rows: list[dict[str, Any]], url: str) -> Any:
     epilog="""\b
 Examples:
   amqp-locks status deploys gpu reindex
-  amqp-locks status deploys --json | jq '.[0].holders'
+  amqp-locks status deploys --json | jq '.[0].records'
   amqp-locks status deploys --watch --interval 1"""
 )
 @click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@click.option(
+    "--holder-timeout",
+    type=click.FloatRange(min=0),
+    default=HOLDER_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for holders to say who they are (0: do not ask).",
+)
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, one object per lock.")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
 @click.option(
@@ -121,9 +165,13 @@ Examples:
     metavar="SECONDS",
     help="--watch refresh period.",
 )
-def status(names: tuple[str, ...], as_json: bool, watch: bool, interval: float) -> None:
+def status(
+    names: tuple[str, ...], holder_timeout: float, as_json: bool, watch: bool, interval: float
+) -> None:
     """Show semaphores (slots, held slots), token semaphores (permits, ready, held,
-    consumers, waiters) and mutexes named NAME.
+    consumers, waiters) and mutexes named NAME, and who holds them (holder id, host, pid,
+    since, fencing token; "unknown" for a holder that does not answer: frozen, cut off,
+    or an older amqp-locks).
 
     Kinds: semaphore, token, rwlock (reader tokens out of R; all R while a writer
     holds), mutex (queue NAME, also the admin mutex of a semaphore NAME
@@ -135,7 +183,7 @@ def status(names: tuple[str, ...], as_json: bool, watch: bool, interval: float) 
     try:
 
         def snapshot() -> list[dict[str, Any]]:
-            return [row for n in checked for row in collect(broker, n)]
+            return [row for n in checked for row in collect(broker, n, holder_timeout)]
 
         if as_json and not watch:
             click.echo(json.dumps(snapshot(), indent=2))

@@ -1,10 +1,11 @@
 """The live "waiting for ..." line that `run` and `elect` show while they wait on a
-terminal: what (kind and name), for how long (and the timeout), who holds it where the
-broker can tell without the management plugin (held slot numbers, permits held and
-waiting). Only when stderr is a terminal and without -q; it is erased when the wait ends.
+terminal: what (kind and name), for how long (and the timeout), and who holds it (holder
+id, host, pid, since, as the holders answer; slots, permits held and waiting). Only when
+stderr is a terminal and without -q; it is erased when the wait ends.
 
-The holders are read on a thread of their own (read-only probes, no admin mutex): a slow
-or failing probe never delays the wait, it only leaves the line without them.
+The holders are read on a thread of their own (read-only, no admin mutex; a silent holder
+costs that thread up to a second): a slow or failing read never delays the wait, it only
+leaves the line without them.
 """
 
 from __future__ import annotations

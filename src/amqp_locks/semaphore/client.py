@@ -30,6 +30,7 @@ from ..errors import (
     SemaphoreNotFound,
 )
 from ..fencing import ensure_fence, take_token
+from ..holders import HolderQueries
 from ..lease import Lease, LeaseState, grant
 from ..lockobject import LockObject
 from ..mutex import held_mutex
@@ -180,7 +181,7 @@ async def try_acquire(
             await asyncio.sleep(random.uniform(0, race_skew))
 
 
-class PersistentSemaphore(LockObject):
+class PersistentSemaphore(LockObject, HolderQueries):
     """Client of the persistent semaphore `name` (created by :class:`SemaphoreAdmin`).
 
     ``max_races`` bounds the second-stage (RESOURCE_LOCKED) retries of one attempt,

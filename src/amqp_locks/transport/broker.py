@@ -32,6 +32,7 @@ from ..errors import (
     ConfigurationError,
 )
 from .errors import censor, censor_text
+from .holders import check_holder_id, default_holder_id
 from .iothread import IOThread
 from .session import Session
 
@@ -130,6 +131,7 @@ class BrokerCore:
         connection_name: str | None = None,
         cluster: bool | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        holder_id: str | None = None,
     ) -> None:
         if heartbeat <= 0:
             raise ConfigurationError(f"heartbeat must be > 0 seconds, got {heartbeat}")
@@ -157,6 +159,8 @@ class BrokerCore:
         if self.loss_timeout <= 0:
             raise ConfigurationError(f"loss_timeout must be > 0, got {loss_timeout}")
         self.connect_timeout = connect_timeout
+        #: What holder records of this Broker's locks say (None: ``host:pid``, per process).
+        self.holder_id = None if holder_id is None else check_holder_id(holder_id)
         self._named = connection_name is not None
         self.connection_name = connection_name or default_connection_name()
         self._io: IOThread | None = None
@@ -222,6 +226,7 @@ class BrokerCore:
                 connection_name=self.connection_name,
                 cluster=self.cluster,
                 ssl_context=self.ssl_context,
+                holder_id=self.holder_id,
             )
             try:
                 await session.connect(self.connect_timeout)
@@ -306,6 +311,7 @@ class BrokerBase:
         connection_name: str | None = None,
         cluster: bool | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        holder_id: str | None = None,
     ) -> None:
         self._core = BrokerCore(
             url,
@@ -315,6 +321,7 @@ class BrokerBase:
             connection_name=connection_name,
             cluster=cluster,
             ssl_context=ssl_context,
+            holder_id=holder_id,
         )
 
     @property
@@ -335,6 +342,12 @@ class BrokerBase:
     @property
     def heartbeat(self) -> float:
         return self._core.heartbeat
+
+    @property
+    def holder_id(self) -> str:
+        """What the holder records of locks held through this Broker say (``holder_id``
+        given, else ``host:pid`` of this process)."""
+        return self._core.holder_id or default_holder_id()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, heartbeat={self.heartbeat})"
@@ -359,6 +372,10 @@ class Broker(BrokerBase):
     the system's CAs, or against ``?cafile=PATH`` (also ``certfile``, ``keyfile`` for a
     client certificate; aiormq's URL options); or pass ``ssl_context`` (an
     :class:`ssl.SSLContext`) for full control.
+
+    ``holder_id`` (default ``host:pid``) is what readers of this Broker's locks see as
+    their holder (``Mutex.holder()``, ``amqp-locks status``): every client of the vhost
+    can read it, so it must not be a secret (1-128 printable characters, not a URL).
     """
 
     def connect(self) -> Broker:

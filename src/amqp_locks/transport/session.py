@@ -30,6 +30,7 @@ from yarl import URL
 from ..errors import AmqpLocksError, ConnectionLost, QueueNotFound, ResourceLocked
 from .aiormq_compat import LOGGER_NAMES, TimedTransport, connection_blocked
 from .errors import censor, channel_error, connect_error
+from .holders import HeldLeases, HolderReader, HolderResponder, default_holder_id
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -129,8 +130,11 @@ class Session:
         connection_name: str,
         cluster: bool = False,
         ssl_context: ssl.SSLContext | None = None,
+        holder_id: str | None = None,
     ) -> None:
         self.url = url
+        #: What this connection's holder records say (transport/holders.py).
+        self.holder_id = holder_id or default_holder_id()
         #: For ``amqps://`` URLs; None lets aiormq build one from the URL's options.
         self.ssl_context = ssl_context
         #: The broker is one node of a cluster (see `Broker(cluster=...)`): quorum queues
@@ -159,8 +163,10 @@ class Session:
         self.size_hints: dict[str, int] = {}
         #: Last token-semaphore ledger version read per name (tokens.py).
         self.ledger_versions: dict[str, int] = {}
-        #: LeaseStates held through this session (released cleanly on Broker.close()).
-        self.leases: set[Any] = set()
+        #: Locks held through this session (released cleanly on Broker.close()); holding
+        #: a name keeps it bound to our holder queue, so readers can ask who holds it.
+        self.leases = HeldLeases(HolderResponder(self))
+        self._holder_reader: HolderReader | None = None
         #: Waiters sleeping on wake-up queues (woken when the session dies).
         self.waiters: set[Any] = set()
         self._listeners: dict[int, LostCallback] = {}
@@ -312,6 +318,13 @@ class Session:
         if self.conn is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.conn.close(), 5.0)
+
+    @property
+    def holder_reader(self) -> HolderReader:
+        """Asks other connections who holds a lock (created on first use)."""
+        if self._holder_reader is None:
+            self._holder_reader = HolderReader(self)
+        return self._holder_reader
 
     def add_listener(self, cb: LostCallback) -> int:
         """Call `cb(reason)` when the session is lost; returns a handle for removal."""

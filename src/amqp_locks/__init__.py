@@ -44,7 +44,7 @@ from .mutex import Mutex
 from .semaphore import PersistentSemaphore, Removal, SemaphoreAdmin
 from .service import LeaseAwarePolicy, LockableService, State
 from .status import LockStatus, lock_status
-from .tokens import Audit, TokenSemaphore, TokenStatus
+from .tokens import Audit, TokenAdmin, TokenSemaphore, TokenStatus
 from .transport import Broker
 from .waiting import Backoff
 
@@ -107,6 +107,7 @@ __all__ = [
     "SemaphoreNotFound",
     "SharedFileLocker",
     "State",
+    "TokenAdmin",
     "TokenSemaphore",
     "TokenSemaphoreNotFound",
     "TokenStatus",

@@ -46,7 +46,7 @@ from .rwlock import ReadWriteLock, RWLockStatus
 from .semaphore import PersistentSemaphore, Removal, SemaphoreAdmin
 from .service import LeaseAwarePolicy, LockableService, State
 from .status import LockStatus, lock_status
-from .tokens import Audit, TokenSemaphore, TokenStatus
+from .tokens import Audit, TokenAdmin, TokenSemaphore, TokenStatus
 from .transport import Broker
 from .waiting import Backoff
 
@@ -112,6 +112,7 @@ __all__ = [
     "SemaphoreNotFound",
     "SharedFileLocker",
     "State",
+    "TokenAdmin",
     "TokenSemaphore",
     "TokenSemaphoreNotFound",
     "TokenStatus",

@@ -3,7 +3,9 @@
 The protocol still runs on the Broker's private I/O thread; these classes only await its
 results (``asyncio.wrap_future``), so a busy or blocked user event loop never stops the
 heartbeats. Cancelling an awaiting ``acquire`` cancels the attempt, and a half-made grant is
-undone on the I/O thread.
+undone on the I/O thread. The admin classes await the same coroutines their sync twins run
+(`TokenAdminCore`, `SemaphoreAdminCore`): no worker thread waits for a drain or a poll, and
+cancelling a call cancels it on the I/O loop (which lets the admin mutex go).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "PersistentSemaphore",
     "ReadWriteLock",
     "SemaphoreAdmin",
+    "TokenAdmin",
     "TokenSemaphore",
     "lock_status",
 ]
@@ -51,6 +54,9 @@ class Broker(BrokerBase):
         return self
 
     async def close(self) -> None:
+        # Closing ends with joining the I/O thread (IOThread.stop): a blocking join that
+        # cannot run on that thread's own loop and would stall the caller's, so it waits
+        # on a worker thread. Only close does; every lock and admin call awaits the loop.
         await asyncio.get_running_loop().run_in_executor(None, self._core.close)
 
     async def __aenter__(self) -> Broker:
@@ -255,35 +261,77 @@ class Mutex(_HolderQueries, _Acquirable):
 
 
 class TokenSemaphore(_HolderQueries, _Acquirable):
-    """asyncio twin of :class:`amqp_locks.TokenSemaphore`: acquire on the I/O thread,
-    admin methods on a worker thread (they wait on the I/O thread)."""
+    """asyncio twin of :class:`amqp_locks.TokenSemaphore`: acquire and the admin methods
+    (those of :attr:`admin`, an :class:`aio.TokenAdmin <TokenAdmin>`) await the I/O loop."""
 
     _lock_class = _tokens.TokenSemaphore
-    _sync: _tokens.TokenSemaphore
 
-    async def _call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kw))
+    def __init__(
+        self,
+        broker: Broker,
+        name: str,
+        *,
+        quorum: bool = False,
+        mutex_timeout: float | None = _tokens.MUTEX_TIMEOUT,
+        **options: Any,
+    ) -> None:
+        super().__init__(broker, name, quorum=quorum, mutex_timeout=mutex_timeout, **options)
+        self.admin = TokenAdmin(broker, name, quorum=quorum, mutex_timeout=mutex_timeout)
 
     async def setup(self, permits: int) -> int:
-        return await self._call(self._sync.setup, permits)
+        return await self.admin.setup(permits)
 
     async def add_permits(self, count: int) -> list[int]:
-        return await self._call(self._sync.add_permits, count)
+        return await self.admin.add_permits(count)
 
     async def remove_permits(self, count: int, timeout: float | None = None) -> list[int]:
-        return await self._call(self._sync.remove_permits, count, timeout)
+        return await self.admin.remove_permits(count, timeout)
 
     async def status(self) -> _tokens.TokenStatus:
-        return await self._call(self._sync.status)
+        return await self.admin.status()
 
     async def audit(self, timeout: float = 5.0) -> _tokens.Audit:
-        return await self._call(self._sync.audit, timeout)
+        return await self.admin.audit(timeout)
 
     async def repair(self, timeout: float = 5.0) -> _tokens.Audit:
-        return await self._call(self._sync.repair, timeout)
+        return await self.admin.repair(timeout)
 
     async def destroy(self) -> None:
-        await self._call(self._sync.destroy)
+        await self.admin.destroy()
+
+
+class TokenAdmin:
+    """asyncio twin of :class:`amqp_locks.TokenAdmin`: the same methods, awaitable. Each
+    awaits its coroutine on the Broker's I/O loop; no thread waits for a drain or audit."""
+
+    def __init__(self, broker: Broker, name: str, **options: Any) -> None:
+        self._broker = broker
+        self._ops = _tokens.TokenAdminCore(broker, name, **options)
+        self.name = self._ops.name
+
+    async def setup(self, permits: int) -> int:
+        return await self._broker._run(self._ops.setup(permits))
+
+    async def add_permits(self, count: int) -> list[int]:
+        return await self._broker._run(self._ops.add_permits(count))
+
+    async def remove_permits(self, count: int, timeout: float | None = None) -> list[int]:
+        return await self._broker._run(self._ops.remove_permits(count, timeout))
+
+    async def status(self) -> _tokens.TokenStatus:
+        return await self._broker._run(self._ops.status())
+
+    async def audit(self, timeout: float = 5.0) -> _tokens.Audit:
+        return await self._broker._run(self._ops.audit(timeout))
+
+    async def repair(self, timeout: float = 5.0) -> _tokens.Audit:
+        return await self._broker._run(self._ops.repair(timeout))
+
+    async def destroy(self) -> None:
+        await self._broker._run(self._ops.destroy())
+
+    def __repr__(self) -> str:
+        return f"aio.TokenAdmin({self.name!r})"
 
 
 class _RWHalf(_Acquirable):
@@ -337,35 +385,42 @@ async def lock_status(
 class SemaphoreAdmin:
     """asyncio twin of :class:`amqp_locks.SemaphoreAdmin`: the same methods, awaitable.
 
-    Each call runs the sync implementation on a worker thread, which itself only waits on
-    the Broker's I/O thread.
+    Each awaits its coroutine on the Broker's I/O loop (polling for holders included), so
+    no thread is taken and the caller's loop runs on meanwhile.
     """
 
     def __init__(self, broker: Broker, name: str, **options: Any) -> None:
-        self._sync = _admin.SemaphoreAdmin(broker, name, **options)
-
-    async def _call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kw))
+        self._broker = broker
+        self._ops = _admin.SemaphoreAdminCore(broker, name, **options)
+        self.name = self._ops.name
 
     async def create(self, slots: int) -> int:
-        return await self._call(self._sync.create, slots)
+        return await self._broker._run(self._ops.create(slots))
 
     async def destroy(self, *, purge_fence: bool = False) -> _admin.Removal:
-        return await self._call(self._sync.destroy, purge_fence=purge_fence)
+        return await self._broker._run(self._ops.destroy(purge_fence=purge_fence))
 
     async def max_slots(self) -> int:
-        return await self._call(self._sync.max_slots)
+        return await self._broker._run(self._ops.max_slots())
 
     async def add_slots(self, count: int) -> int:
-        return await self._call(self._sync.add_slots, count)
+        return await self._broker._run(self._ops.add_slots(count))
 
     async def remove_slots(self, count: int, *, wait: float | None = 0) -> _admin.Removal:
-        return await self._call(self._sync.remove_slots, count, wait=wait)
+        return await self._broker._run(self._ops.remove_slots(count, wait=wait))
 
     async def holders(self, *, beyond: int = 0) -> list[int]:
-        return await self._call(self._sync.holders, beyond=beyond)
+        return await self._broker._run(self._ops.holders(beyond=beyond))
 
     async def wait_for_holders(
         self, slots: Sequence[int], timeout: float | None = None, *, interval: float = 0.1
     ) -> list[int]:
-        return await self._call(self._sync.wait_for_holders, slots, timeout, interval=interval)
+        return await self._broker._run(
+            self._ops.wait_for_holders(slots, timeout, interval=interval)
+        )
+
+    async def repair_fence(self, base: int) -> bool:
+        return await self._broker._run(self._ops.repair_fence(base))
+
+    def __repr__(self) -> str:
+        return f"aio.SemaphoreAdmin({self.name!r})"

@@ -10,7 +10,7 @@ import click
 
 from ..semaphore import Removal, SemaphoreAdmin
 from ..status import lock_status, of_kind
-from ..tokens import Audit, TokenSemaphore
+from ..tokens import Audit, TokenAdmin
 from ..transport.broker import Broker
 from .common import CliError, get_globals, lock_name
 from .exitcodes import Exit
@@ -230,8 +230,8 @@ def token() -> None:
 
 def _tokens(
     b: Broker, name: str, admin_timeout: float = 30.0, quorum: bool = False
-) -> TokenSemaphore:
-    return TokenSemaphore(b, name, mutex_timeout=admin_timeout, quorum=quorum)
+) -> TokenAdmin:
+    return TokenAdmin(b, name, mutex_timeout=admin_timeout, quorum=quorum)
 
 
 @token.command("setup")

@@ -9,16 +9,20 @@
   fail fast; the gaps it leaves are only safe with overshoot or expiry to prune them.
 - holders / wait: probe `B` queues; after a slot is removed, its holder keeps it until it
   releases (the seed's largest limitation) - `wait_for_holders` polls until they have.
+
+:class:`SemaphoreAdminCore` holds these actions as coroutines on the Broker's I/O loop;
+:class:`SemaphoreAdmin` (sync) and `amqp_locks.aio.SemaphoreAdmin` only submit them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import ConfigurationError, LockError
 from ..fencing import ensure_fence, repair_fence
@@ -38,8 +42,6 @@ from ..waiting import Backoff, check_timeout
 from .client import first_window, windows
 
 log = logging.getLogger("amqp_locks.semaphore.admin")
-
-T = TypeVar("T")
 
 #: Slot queues drop every probe message (the seed's existence checks leave nothing behind).
 SLOT_ARGS: dict[str, Any] = {"x-max-length": 0}
@@ -86,12 +88,12 @@ class Removal:
     still_held: tuple[int, ...]
 
 
-class SemaphoreAdmin:
-    """Administer the persistent semaphore `name`; every method holds its admin mutex.
+class SemaphoreAdminCore:
+    """The seed's admin actions on the persistent semaphore `name`, as coroutines on the
+    Broker's I/O loop, each under the admin mutex. Both facades (:class:`SemaphoreAdmin`,
+    `aio.SemaphoreAdmin`) only submit these: waiting for holders blocks no thread.
 
-    ``mutex_timeout`` bounds the wait for the mutex (:class:`AdminLockTimeout` after it),
-    ``overshoot`` and ``ascending`` are the seed's options, ``quorum`` makes slot queues
-    quorum queues (replicated; for clusters), decided at create time.
+    Options: see :class:`SemaphoreAdmin`.
     """
 
     def __init__(
@@ -119,13 +121,11 @@ class SemaphoreAdmin:
     def _core(self) -> BrokerCore:
         return self.broker._core
 
-    def _run(self, action: Callable[[Session], Coroutine[Any, Any, T]]) -> T:
-        async def locked() -> T:
-            core = self._core
-            async with held_mutex(core, self.name, self.mutex_timeout, self.backoff) as mutex:
-                return await action(mutex.session)
-
-        return self._core.run(locked())
+    @contextlib.asynccontextmanager
+    async def _mutex(self) -> AsyncIterator[Session]:
+        """Hold the admin mutex `N`; yields the session that holds it."""
+        async with held_mutex(self._core, self.name, self.mutex_timeout, self.backoff) as m:
+            yield m.session
 
     async def _delete_slots(self, session: Session, ks: Sequence[int]) -> None:
         """Delete `A[k]` for ks in the given order, each after the previous delete-ok."""
@@ -154,18 +154,15 @@ class SemaphoreAdmin:
         """Wake one waiter per new slot (at most 64), each told which slot to try."""
         session.notify_soon(wakeup_queue(self.name, "sem"), list(slots)[:64])
 
-    # --- the seed's actions -------------------------------------------------------------
+    # --- the seed's actions (documented on SemaphoreAdmin) ------------------------------
 
-    def max_slots(self) -> int:
-        """The semaphore's number of slots C (0 if it does not exist)."""
-        return self._run(lambda s: find_max(s, self.name))
+    async def max_slots(self) -> int:
+        async with self._mutex() as session:
+            return await find_max(session, self.name)
 
-    def create(self, slots: int) -> int:
-        """Create `A[1..slots]` (and the fence queue). Idempotent for the same count;
-        a semaphore that exists with another count is refused. Returns the count."""
+    async def create(self, slots: int) -> int:
         slots = _count(slots, "slots", minimum=1)
-
-        async def create(session: Session) -> int:
+        async with self._mutex() as session:
             c = await find_max(session, self.name)
             if c not in (0, slots):
                 raise LockError(
@@ -181,16 +178,8 @@ class SemaphoreAdmin:
             log.info("created semaphore %r with %d slots", self.name, slots)
             return slots
 
-        return self._run(create)
-
-    def destroy(self, *, purge_fence: bool = False) -> Removal:
-        """Delete every slot queue (descending unless ``ascending``); holders keep their
-        `B` queues until they release (their ``verify()`` fails and ``lost`` is set).
-
-        The fence queue is kept so tokens stay monotonic if the name is reused, unless
-        ``purge_fence``."""
-
-        async def destroy(session: Session) -> Removal:
+    async def destroy(self, *, purge_fence: bool = False) -> Removal:
+        async with self._mutex() as session:
             c = await find_max(session, self.name)
             extra = await self._overshoot(session, c, self.overshoot)
             order = range(1, c + 1) if self.ascending else range(c, 0, -1)
@@ -202,13 +191,9 @@ class SemaphoreAdmin:
             log.info("destroyed semaphore %r (%d slots)", self.name, c)
             return Removal(tuple(order), extra, tuple(held))
 
-        return self._run(destroy)
-
-    def add_slots(self, count: int) -> int:
-        """Add `count` slots; returns the new C. Waiters are woken."""
+    async def add_slots(self, count: int) -> int:
         count = _count(count, "count", minimum=1)
-
-        async def add(session: Session) -> int:
+        async with self._mutex() as session:
             c = await find_max(session, self.name)
             if c == 0:
                 raise LockError(f"semaphore {self.name!r} does not exist; create() it first")
@@ -223,18 +208,10 @@ class SemaphoreAdmin:
             log.info("added %d slots to %r: now %d", count, self.name, c + count)
             return c + count
 
-        return self._run(add)
-
-    def remove_slots(self, count: int, *, wait: float | None = 0) -> Removal:
-        """Remove `count` slots (down to max(0, C - count)), descending unless ``ascending``.
-
-        Holders of removed slots are not interrupted: their leases are marked lost and they
-        must release. ``wait`` > 0 polls up to that long for them to do so (None: forever).
-        """
+    async def remove_slots(self, count: int, *, wait: float | None = 0) -> Removal:
         count = _count(count, "count", minimum=1)
         wait = check_timeout(wait) if wait is not None else None
-
-        async def remove(session: Session) -> Removal:
+        async with self._mutex() as session:
             c = await find_max(session, self.name)
             extra = await self._overshoot(session, c, self.overshoot)
             doomed = list(range(c, max(0, c - count), -1))
@@ -247,37 +224,27 @@ class SemaphoreAdmin:
             log.info("removed slots %s of %r; still held: %s", doomed, self.name, held)
             return Removal(tuple(doomed), extra, tuple(held))
 
-        return self._run(remove)
-
-    def holders(self, *, beyond: int = 0) -> list[int]:
-        """Slot numbers currently held (`B` exists), in 1..C+beyond; ``beyond`` finds
-        holders of slots removed earlier."""
+    async def holders(self, *, beyond: int = 0) -> list[int]:
         beyond = _count(beyond, "beyond")
-
-        async def holders(session: Session) -> list[int]:
+        async with self._mutex() as session:
             c = await find_max(session, self.name)
             return await held_slots(session, self.name, c + beyond)
 
-        return self._run(holders)
-
-    def wait_for_holders(
+    async def wait_for_holders(
         self, slots: Sequence[int], timeout: float | None = None, *, interval: float = 0.1
     ) -> list[int]:
-        """Poll the `B` queues of `slots` until none exists or `timeout` passes; returns
-        the slots still held (empty: all relinquished)."""
         timeout = check_timeout(timeout)
         if interval <= 0:
             raise ConfigurationError(f"interval must be > 0, got {interval}")
         wanted = [check_slot_number(k) for k in slots]
-
-        async def waiter(session: Session) -> list[int]:
+        async with self._mutex() as session:
             return await self._wait(session, wanted, timeout, interval)
-
-        return self._run(waiter)
 
     async def _wait(
         self, session: Session, slots: Sequence[int], timeout: float | None, interval: float = 0.1
     ) -> list[int]:
+        """Probe the `B` queues of `slots` every `interval` (an asyncio sleep on the I/O
+        loop) until none exists or `timeout` passes; returns those still held."""
         deadline = None if timeout is None else time.monotonic() + timeout
         held = list(slots)
         while held:
@@ -287,17 +254,95 @@ class SemaphoreAdmin:
             await asyncio.sleep(interval)
         return held
 
+    async def repair_fence(self, base: int) -> bool:
+        if isinstance(base, bool) or not isinstance(base, int) or base < 0:
+            raise ConfigurationError(f"base must be an int >= 0, got {base!r}")
+        async with self._mutex() as session:
+            return await repair_fence(session, self.name, base)
+
+
+class SemaphoreAdmin:
+    """Administer the persistent semaphore `name`; every method holds its admin mutex.
+
+    ``mutex_timeout`` bounds the wait for the mutex (:class:`AdminLockTimeout` after it),
+    ``overshoot`` and ``ascending`` are the seed's options, ``quorum`` makes slot queues
+    quorum queues (replicated; for clusters), decided at create time. The sync facade of
+    :class:`SemaphoreAdminCore` (`amqp_locks.aio.SemaphoreAdmin` is the asyncio one).
+    """
+
+    def __init__(
+        self,
+        broker: BrokerLike,
+        name: str,
+        *,
+        mutex_timeout: float | None = 30.0,
+        overshoot: int = 0,
+        ascending: bool = False,
+        quorum: bool = False,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._ops = SemaphoreAdminCore(
+            broker,
+            name,
+            mutex_timeout=mutex_timeout,
+            overshoot=overshoot,
+            ascending=ascending,
+            quorum=quorum,
+            backoff=backoff,
+        )
+        self.broker = broker
+        self.name = self._ops.name
+
+    @property
+    def _core(self) -> BrokerCore:
+        return self.broker._core
+
+    def max_slots(self) -> int:
+        """The semaphore's number of slots C (0 if it does not exist)."""
+        return self._core.run(self._ops.max_slots())
+
+    def create(self, slots: int) -> int:
+        """Create `A[1..slots]` (and the fence queue). Idempotent for the same count;
+        a semaphore that exists with another count is refused. Returns the count."""
+        return self._core.run(self._ops.create(slots))
+
+    def destroy(self, *, purge_fence: bool = False) -> Removal:
+        """Delete every slot queue (descending unless ``ascending``); holders keep their
+        `B` queues until they release (their ``verify()`` fails and ``lost`` is set).
+
+        The fence queue is kept so tokens stay monotonic if the name is reused, unless
+        ``purge_fence``."""
+        return self._core.run(self._ops.destroy(purge_fence=purge_fence))
+
+    def add_slots(self, count: int) -> int:
+        """Add `count` slots; returns the new C. Waiters are woken."""
+        return self._core.run(self._ops.add_slots(count))
+
+    def remove_slots(self, count: int, *, wait: float | None = 0) -> Removal:
+        """Remove `count` slots (down to max(0, C - count)), descending unless ``ascending``.
+
+        Holders of removed slots are not interrupted: their leases are marked lost and they
+        must release. ``wait`` > 0 polls up to that long for them to do so (None: forever).
+        """
+        return self._core.run(self._ops.remove_slots(count, wait=wait))
+
+    def holders(self, *, beyond: int = 0) -> list[int]:
+        """Slot numbers currently held (`B` exists), in 1..C+beyond; ``beyond`` finds
+        holders of slots removed earlier."""
+        return self._core.run(self._ops.holders(beyond=beyond))
+
+    def wait_for_holders(
+        self, slots: Sequence[int], timeout: float | None = None, *, interval: float = 0.1
+    ) -> list[int]:
+        """Poll the `B` queues of `slots` until none exists or `timeout` passes; returns
+        the slots still held (empty: all relinquished)."""
+        return self._core.run(self._ops.wait_for_holders(slots, timeout, interval=interval))
+
     def repair_fence(self, base: int) -> bool:
         """Replace a lost fence message (queue purged by hand) with one whose tokens start
         above `base`; `base` must be at least the highest token already handed out.
         Returns whether a message was missing."""
-        if isinstance(base, bool) or not isinstance(base, int) or base < 0:
-            raise ConfigurationError(f"base must be an int >= 0, got {base!r}")
-
-        async def repair(session: Session) -> bool:
-            return await repair_fence(session, self.name, base)
-
-        return self._run(repair)
+        return self._core.run(self._ops.repair_fence(base))
 
     def __repr__(self) -> str:
         return f"SemaphoreAdmin({self.name!r})"

@@ -161,7 +161,7 @@ class Session:
         self.slot_hints: dict[str, int] = {}
         #: Last size seen per semaphore: where the next slot search's first window ends.
         self.size_hints: dict[str, int] = {}
-        #: Last token-semaphore ledger version read per name (tokens.py).
+        #: Last token-semaphore ledger version read per name (tokens/ledger.py).
         self.ledger_versions: dict[str, int] = {}
         #: Locks held through this session (released cleanly on Broker.close()); holding
         #: a name keeps it bound to our holder queue, so readers can ask who holds it.

@@ -1,0 +1,268 @@
+"""Token semaphore, administration: setup, add/remove permits, status, audit, repair,
+destroy. Every action but `status` holds the administration mutex `N`.
+
+:class:`TokenAdminCore` holds the operations as coroutines run on the Broker's I/O loop;
+:class:`TokenAdmin` is its sync facade and `amqp_locks.aio.TokenAdmin` its asyncio one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiormq.abc import AbstractChannel
+
+from ..errors import ConfigurationError, LockError
+from ..fencing import ensure_fence, fence_arguments
+from ..mutex import held_mutex
+from ..names import token_queue, validate_name
+from ..transport.broker import BrokerCore, BrokerLike
+from ..transport.features import broker_version, consumer_timeout_arguments, quorum_arguments
+from ..transport.session import Session
+from ..waiting import Backoff, check_timeout
+from .drain import collect, drain
+from .fencing import mint_headers
+from .ledger import (
+    Audit,
+    Ledger,
+    TokenStatus,
+    audit_of,
+    ledger_queue,
+    read_ledger,
+    read_status,
+    require_ledger,
+    write_ledger,
+)
+from .message import token_properties
+
+log = logging.getLogger("amqp_locks.tokens")
+
+#: How long an admin call waits for the administration mutex by default (seconds).
+MUTEX_TIMEOUT = 30.0
+
+
+def token_arguments(session: Session, quorum: bool) -> dict[str, Any]:
+    """The token queue's arguments for this broker (see the package docstring)."""
+    version = broker_version(session)
+    args: dict[str, Any] = quorum_arguments(version) if quorum else {}
+    # 3.12 added the per-queue timeout; 4.3 stopped timing out classic-queue consumers
+    # and refuses the argument there (rabbitmq-server#17144), so it goes to quorum only.
+    return {**args, **consumer_timeout_arguments(version, quorum)}
+
+
+async def declare_queues(session: Session, name: str, quorum: bool) -> None:
+    """Declare the token queue and, if missing, the ledger."""
+    await session.declare(
+        token_queue(name), durable=True, arguments=token_arguments(session, quorum)
+    )
+    # A quorum semaphore's ledger is replicated too, or losing its node would stop
+    # status/audit/admin. An existing ledger is kept whatever its type.
+    ledger = ledger_queue(name)
+    if not await session.exists_passive(ledger):
+        args = fence_arguments(session) if quorum else None
+        await session.declare(ledger, durable=True, arguments=args)
+
+
+async def publish_tokens(session: Session, name: str, ids: list[int], quorum: bool) -> None:
+    """Publish tokens `ids` (persistent, mandatory, confirmed, all in flight at once)."""
+    queue = token_queue(name)
+    await ensure_fence(session, name)
+    headers = await mint_headers(session, name, quorum)
+
+    async def publish(ch: AbstractChannel) -> None:
+        await asyncio.gather(
+            *(
+                ch.basic_publish(
+                    str(i).encode(),
+                    routing_key=queue,
+                    mandatory=True,
+                    properties=token_properties(name, i, headers),
+                )
+                for i in ids
+            )
+        )
+
+    await session.call(queue, publish)
+
+
+def _positive(x: int, what: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+        raise ConfigurationError(f"{what} must be an int >= 1, got {x!r}")
+    return x
+
+
+class TokenAdminCore:
+    """The admin operations of the token semaphore `name`, as coroutines on the I/O loop.
+
+    Both facades (:class:`TokenAdmin`, `aio.TokenAdmin`) only submit these, so neither
+    re-implements a step nor blocks a thread while a drain or audit waits.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerLike,
+        name: str,
+        *,
+        quorum: bool = False,
+        mutex_timeout: float | None = MUTEX_TIMEOUT,
+    ) -> None:
+        self.broker = broker
+        self.name = validate_name(name)
+        self.quorum = quorum
+        self.mutex_timeout = check_timeout(mutex_timeout)
+
+    @property
+    def _core(self) -> BrokerCore:
+        return self.broker._core
+
+    @contextlib.asynccontextmanager
+    async def _mutex(self) -> AsyncIterator[Session]:
+        """Hold the administration mutex `N`; yields the session that holds it."""
+        async with held_mutex(self._core, self.name, self.mutex_timeout, Backoff()) as m:
+            yield m.session
+
+    async def setup(self, permits: int) -> int:
+        """See :meth:`TokenAdmin.setup`."""
+        permits = _positive(permits, "permits")
+        async with self._mutex() as session:
+            await declare_queues(session, self.name, self.quorum)
+            ledger = await read_ledger(session, self.name)
+            if ledger is not None:
+                if ledger.permits != permits:
+                    raise LockError(
+                        f"token semaphore {self.name!r} already has {ledger.permits} permits; "
+                        "use add_permits()/remove_permits() to change it"
+                    )
+                return permits
+            ids = list(range(1, permits + 1))
+            await publish_tokens(session, self.name, ids, self.quorum)
+            await write_ledger(session, self.name, Ledger(0, [], self.quorum).with_ids(ids))
+            log.info("set up token semaphore %r with %d permits", self.name, permits)
+            return permits
+
+    async def add_permits(self, count: int) -> list[int]:
+        """See :meth:`TokenAdmin.add_permits`."""
+        count = _positive(count, "count")
+        async with self._mutex() as session:
+            ledger = await require_ledger(session, self.name)
+            start = max(ledger.next_id, 1)
+            new = list(range(start, start + count))
+            await publish_tokens(session, self.name, new, ledger.quorum)
+            await write_ledger(session, self.name, ledger.with_ids(ledger.ids + new))
+            log.info("added permits %s to %r", new, self.name)
+            return new
+
+    async def remove_permits(self, count: int, timeout: float | None = None) -> list[int]:
+        """See :meth:`TokenAdmin.remove_permits`."""
+        count = _positive(count, "count")
+        timeout = check_timeout(timeout)
+        async with self._mutex() as session:
+            ledger = await require_ledger(session, self.name)
+            want = min(count, ledger.permits)
+            removed = await drain(session, self.name, want, timeout, ack=True)
+            kept = [i for i in ledger.ids if i not in removed]
+            await write_ledger(session, self.name, ledger.with_ids(kept))
+            log.info("removed permits %s from %r", removed, self.name)
+            return removed
+
+    async def status(self) -> TokenStatus:
+        """See :meth:`TokenAdmin.status`."""
+        # Read-only: no admin mutex, so status works while an admin drains or audits.
+        return await read_status(await self._core.session(), self.name)
+
+    async def audit(self, timeout: float = 5.0) -> Audit:
+        """See :meth:`TokenAdmin.audit`."""
+        wait = float(check_timeout(timeout) or 0.0)
+        async with self._mutex() as session:
+            ledger = await require_ledger(session, self.name)
+            return audit_of(ledger, await collect(session, self.name, ledger, wait))
+
+    async def repair(self, timeout: float = 5.0) -> Audit:
+        """See :meth:`TokenAdmin.repair`."""
+        wait = float(check_timeout(timeout) or 0.0)
+        async with self._mutex() as session:
+            ledger = await require_ledger(session, self.name)
+            seen = await collect(session, self.name, ledger, wait, drop_surplus=True)
+            result = audit_of(ledger, seen)
+            if result.missing:
+                await publish_tokens(session, self.name, list(result.missing), ledger.quorum)
+                log.warning("re-published missing permits %s of %r", result.missing, self.name)
+            return result
+
+    async def destroy(self) -> None:
+        """See :meth:`TokenAdmin.destroy`."""
+        async with self._mutex() as session:
+            await session.delete(token_queue(self.name))
+            await session.delete(ledger_queue(self.name))
+
+
+class TokenAdmin:
+    """Administer the token semaphore `name` (sync; `amqp_locks.aio.TokenAdmin` awaits).
+
+    ``quorum`` makes the token queue (and ledger) quorum queues, decided at `setup`;
+    ``mutex_timeout`` bounds the wait for the administration mutex
+    (:class:`~amqp_locks.errors.AdminLockTimeout` after it). `acquire`, `release` and
+    `status` never take that mutex.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerLike,
+        name: str,
+        *,
+        quorum: bool = False,
+        mutex_timeout: float | None = MUTEX_TIMEOUT,
+    ) -> None:
+        self._ops = TokenAdminCore(broker, name, quorum=quorum, mutex_timeout=mutex_timeout)
+        self.broker = broker
+        self.name = self._ops.name
+
+    @property
+    def _core(self) -> BrokerCore:
+        return self.broker._core
+
+    def setup(self, permits: int) -> int:
+        """Declare the token queue and publish exactly `permits` tokens. Idempotent: a
+        semaphore already set up with the same count is left alone; another count is
+        refused (use add_permits/remove_permits). Returns the count."""
+        return self._core.run(self._ops.setup(permits))
+
+    def add_permits(self, count: int) -> list[int]:
+        """Publish `count` new tokens (new ids: ids are never reused); returns their ids."""
+        return self._core.run(self._ops.add_permits(count))
+
+    def remove_permits(self, count: int, timeout: float | None = None) -> list[int]:
+        """Take `count` tokens out of circulation (a top-priority consumer acks them),
+        waiting up to `timeout` for held ones to come back. Returns the removed ids
+        (fewer than `count` if the timeout passed first)."""
+        return self._core.run(self._ops.remove_permits(count, timeout))
+
+    def status(self) -> TokenStatus:
+        """Permits configured, tokens ready in the queue, held (configured - ready) and
+        consumers (holders + waiters + drains): the ledger and one passive declare."""
+        return self._core.run(self._ops.status())
+
+    def audit(self, timeout: float = 5.0) -> Audit:
+        """Take every token with a top-priority consumer for up to `timeout` seconds (held
+        ones are seen when they come back), then return them all. Ids never seen are
+        reported missing (lost, or held all along); ids seen twice are surplus. Waiters get
+        no token while the audit runs."""
+        return self._core.run(self._ops.audit(timeout))
+
+    def repair(self, timeout: float = 5.0) -> Audit:
+        """Audit, then ack surplus duplicates and re-publish ids not seen. Only safe when
+        every holder returns its token within `timeout` (a token held all along would be
+        duplicated; a later audit+repair removes that duplicate again)."""
+        return self._core.run(self._ops.repair(timeout))
+
+    def destroy(self) -> None:
+        """Delete the token queue and its ledger (holders are told: consumer cancelled).
+        The fence queue `N-fence` stays, so fencing tokens keep rising if `N` is set up
+        again."""
+        self._core.run(self._ops.destroy())
+
+    def __repr__(self) -> str:
+        return f"TokenAdmin({self.name!r})"

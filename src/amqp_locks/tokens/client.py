@@ -1,0 +1,302 @@
+"""The token semaphore's client: wait for a token (push), read its fencing token, hold it.
+
+`acquire_permit` is the hot path: one consume on a holder channel kept open and ready
+(prefetch 1, transactions selected) by the session, then nothing but what the token itself
+needs (a fence round trip only for a token that cannot tell its own value). Each step is a
+method of :class:`_Waiter`, which owns the channel until a :class:`PermitState` takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiormq.abc import AbstractChannel, DeliveredMessage
+from pamqp.commands import Basic
+
+from ..errors import ConfigurationError, ConnectionLost, QueueNotFound, TokenSemaphoreNotFound
+from ..holders import HolderQueries
+from ..lease import Lease
+from ..lockobject import LockObject
+from ..names import token_queue, validate_name
+from ..transport.broker import BrokerCore, BrokerLike
+from ..transport.errors import channel_error
+from ..transport.session import Session
+from ..transport.shield import shielded
+from ..waiting import check_timeout
+from .admin import MUTEX_TIMEOUT, TokenAdmin
+from .drain import MAX_PRIORITY
+from .fencing import fencing_for
+from .ledger import Audit, TokenStatus
+from .message import delivery_tag, token_id
+from .permit import PermitState, close_quietly
+
+#: How long a non-blocking acquire waits for a token the broker reported ready.
+NONBLOCKING_GRACE = 1.0
+
+
+def _not_set_up(name: str) -> TokenSemaphoreNotFound:
+    return TokenSemaphoreNotFound(
+        f"token semaphore {name!r} does not exist ({token_queue(name)!r} missing): "
+        "run TokenSemaphore.setup(permits)"
+    )
+
+
+async def acquire_permit(
+    core: BrokerCore,
+    name: str,
+    *,
+    priority: int,
+    blocking: bool,
+    timeout: float | None,
+    fencing: bool = True,
+) -> PermitState | None:
+    """Consume one token (push). None when not blocking and none is free, or timed out."""
+    session = await core.session()
+    if not blocking or timeout == 0:
+        if await _ready_tokens(session, name) == 0:
+            return None
+        timeout = NONBLOCKING_GRACE  # another client may take the ready token first
+    waiter = await _Waiter.open(session, name)
+    try:
+        consumer_tag = await waiter.consume(priority)
+        message = await waiter.next_token(timeout)
+        if message is None:
+            return None
+        return await waiter.grant(core, consumer_tag, message, fencing)
+    except BaseException:
+        waiter.abandon()
+        raise
+
+
+async def _ready_tokens(session: Session, name: str) -> int:
+    """Tokens ready in the queue (one passive declare): a non-blocking acquire's check."""
+    try:
+        return await session.declare_passive_count(token_queue(name))
+    except QueueNotFound:
+        raise _not_set_up(name) from None
+
+
+class _Waiter:
+    """One waiting consumer on its own holder channel. The broker pushes it a token,
+    cancels it (the queue was deleted) or closes its channel: whichever comes first
+    settles `delivered`. Once granted, the :class:`PermitState` watches the channel."""
+
+    def __init__(self, session: Session, name: str, channel: AbstractChannel) -> None:
+        self.session = session
+        self.name = name
+        self.queue = token_queue(name)
+        self.channel = channel
+        self.delivered: asyncio.Future[DeliveredMessage] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.state: PermitState | None = None
+        channel.on_consumer_cancel_callbacks.add(self.on_cancel)
+        channel.closing.add_done_callback(self.on_closed)
+
+    @classmethod
+    async def open(cls, session: Session, name: str) -> _Waiter:
+        """Take a ready holder channel (a cancelled caller's channel is closed again)."""
+        channel = await shielded(session.holder_channel(transactional=True), close_quietly)
+        return cls(session, name, channel)
+
+    # --- what the broker tells us -----------------------------------------------------
+
+    async def on_token(self, message: DeliveredMessage) -> None:
+        # prefetch 1: nothing else can arrive until this one is returned
+        if not self.delivered.done():
+            self.delivered.set_result(message)
+
+    def on_cancel(self, _: Basic.Cancel) -> None:
+        if self.state is not None:
+            self.state.on_broker_cancel()
+        elif not self.delivered.done():
+            self.delivered.set_exception(
+                TokenSemaphoreNotFound(f"{self.queue!r} was deleted while we waited for a token")
+            )
+
+    def on_closed(self, _: Any) -> None:
+        # Our connection (or channel) died while we waited: no token can arrive here.
+        if not self.delivered.done():
+            self.delivered.set_exception(
+                ConnectionLost(
+                    f"channel waiting on {self.queue!r} closed: {self.session.lost_reason}"
+                )
+            )
+
+    # --- the steps ----------------------------------------------------------------------
+
+    async def consume(self, priority: int) -> str:
+        """Start consuming with our priority; returns the consumer tag."""
+        try:
+            ok = await shielded(
+                self.channel.basic_consume(
+                    self.queue, self.on_token, no_ack=False, arguments={"x-priority": priority}
+                ),
+                lambda _: close_quietly(self.channel),
+            )
+        except Exception as exc:
+            err = channel_error(exc, self.queue)
+            if isinstance(err, QueueNotFound):
+                raise _not_set_up(self.name) from None
+            raise err from exc
+        return str(ok.consumer_tag)
+
+    async def next_token(self, timeout: float | None) -> DeliveredMessage | None:
+        """The token the broker pushes us, or None after `timeout`."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.delivered), timeout)
+        except TimeoutError:
+            self.delivered.cancel()  # nobody awaits it any more (on_closed must not set it)
+            # Closing the channel returns a token that may be arriving right now.
+            await close_quietly(self.channel)
+            return None
+
+    async def grant(
+        self, core: BrokerCore, consumer_tag: str, message: DeliveredMessage, fencing: bool
+    ) -> PermitState:
+        """Read the token's fencing token and hand the channel to the held state."""
+        fencing_token, carry, quorum = await shielded(
+            fencing_for(self.session, self.name, message, fencing),
+            lambda _: close_quietly(self.channel),
+        )
+        state = PermitState(
+            core=core,
+            session=self.session,
+            kind="token",
+            name=self.name,
+            number=token_id(message),
+            fencing_token=fencing_token,
+            channel=self.channel,
+            consumer_tag=consumer_tag,
+            delivery_tag=delivery_tag(message),
+            quorum=quorum,
+            message=message,
+            carry=carry,
+            on_cancel=self.on_cancel,
+        )
+        self.state = state
+        # The state watches the channel from now on; the pooled channel must not collect
+        # one stale callback per acquire.
+        self.channel.closing.remove_done_callback(self.on_closed)
+        state.attach()
+        if self.channel.is_closed:
+            state.lose("channel closed while the token was being granted")
+        return state
+
+    def abandon(self) -> None:
+        """Failed or cancelled before the grant: close the channel, which returns a token
+        that may be arriving right now."""
+        if self.state is None:
+            if not self.delivered.done():
+                self.delivered.cancel()
+            self.session.spawn(close_quietly(self.channel))
+
+
+class TokenSemaphore(LockObject, HolderQueries):
+    """A counting (or binary) semaphore of `permits` token messages in `name.semaphore`.
+
+    ``priority`` is this client's consumer priority: the broker gives a freed token to the
+    waiting consumer with the highest priority. ``fencing=False`` skips the fence round
+    trip on classic token queues (``fencing_token`` is then 0); quorum token queues carry
+    their fencing counter for free. The admin methods (`setup`, `add_permits`,
+    `remove_permits`, `status`, `audit`, `repair`, `destroy`) are those of
+    :attr:`admin`, a :class:`TokenAdmin` with this object's ``quorum`` and
+    ``mutex_timeout``. ``timeout`` / ``blocking`` are what ``with sem as permit:`` waits
+    (default: for ever); it raises :class:`~amqp_locks.errors.LockTimeout` when no permit
+    was obtained.
+    """
+
+    kind = "token"
+
+    def __init__(
+        self,
+        broker: BrokerLike,
+        name: str,
+        *,
+        timeout: float | None = None,
+        blocking: bool = True,
+        priority: int = 0,
+        quorum: bool = False,
+        fencing: bool = True,
+        mutex_timeout: float | None = MUTEX_TIMEOUT,
+    ) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigurationError(f"priority must be an int, got {type(priority).__name__}")
+        if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise ConfigurationError(f"priority must be within ±{MAX_PRIORITY}, got {priority}")
+        self.broker = broker
+        self.name = validate_name(name)
+        self.priority = priority
+        self.quorum = quorum
+        self.fencing = fencing
+        self.mutex_timeout = check_timeout(mutex_timeout)
+        self._init_wait(blocking, timeout)
+        #: The administration of this semaphore (what `setup` & co. delegate to).
+        self.admin = TokenAdmin(broker, self.name, quorum=quorum, mutex_timeout=mutex_timeout)
+
+    @property
+    def _core(self) -> BrokerCore:
+        return self.broker._core
+
+    # --- holders --------------------------------------------------------------------------
+
+    async def _wait(self, blocking: bool, timeout: float | None) -> PermitState | None:
+        """Wait for a token; when the connection dies meanwhile (its node died), wait on a
+        new one (the next node of a cluster) for the time that is left."""
+        timeout = check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        retried = False
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return await acquire_permit(
+                    self._core,
+                    self.name,
+                    priority=self.priority,
+                    blocking=blocking,
+                    timeout=left,
+                    fencing=self.fencing,
+                )
+            except ConnectionLost:
+                if (not blocking and retried) or (left is not None and left <= 0):
+                    raise
+                retried = True
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
+        """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""
+        return super().acquire(blocking, timeout)
+
+    # --- administration (DESIGN.md's contract): see TokenAdmin --------------------------
+
+    def setup(self, permits: int) -> int:
+        """Publish exactly `permits` tokens; idempotent (:meth:`TokenAdmin.setup`)."""
+        return self.admin.setup(permits)
+
+    def add_permits(self, count: int) -> list[int]:
+        """Publish `count` new tokens; returns their ids (:meth:`TokenAdmin.add_permits`)."""
+        return self.admin.add_permits(count)
+
+    def remove_permits(self, count: int, timeout: float | None = None) -> list[int]:
+        """Take `count` tokens out of circulation (:meth:`TokenAdmin.remove_permits`)."""
+        return self.admin.remove_permits(count, timeout)
+
+    def status(self) -> TokenStatus:
+        """Permits, ready, held, consumers, waiting (:meth:`TokenAdmin.status`)."""
+        return self.admin.status()
+
+    def audit(self, timeout: float = 5.0) -> Audit:
+        """Find missing and surplus tokens (:meth:`TokenAdmin.audit`)."""
+        return self.admin.audit(timeout)
+
+    def repair(self, timeout: float = 5.0) -> Audit:
+        """Drop surplus tokens, re-publish missing ones (:meth:`TokenAdmin.repair`)."""
+        return self.admin.repair(timeout)
+
+    def destroy(self) -> None:
+        """Delete the token queue and its ledger (:meth:`TokenAdmin.destroy`)."""
+        self.admin.destroy()
+
+    def __repr__(self) -> str:
+        return f"TokenSemaphore({self.name!r}, priority={self.priority})"

@@ -1,0 +1,149 @@
+"""The ledger `N.semaphore-ledger`: the configured count and the token ids in circulation,
+and what it is compared with (status: ready tokens; audit: tokens seen).
+
+One persistent JSON record, e.g. ``{"version": 3, "permits": 2, "ids": [1, 4],
+"quorum": false, "next_id": 5}``. Reading takes every record unacked and returns them all
+by closing the channel (the newest version wins; several exist only after a crash
+mid-write). Writing publishes the new record confirmed, then acks the older ones.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pamqp.commands import Basic
+
+from ..errors import QueueNotFound, TokenSemaphoreNotFound
+from ..names import token_queue
+from ..transport.errors import channel_error
+from ..transport.session import Session
+from .message import delivery_tag
+from .permit import close_quietly
+
+
+def ledger_queue(name: str) -> str:
+    return f"{token_queue(name)}-ledger"
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The configured count, the ids in circulation, the queue type, and the next id:
+    ids are never reused, so a quorum token's per-id delivery count stays monotonic."""
+
+    permits: int
+    ids: list[int]
+    quorum: bool = False
+    next_id: int = 0
+
+    def with_ids(self, ids: list[int]) -> Ledger:
+        return Ledger(len(ids), ids, self.quorum, max([self.next_id, *(i + 1 for i in ids)]))
+
+
+async def read_ledger(session: Session, name: str) -> Ledger | None:
+    """The newest ledger record, or None when there is none."""
+    queue = ledger_queue(name)
+    ch = await session.open_channel()
+    try:
+        best: Ledger | None = None
+        best_version = -1
+        try:
+            while True:
+                message = await ch.basic_get(queue, no_ack=False)
+                if not isinstance(message.delivery, Basic.GetOk):
+                    break
+                record = json.loads(message.body)
+                if record["version"] > best_version:
+                    best_version = record["version"]
+                    ids = [int(i) for i in record["ids"]]
+                    best = Ledger(
+                        int(record["permits"]),
+                        ids,
+                        bool(record.get("quorum", False)),
+                        int(record.get("next_id", max(ids, default=0) + 1)),
+                    )
+        except Exception as exc:
+            raise channel_error(exc, queue) from exc
+        session.ledger_versions[name] = best_version
+        return best
+    finally:
+        await close_quietly(ch)  # every record goes back (unacked)
+
+
+async def require_ledger(session: Session, name: str) -> Ledger:
+    """The ledger, or TokenSemaphoreNotFound: every admin call but setup needs one."""
+    try:
+        ledger = await read_ledger(session, name)
+    except QueueNotFound:
+        ledger = None
+    if ledger is None:
+        raise TokenSemaphoreNotFound(
+            f"token semaphore {name!r} is not set up: run TokenSemaphore.setup(permits)"
+        )
+    return ledger
+
+
+async def write_ledger(session: Session, name: str, ledger: Ledger) -> None:
+    """Publish the new record (confirmed), then drop the older ones."""
+    queue = ledger_queue(name)
+    version = session.ledger_versions.get(name, -1) + 1
+    body = json.dumps(
+        {
+            "version": version,
+            "permits": ledger.permits,
+            "ids": ledger.ids,
+            "quorum": ledger.quorum,
+            "next_id": ledger.next_id,
+        }
+    )
+    await session.publish("", queue, body.encode(), persistent=True)
+    ch = await session.open_channel()
+    try:
+        while True:
+            message = await ch.basic_get(queue, no_ack=False)
+            if not isinstance(message.delivery, Basic.GetOk):
+                break
+            if json.loads(message.body)["version"] < version:
+                await ch.basic_ack(delivery_tag(message))
+    finally:
+        await close_quietly(ch)  # the newest record goes back
+    session.ledger_versions[name] = version
+
+
+@dataclass(frozen=True)
+class TokenStatus:
+    permits: int
+    ready: int
+    held: int
+    consumers: int
+    waiting: int
+
+
+async def read_status(session: Session, name: str) -> TokenStatus:
+    """Permits (the ledger), ready tokens and consumers (one passive declare)."""
+    ledger = await require_ledger(session, name)
+    ready, consumers = await session.declare_passive_counts(token_queue(name))
+    held = max(0, ledger.permits - ready)
+    return TokenStatus(ledger.permits, ready, held, consumers, max(0, consumers - held))
+
+
+@dataclass(frozen=True)
+class Audit:
+    permits: int
+    seen: tuple[int, ...]
+    missing: tuple[int, ...]
+    surplus: tuple[int, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.surplus
+
+
+def audit_of(ledger: Ledger, seen: list[int]) -> Audit:
+    """Compare the tokens seen with the ledger: ids missing, ids seen twice or unknown."""
+    counts: dict[int, int] = {}
+    for i in seen:
+        counts[i] = counts.get(i, 0) + 1
+    missing = tuple(i for i in ledger.ids if i not in counts)
+    surplus = tuple(sorted(i for i, n in counts.items() if n > 1 or i not in ledger.ids))
+    return Audit(ledger.permits, tuple(sorted(counts)), missing, surplus)

@@ -1,0 +1,120 @@
+"""The holder's side: a token delivered to us and left unacked on our own channel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiormq.abc import AbstractChannel, DeliveredMessage
+
+from ..errors import LeaseReleased
+from ..lease import HeldState
+from ..names import token_queue
+from .fencing import Carry
+from .message import carrying
+
+log = logging.getLogger("amqp_locks.tokens")
+
+
+async def close_quietly(ch: AbstractChannel) -> None:
+    """Close a channel, whatever state it is in: what it holds unacked goes back."""
+    with contextlib.suppress(Exception):
+        await ch.close()
+
+
+@dataclass(eq=False, kw_only=True)
+class PermitState(HeldState):
+    """A token delivered to us and left unacked on our own channel."""
+
+    channel: AbstractChannel
+    consumer_tag: str
+    delivery_tag: int
+    quorum: bool
+    #: The token as delivered (re-published by the release when it carries its counter).
+    message: DeliveredMessage
+    #: (epoch, count) this holder's fencing token was made of: the release publishes the
+    #: token again with count + 1. None: the release returns it as it came (reject).
+    carry: Carry = None
+    #: Called by the broker's consumer cancel (the waiter's; removed on release).
+    on_cancel: Callable[[Any], None] | None = field(default=None)
+
+    def attach(self) -> None:
+        """Watch for everything by which the broker can take the token back."""
+        self._listener = self.session.add_listener(self._on_session_lost)
+        self.session.leases.add(self)
+        self.channel.closing.add_done_callback(self._on_channel_closed)
+
+    def _detach(self) -> None:
+        """The pooled channel outlives us: take our callbacks off it."""
+        self.channel.closing.remove_done_callback(self._on_channel_closed)
+        if self.on_cancel is not None:
+            self.channel.on_consumer_cancel_callbacks.discard(self.on_cancel)
+
+    def on_broker_cancel(self) -> None:
+        self.lose(
+            f"the broker cancelled our consumer on {token_queue(self.name)!r} "
+            "(queue deleted?): the token is no longer ours"
+        )
+
+    def _on_channel_closed(self, fut: asyncio.Future[Any]) -> None:
+        if self.released or self.lost_reason is not None:
+            return
+        exc = None if fut.cancelled() else fut.exception()
+        self.lose(f"channel holding the token closed: {exc}" if exc else "channel closed")
+
+    async def verify(self) -> bool:
+        """Still held: our channel and consumer are alive and the token queue exists."""
+        if self.released:
+            raise LeaseReleased(f"permit {self.number} of {self.name!r} was released")
+        if self.lost_reason is not None or self.channel.is_closed or not self.session.alive:
+            return False
+        if not await self.session.exists_passive(token_queue(self.name)):
+            self.lose(f"{token_queue(self.name)!r} no longer exists")
+            return False
+        return True
+
+    async def release(self) -> None:
+        """Cancel our consumer (so the token is not re-delivered to us), then, in one
+        transaction, either ack the token and publish it again with its counter raised
+        (it carries its counter) or reject it with requeue: at the commit the broker hands
+        it to the best waiting consumer. If anything fails before the commit, closing the
+        channel gives the token back as it came (the broker then flags it redelivered)."""
+        if self.released:
+            return
+        self.released = True
+        self._emit_release()
+        self.session.remove_listener(self._listener)
+        self.session.leases.discard(self)
+        ch = self.channel
+        self._detach()
+        if ch.is_closed or not self.session.alive:
+            return
+        # The caller does not wait for the commit: the broker hands the token on at the
+        # commit whoever waits for its reply (Session.close lets it finish).
+        self.session.spawn(self._give_back(ch))
+
+    async def _give_back(self, ch: AbstractChannel) -> None:
+        try:
+            # No need to wait for cancel-ok: the broker handles a channel's methods in
+            # order, so the consumer is gone before the commit requeues the token.
+            await ch.basic_cancel(self.consumer_tag, nowait=True)
+            if self.carry is not None:
+                await ch.basic_ack(self.delivery_tag)
+                await ch.basic_publish(
+                    self.message.body,
+                    routing_key=token_queue(self.name),
+                    properties=carrying(self.message, self.carry[0], self.carry[1] + 1),
+                )
+            else:
+                await ch.basic_reject(self.delivery_tag, requeue=True)
+            await ch.tx_commit()
+        except Exception as exc:
+            log.debug("polite release failed (%s); closing the channel returns the token", exc)
+            self.session.spawn(close_quietly(ch))
+        else:
+            self.session.return_holder_channel(ch, transactional=True)
+        log.debug("released permit %d of %r", self.number, self.name)

@@ -1,0 +1,120 @@
+"""TokenAdmin, the token semaphore's administration, used directly (sync facade)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pamqp.commands import Basic
+
+from amqp_locks import (
+    AdminLockTimeout,
+    Broker,
+    ConfigurationError,
+    InvalidName,
+    LockError,
+    Mutex,
+    TokenAdmin,
+    TokenSemaphore,
+    TokenSemaphoreNotFound,
+)
+from amqp_locks.names import token_queue
+
+
+def _wait_ready(admin: TokenAdmin, ready: int, limit: float = 20.0) -> None:
+    """A release returns before the broker's commit (docs/tokens.md): poll until back."""
+    deadline = time.monotonic() + limit
+    while admin.status().ready != ready:
+        assert time.monotonic() < deadline, admin.status()
+
+
+def test_token_admin_administers_what_the_semaphore_acquires(broker: Broker, name: str) -> None:
+    admin = TokenAdmin(broker, name)
+    assert admin.setup(2) == 2
+    assert admin.setup(2) == 2  # idempotent
+    with pytest.raises(LockError, match="already has 2 permits"):
+        admin.setup(3)
+    sem = TokenSemaphore(broker, name)
+    assert isinstance(sem.admin, TokenAdmin) and sem.admin.name == name
+    lease = sem.acquire(timeout=5)
+    assert lease is not None
+    status = admin.status()
+    assert (status.permits, status.held) == (2, 1)
+    assert admin.add_permits(1) == [3]
+    # Two ready tokens are taken at once; the held one is not taken from its holder.
+    removed = admin.remove_permits(2, timeout=0.5)
+    assert len(removed) == 2 and lease.number not in removed
+    assert sem.status().permits == 1  # the facade's status is the admin's
+    lease.release()
+    _wait_ready(admin, 1)
+    audit = admin.audit(timeout=5)
+    assert audit.ok and audit.permits == 1 and audit.seen == (lease.number,)
+    admin.destroy()
+    with pytest.raises(TokenSemaphoreNotFound):
+        admin.status()
+    with pytest.raises(TokenSemaphoreNotFound):
+        sem.acquire(blocking=False)
+
+
+def test_token_admin_repairs_missing_and_surplus_tokens(broker: Broker, name: str) -> None:
+    """A token acked by hand (the blog's "starving" case) is re-published; a duplicate and
+    an unknown token are dropped. Nothing else in the suite exercised repair()."""
+    admin = TokenAdmin(broker, name)
+    admin.setup(3)
+
+    async def tamper() -> int:
+        session = await broker._core.session()
+        ch = await session.open_channel()
+        try:
+            taken = await ch.basic_get(token_queue(name), no_ack=True)  # lost for good
+            assert isinstance(taken.delivery, Basic.GetOk)
+            for body in (b"9", b"1" if taken.body != b"1" else b"2"):
+                await ch.basic_publish(body, routing_key=token_queue(name))
+            return int(taken.body)
+        finally:
+            await ch.close()
+
+    lost = broker._core.run(tamper())
+    audit = admin.audit(timeout=5)
+    assert audit.missing == (lost,)
+    assert 9 in audit.surplus and len(audit.surplus) == 2
+    repaired = admin.repair(timeout=5)
+    assert repaired.missing == audit.missing and repaired.surplus == audit.surplus
+    after = admin.audit(timeout=5)
+    assert after.ok and after.seen == (1, 2, 3), after
+    assert admin.status().ready == 3
+    # The re-published token is a good one: it can be held like the others.
+    sem = TokenSemaphore(broker, name)
+    leases = [sem.acquire(timeout=5) for _ in range(3)]
+    assert sorted(lease.number for lease in leases if lease is not None) == [1, 2, 3]
+    for lease in leases:
+        assert lease is not None
+        lease.release()
+
+
+def test_token_admin_waits_for_the_admin_mutex(amqp_url: str, broker: Broker, name: str) -> None:
+    admin = TokenAdmin(broker, name, mutex_timeout=0.5)
+    admin.setup(1)
+    with Broker(amqp_url) as other, Mutex(other, name, timeout=5):
+        with pytest.raises(AdminLockTimeout):
+            admin.add_permits(1)
+        assert admin.status().permits == 1  # status never takes the mutex
+    assert admin.add_permits(1) == [2]
+
+
+def test_token_admin_bad_input(broker: Broker, name: str) -> None:
+    with pytest.raises(InvalidName):
+        TokenAdmin(broker, f"{name}.semaphore")
+    with pytest.raises(ConfigurationError):
+        TokenAdmin(broker, name, mutex_timeout=-1)
+    admin = TokenAdmin(broker, name)
+    for call in (
+        lambda: admin.setup(0),
+        lambda: admin.add_permits(True),
+        lambda: admin.remove_permits(1, timeout=-1),
+    ):
+        with pytest.raises(ConfigurationError):
+            call()
+    with pytest.raises(TokenSemaphoreNotFound, match="setup"):
+        admin.add_permits(1)
+    assert repr(admin) == f"TokenAdmin({name!r})"

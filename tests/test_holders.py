@@ -6,14 +6,11 @@ import asyncio
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +30,8 @@ from amqp_locks import (
 )
 from amqp_locks_dev import devbroker
 
-ROOT = Path(__file__).resolve().parents[1]
+from .spawn import spawn_held
+
 HOST = socket.gethostname()
 ME = os.getpid()
 
@@ -71,20 +69,9 @@ class Holder:
     """A process holding one lock (tests/workers.py), to kill, stop or let go."""
 
     def __init__(self, url: str, name: str, kind: str, holder_id: str | None = None) -> None:
-        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
         args = [url, name, kind] + ([holder_id] if holder_id else [])
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.workers", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().split()
-        assert line[:1] == ["HELD"], line
-        self.number, self.token = int(line[1]), int(line[2])
+        self.proc, numbers = spawn_held("tests.workers", *args)
+        self.number, self.token = numbers[0], numbers[1]
 
     def close(self) -> None:
         if self.proc.poll() is None:

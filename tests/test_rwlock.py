@@ -7,10 +7,8 @@ import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +27,7 @@ from amqp_locks import (
 from amqp_locks.rwlock import readers_queue, writer_queue
 
 from . import rwlock_workers as w
-
-ROOT = Path(__file__).resolve().parent.parent
+from .spawn import spawn_held
 
 
 @pytest.fixture(params=[False, True], ids=["classic", "quorum"])
@@ -54,19 +51,8 @@ def _wait_for(predicate: Any, what: str, limit: float = 20.0) -> None:
 
 
 def _spawn_holder(url: str, name: str, mode: str) -> tuple[subprocess.Popen[str], int]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    p = subprocess.Popen(
-        [sys.executable, "-m", "tests.rwlock_workers", url, name, mode],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    assert p.stdout is not None
-    line = p.stdout.readline().split()
-    assert line[:1] == ["HELD"], line
-    return p, int(line[1])
+    p, numbers = spawn_held("tests.rwlock_workers", url, name, mode)
+    return p, numbers[0]
 
 
 def _acquired(lease: Lease | None) -> Lease:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -29,8 +26,7 @@ from amqp_locks_dev import devbroker
 
 from . import workers
 from .conftest import fence_messages
-
-ROOT = Path(__file__).resolve().parents[1]
+from .spawn import spawn_held
 
 
 @pytest.fixture
@@ -271,19 +267,8 @@ def test_processes_contending_never_exceed_slots(amqp_url: str, broker: Broker, 
 
 
 def _spawn_holder(url: str, name: str, kind: str) -> tuple[subprocess.Popen[str], int, int]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    p = subprocess.Popen(
-        [sys.executable, "-m", "tests.workers", url, name, kind],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    assert p.stdout is not None
-    line = p.stdout.readline().split()
-    assert line[:1] == ["HELD"], line
-    return p, int(line[1]), int(line[2])
+    p, numbers = spawn_held("tests.workers", url, name, kind)
+    return p, numbers[0], numbers[1]
 
 
 @pytest.mark.parametrize("kind", ["semaphore", "mutex"])

@@ -1,0 +1,28 @@
+"""Start a worker process that takes a lock and says so (``HELD <int> ...`` on stdout)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spawn_held(module: str, *args: str) -> tuple[subprocess.Popen[str], list[int]]:
+    """Run ``python -m module *args`` (stdin and stdout piped) until it prints its first
+    line, which must start with ``HELD``; return the process and that line's numbers."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline().split()
+    assert line[:1] == ["HELD"], line
+    return p, [int(x) for x in line[1:]]

@@ -4,6 +4,7 @@ publish no notice)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -32,9 +33,27 @@ POLITE_WINDOW = 1.0
 
 
 async def _defer_to_waiters(session: Session, wakeups: str) -> bool:
-    """We released this lock a moment ago and others wait for it: queue up behind them."""
+    """We released this lock a moment ago and others wait for it: queue up behind them.
+
+    Our release's wake-up notice tells whether anyone waits: the broker returns it when
+    the wake-up queue does not exist (no waiter), so the common case, nobody waiting,
+    costs no round trip and never a failing passive declare (each 404 costs the broker a
+    channel and two error lines in its log). If the notice found the queue, a passive
+    declare confirms a waiter still consumes it."""
     released = session.released_at.get(wakeups)
-    if released is None or time.monotonic() - released > POLITE_WINDOW:
+    if released is None or time.monotonic() - released[0] > POLITE_WINDOW:
+        return False
+    routed = released[1]
+    try:
+        # The notice's confirm: normally in by now, at most one round trip away.
+        waiting = await asyncio.wait_for(asyncio.shield(routed), POLITE_WINDOW)
+    except TimeoutError:
+        return False
+    except asyncio.CancelledError:
+        if routed.cancelled():  # the session died and took the notice with it
+            return False
+        raise
+    if not waiting:
         return False
     try:
         _, consumers = await session.declare_passive_counts(wakeups)

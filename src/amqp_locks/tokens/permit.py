@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
+from pamqp.commands import Basic
 
 from ..errors import LeaseReleased
 from ..lease import HeldState
 from ..names import token_queue
+from ..transport.aiormq_compat import forget_consumer, publish_frames, send_together
 from .fencing import Carry
 from .message import carrying
 
@@ -100,17 +102,20 @@ class PermitState(HeldState):
     async def _give_back(self, ch: AbstractChannel) -> None:
         try:
             # No need to wait for cancel-ok: the broker handles a channel's methods in
-            # order, so the consumer is gone before the commit requeues the token.
-            await ch.basic_cancel(self.consumer_tag, nowait=True)
+            # order, so the consumer is gone before the commit requeues the token. None
+            # of these methods has a reply: one write carries them all.
+            frames: list[Any] = [Basic.Cancel(consumer_tag=self.consumer_tag, nowait=True)]
             if self.carry is not None:
-                await ch.basic_ack(self.delivery_tag)
-                await ch.basic_publish(
+                frames.append(Basic.Ack(delivery_tag=self.delivery_tag))
+                frames += publish_frames(
                     self.message.body,
-                    routing_key=token_queue(self.name),
-                    properties=carrying(self.message, self.carry[0], self.carry[1] + 1),
+                    token_queue(self.name),
+                    carrying(self.message, self.carry[0], self.carry[1] + 1),
                 )
             else:
-                await ch.basic_reject(self.delivery_tag, requeue=True)
+                frames.append(Basic.Reject(delivery_tag=self.delivery_tag, requeue=True))
+            forget_consumer(ch, self.consumer_tag)
+            await send_together(ch, frames)
             await ch.tx_commit()
         except Exception as exc:
             log.debug("polite release failed (%s); closing the channel returns the token", exc)

@@ -14,6 +14,11 @@ breaks one small module, and `tests/test_compat.py` says which:
   aiormq keeps it in a name-mangled private event; without it we assume "not blocked".
 * **aiormq's logger names**, which `session.py` filters for records about our own
   connections.
+* **Several methods in one write** (`send_together`): aiormq writes each method with a
+  socket send of its own, and the broker reads each separately. Methods that expect no
+  reply (a token release's cancel, ack and re-publish) go as one buffer on the channel's
+  write queue, as aiormq itself marshals a publish; `session.py`'s bulk probe does the
+  same with confirms.
 """
 
 from __future__ import annotations
@@ -24,7 +29,12 @@ from collections.abc import Callable
 from typing import Any
 
 import aiormq
+from aiormq.abc import AbstractChannel, ChannelFrame
 from aiormq.connection import TCPTransportFactory, TLSTransportFactory, TransportFactory
+from aiormq.exceptions import ChannelInvalidStateError
+from pamqp.body import ContentBody
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
 from yarl import URL
 
 #: The loggers aiormq writes connection and channel records to.
@@ -84,3 +94,31 @@ def connection_blocked(conn: aiormq.Connection | None) -> bool:
 def is_tls(writer: asyncio.StreamWriter | None) -> bool:
     """The connection runs over TLS (for logs and tests)."""
     return writer is not None and writer.get_extra_info("ssl_object") is not None
+
+
+def publish_frames(body: bytes, routing_key: str, properties: Basic.Properties) -> list[Any]:
+    """A publish to the default exchange as frames for `send_together` (no mandatory, no
+    confirm: nothing comes back for it). `body` must fit one frame (ours are tiny)."""
+    return [
+        Basic.Publish(exchange="", routing_key=routing_key),
+        ContentHeader(body_size=len(body), properties=properties),
+        ContentBody(body),
+    ]
+
+
+async def send_together(ch: AbstractChannel, frames: list[Any]) -> None:
+    """Queue `frames` (methods that expect no reply) as one write, in order with every
+    other method of the channel."""
+    chan: Any = ch
+    if ch.is_closed:
+        raise ChannelInvalidStateError(f"{ch!r} closed")
+    async with chan.lock:
+        await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
+
+
+def forget_consumer(ch: AbstractChannel, consumer_tag: str) -> None:
+    """A consumer cancelled with nowait through `send_together`: no cancel-ok will come,
+    so take it out of aiormq's table, as its own ``basic_cancel(nowait=True)`` does."""
+    consumers = getattr(ch, "consumers", None)
+    if isinstance(consumers, dict):
+        consumers.pop(consumer_tag, None)

@@ -45,6 +45,8 @@ PINGS_PER_LOSS_TIMEOUT = 4
 HOLDER_POOL = 16
 #: Spare ready channels kept open for the next leases' watch and sentinel consumers.
 READY_SPARES = 2
+#: Ready channels kept when leases give theirs back (more are closed).
+READY_POOL = 16
 
 
 class _OwnCancelsFilter(logging.Filter):
@@ -152,9 +154,10 @@ class Session:
         self.lost_reason: str | None = None
         self.held: set[str] = set()
         self.fences_known: set[str] = set()
-        #: When this process last released each lock, by wake-up queue (waiting.py lets
-        #: the waiters go first when it asks again at once).
-        self.released_at: dict[str, float] = {}
+        #: When this process last released each lock, by wake-up queue, and whether its
+        #: wake-up notice found the queue, i.e. someone waits (waiting.py lets the waiters
+        #: go first when it asks again at once).
+        self.released_at: dict[str, tuple[float, asyncio.Future[bool]]] = {}
         #: Sentinel queues declared on this connection (declared once, not per grant).
         self.sentinels_declared: set[str] = set()
         #: The slot this process released last, per semaphore (tried first next time).
@@ -374,7 +377,7 @@ class Session:
 
     async def ready_channel(self) -> AbstractChannel:
         """A fresh channel with prefetch 1 already set, for one lease's watch or sentinel
-        consumers (closed, not reused, when the lease ends: what it consumed goes back).
+        consumers (handed back clean by `return_ready` when the lease ends, else closed).
         Spares are opened in the background so an acquire waits for none."""
         while self._ready:
             ch = self._ready.pop()
@@ -409,6 +412,14 @@ class Session:
             log.debug("could not open a spare channel: %s", exc)
         finally:
             self._ready_opening -= 1
+
+    def return_ready(self, ch: AbstractChannel) -> None:
+        """Keep a clean ready channel (prefetch 1, no consumer, nothing unacked) for the
+        next lease, instead of closing it and opening another."""
+        if not ch.is_closed and self.alive and len(self._ready) < READY_POOL:
+            self._ready.append(ch)
+        elif not ch.is_closed:
+            self.spawn(_close_channel(ch))
 
     def return_holder_channel(self, ch: AbstractChannel, transactional: bool) -> None:
         """Keep a channel that holds no delivery and no consumer for the next acquire."""
@@ -500,30 +511,59 @@ class Session:
         return found
 
     async def publish(
-        self, exchange: str, routing_key: str, body: bytes = b"", *, persistent: bool = False
-    ) -> None:
-        """Publish with confirm; `persistent` for records that must survive a restart."""
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes = b"",
+        *,
+        persistent: bool = False,
+        mandatory: bool = False,
+    ) -> bool:
+        """Publish with confirm; `persistent` for records that must survive a restart.
+        With `mandatory`, False when no queue took it (the broker returned it)."""
         props = Basic.Properties(delivery_mode=2 if persistent else 1)
-        await self.call(
-            None,
-            lambda ch: ch.basic_publish(
-                body, exchange=exchange, routing_key=routing_key, properties=props
-            ),
-        )
 
-    def notify_soon(self, wakeup_queue: str, slots: Sequence[int] = (0,)) -> None:
+        async def send(ch: AbstractChannel) -> bool:
+            try:
+                await ch.basic_publish(
+                    body,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    properties=props,
+                    mandatory=mandatory,
+                )
+            except ex.PublishError:  # returned: the channel stays usable
+                return False
+            return True
+
+        routed: bool = await self.call(None, send)
+        return routed
+
+    def notify_soon(self, wakeup_queue: str, slots: Sequence[int] = (0,)) -> asyncio.Future[bool]:
         """Fire-and-forget wake-up notices, one per freed slot, each naming its slot (a
         hint for the woken waiter; 0: no hint). Nobody waiting means no queue, and the
-        notice is simply dropped; a lost notice costs a waiter one back-off interval."""
+        notice is simply dropped; a lost notice costs a waiter one back-off interval.
 
-        async def go() -> None:
-            with contextlib.suppress(AmqpLocksError):
-                await asyncio.gather(
-                    *(self.publish("", wakeup_queue, str(k).encode()) for k in slots)
+        The returned future says whether a notice found the queue (someone waits); it is
+        False when the notices were returned, lost, or could not be sent."""
+
+        async def go() -> bool:
+            try:
+                routed = await asyncio.gather(
+                    *(
+                        self.publish("", wakeup_queue, str(k).encode(), mandatory=True)
+                        for k in slots
+                    )
                 )
+            except AmqpLocksError:
+                return False
+            return any(routed)
 
         if self.alive:
-            self.spawn(go())
+            return self.spawn(go())
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        done.set_result(False)
+        return done
 
 
 async def _bulk_probe(ch: AbstractChannel, queues: Sequence[str]) -> list[bool]:

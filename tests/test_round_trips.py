@@ -1,0 +1,188 @@
+"""What one acquire + release sends to the broker, method by method (docs/protocol.md,
+"Methods per grant"): counted on the wire of a real broker after a warm-up, so the hot
+path keeps its channels (no open, close, confirm.select or qos per grant) and never sends
+a request that fails (a 404 costs the broker a channel and two error lines in its log)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiormq.abc
+import pytest
+from pamqp import base, commands
+
+from amqp_locks import (
+    Broker,
+    Lease,
+    Mutex,
+    PersistentSemaphore,
+    SemaphoreAdmin,
+    TokenSemaphore,
+)
+from amqp_locks.transport.session import Session
+
+CYCLES = 10
+
+
+class Wire:
+    """Counts the AMQP methods this process sends while `recording` (the loss
+    watchdog's pings, a `basic.qos` with prefetch 0, are not the lock's)."""
+
+    def __init__(self) -> None:
+        self.sent: collections.Counter[str] = collections.Counter()
+        self.recording = False
+
+    def seen(self, frames: Any) -> None:
+        if not self.recording:
+            return
+        for frame in frames:
+            if not isinstance(frame, base.Frame):
+                continue  # content headers and bodies go with their publish
+            if isinstance(frame, commands.Basic.Qos) and frame.prefetch_count == 0:
+                continue
+            self.sent[frame.name] += 1
+
+    def per_cycle(self, cycles: int) -> dict[str, float]:
+        return {name: n / cycles for name, n in sorted(self.sent.items())}
+
+
+@pytest.fixture
+def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wire]:
+    w = Wire()
+    marshall = aiormq.abc.ChannelFrame.marshall.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: Any, channel_number: int, frames: Any, drain_future: Any = None) -> Any:
+        w.seen(frames)
+        return marshall(cls, channel_number, frames, drain_future)
+
+    monkeypatch.setattr(aiormq.abc.ChannelFrame, "marshall", classmethod(counting))
+    yield w
+
+
+def _session(broker: Broker) -> Session:
+    return broker._core.run(broker._core.session())
+
+
+def settle(broker: Broker) -> None:
+    """Wait for everything the releases left running in the background (the token's
+    commit, the wake-up notice, channels going back to the pool)."""
+
+    async def done() -> None:
+        session = await broker._core.session()
+        while session._tasks:
+            await asyncio.gather(*list(session._tasks), return_exceptions=True)
+
+    broker._core.run(done())
+
+
+def cycles(broker: Broker, acquire: Callable[[], Lease | None], wire: Wire) -> dict[str, float]:
+    """Methods sent per acquire + release, each release settled before the next acquire
+    (a token's release commits in the background: without it, the next acquire would
+    sometimes take a new holder channel while the last one is still committing)."""
+    for _ in range(3):  # warm-up: holder queue, sentinel queue, fence, spare channels
+        lease = acquire()
+        assert lease is not None
+        lease.release()
+        settle(broker)
+    wire.recording = True
+    for _ in range(CYCLES):
+        lease = acquire()
+        assert lease is not None
+        lease.release()
+        settle(broker)
+    wire.recording = False
+    return wire.per_cycle(CYCLES)
+
+
+def test_mutex_grant_sends_only_the_lock_s_own_methods(
+    broker: Broker, name: str, wire: Wire
+) -> None:
+    sent = cycles(broker, Mutex(broker, name).acquire, wire)
+    assert sent == {
+        "Queue.Declare": 1,  # the exclusive queue N: the lock itself
+        "Basic.Consume": 2,  # watch N; hold the sentinel
+        "Basic.Get": 1,  # the fencing token ...
+        "Basic.Reject": 1,  # ... and its return (+1)
+        "Basic.Publish": 2,  # the sentinel; the wake-up notice
+        "Queue.Delete": 1,  # the release
+        "Basic.Cancel": 1,  # the sentinel consumer (the delete ended the watch)
+        "Basic.Ack": 1,  # the sentinel
+    }
+
+
+def test_semaphore_grant_sends_only_the_lock_s_own_methods(
+    broker: Broker, name: str, wire: Wire
+) -> None:
+    SemaphoreAdmin(broker, name).create(1)
+    sent = cycles(broker, PersistentSemaphore(broker, name).acquire, wire)
+    assert sent == {
+        "Basic.Publish": 4,  # probes of A[1] and B[1]; the sentinel; the wake-up notice
+        "Queue.Declare": 1,  # B[1] exclusive
+        "Basic.Consume": 3,  # watch A[1] and B[1]; hold the sentinel
+        "Basic.Get": 1,
+        "Basic.Reject": 1,
+        "Queue.Delete": 1,
+        "Basic.Cancel": 2,  # the A[1] watch and the sentinel consumer
+        "Basic.Ack": 1,
+    }
+
+
+def test_token_grant_sends_only_the_lock_s_own_methods(
+    broker: Broker, name: str, wire: Wire
+) -> None:
+    sem = TokenSemaphore(broker, name)
+    sem.setup(1)
+    try:
+        sent = cycles(broker, sem.acquire, wire)
+    finally:
+        sem.destroy()
+    assert sent == {
+        "Basic.Consume": 1,  # the wait: the broker pushes the token
+        "Basic.Cancel": 1,  # the release, in one transaction:
+        "Basic.Ack": 1,
+        "Basic.Publish": 1,  # the token again, its counter + 1
+        "Tx.Commit": 1,
+    }
+
+
+def test_a_watch_channel_with_a_parked_probe_is_cleaned_and_reused(
+    broker: Broker, amqp_url: str, name: str, wire: Wire
+) -> None:
+    """A searcher's probe parks on the holder's A[1] consumer; the release cancels that
+    consumer and acks the probe, so the channel goes back to the pool clean and the
+    broker keeps it open (an ack it refused would close it)."""
+    SemaphoreAdmin(broker, name).create(1)
+    sem = PersistentSemaphore(broker, name)
+    lease = sem.acquire()
+    assert lease is not None
+    with Broker(amqp_url) as other:
+        assert PersistentSemaphore(other, name).acquire(blocking=False) is None
+    state: Any = lease._state
+    deadline = time.monotonic() + 10
+    while not state._parked:  # the probe's delivery reaches the holder's I/O thread
+        assert time.monotonic() < deadline, "the searcher's probe never reached the holder"
+        time.sleep(0.005)
+    watch = state._watch
+    wire.recording = True
+    lease.release()
+    settle(broker)
+    wire.recording = False
+    assert wire.sent["Basic.Ack"] >= 2  # the sentinel and the parked probe
+    session = _session(broker)
+    assert watch in session._ready
+
+    async def round_trip_on_each() -> list[bool]:
+        for ch in session._ready:
+            await ch.basic_qos(prefetch_count=1)
+        return [ch.is_closed for ch in session._ready]
+
+    assert not any(broker._core.run(round_trip_on_each()))
+    again = sem.acquire(timeout=10)
+    assert again is not None and again.number == 1
+    SemaphoreAdmin(broker, name).remove_slots(1)
+    assert again.lost.wait(10), "a lease on a recycled channel must still learn it lost"
+    again.release()

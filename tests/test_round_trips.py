@@ -127,7 +127,7 @@ def test_semaphore_grant_sends_only_the_lock_s_own_methods(
         "Basic.Reject": 1,
         "Queue.Delete": 1,
         "Basic.Cancel": 2,  # the A[1] watch and the sentinel consumer
-        "Basic.Ack": 1,
+        "Basic.Ack": 2,  # the sentinel; whatever the A[1] watch holds (tag 0, multiple)
     }
 
 
@@ -186,3 +186,21 @@ def test_a_watch_channel_with_a_parked_probe_is_cleaned_and_reused(
     SemaphoreAdmin(broker, name).remove_slots(1)
     assert again.lost.wait(10), "a lease on a recycled channel must still learn it lost"
     again.release()
+
+
+def test_the_broker_accepts_an_ack_of_everything_when_nothing_is_outstanding(
+    broker: Broker,
+) -> None:
+    """The watch channel's clean-up acks "everything outstanding" (tag 0, `multiple`)
+    whenever a probe may be parked; with nothing outstanding the channel must survive."""
+
+    async def ack_nothing() -> bool:
+        session = await broker._core.session()
+        ch = await session.ready_channel()
+        await ch.basic_ack(0, multiple=True)
+        await ch.basic_qos(prefetch_count=1)  # a round trip: the ack was handled before it
+        closed = ch.is_closed
+        session.return_ready(ch)
+        return closed
+
+    assert broker._core.run(ack_nothing()) is False

@@ -361,7 +361,7 @@ class LeaseState(HeldState):
             try:
                 for tag in others:
                     await watch.basic_cancel(tag)
-                if self._parked:
+                if self._parked or others:  # a probe may have been pushed until cancel-ok
                     await watch.basic_ack(0, multiple=True)
             except Exception:
                 await _close_quietly(watch)

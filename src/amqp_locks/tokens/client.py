@@ -27,7 +27,7 @@ from ..transport.shield import shielded
 from ..waiting import check_timeout
 from .admin import MUTEX_TIMEOUT, TokenAdmin
 from .drain import MAX_PRIORITY
-from .fencing import fencing_for
+from .fencing import carried_fencing, fencing_for
 from .ledger import Audit, TokenStatus
 from .message import delivery_tag, token_id
 from .permit import PermitState, close_quietly
@@ -98,7 +98,9 @@ class _Waiter:
     @classmethod
     async def open(cls, session: Session, name: str) -> _Waiter:
         """Take a ready holder channel (a cancelled caller's channel is closed again)."""
-        channel = await shielded(session.holder_channel(transactional=True), close_quietly)
+        channel = session.idle_holder_channel(transactional=True)
+        if channel is None:  # none idle: open one, never cancelled half-way
+            channel = await shielded(session.holder_channel(transactional=True), close_quietly)
         return cls(session, name, channel)
 
     # --- what the broker tells us -----------------------------------------------------
@@ -145,6 +147,8 @@ class _Waiter:
 
     async def next_token(self, timeout: float | None) -> DeliveredMessage | None:
         """The token the broker pushes us, or None after `timeout`."""
+        if self.delivered.done():  # pushed right behind consume-ok (a ready token)
+            return self.delivered.result()
         try:
             return await asyncio.wait_for(asyncio.shield(self.delivered), timeout)
         except TimeoutError:
@@ -157,10 +161,14 @@ class _Waiter:
         self, core: BrokerCore, consumer_tag: str, message: DeliveredMessage, fencing: bool
     ) -> PermitState:
         """Read the token's fencing token and hand the channel to the held state."""
-        fencing_token, carry, quorum = await shielded(
-            fencing_for(self.session, self.name, message, fencing),
-            lambda _: close_quietly(self.channel),
-        )
+        known = carried_fencing(message, fencing)
+        if known is not None:  # the token tells its own value: no round trip
+            (fencing_token, carry), quorum = known, False
+        else:
+            fencing_token, carry, quorum = await shielded(
+                fencing_for(self.session, self.name, message, fencing),
+                lambda _: close_quietly(self.channel),
+            )
         state = PermitState(
             core=core,
             session=self.session,

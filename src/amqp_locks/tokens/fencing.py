@@ -74,19 +74,28 @@ async def _quorum_fencing(session: Session, name: str, message: DeliveredMessage
     return base + (int(value) if isinstance(value, int) else 0) + 1
 
 
+def carried_fencing(message: DeliveredMessage, fencing: bool) -> tuple[int, Carry] | None:
+    """A classic token's (fencing token, carry) from the counter it carries, when the last
+    holder released it politely; None when it carries none (or the broker gave it back:
+    redelivered), and the fence queue must say."""
+    headers = headers_of(message)
+    if text(headers.get(FENCING_HEADER)) != CARRIED:
+        return None
+    epoch, count = int_header(headers, EPOCH_HEADER), int_header(headers, COUNT_HEADER)
+    redelivered = bool(getattr(message.delivery, "redelivered", False))
+    if epoch is not None and count is not None and not redelivered and 0 <= count < 2**32:
+        return (epoch << 32 | count if fencing else 0), (epoch, count)
+    return None
+
+
 async def _classic_fencing(
     session: Session, name: str, message: DeliveredMessage, fencing: bool
 ) -> tuple[int, Carry]:
     """A classic token's (fencing token, carry): its carried counter when the last holder
     released it politely, else a fresh epoch from the fence queue."""
-    headers = headers_of(message)
-    epoch, count = int_header(headers, EPOCH_HEADER), int_header(headers, COUNT_HEADER)
-    redelivered = bool(getattr(message.delivery, "redelivered", False))
-    carried = text(headers.get(FENCING_HEADER)) == CARRIED
-    if carried and epoch is not None and count is not None and not redelivered and (
-        0 <= count < 2**32
-    ):
-        return (epoch << 32 | count if fencing else 0), (epoch, count)
+    known = carried_fencing(message, fencing)
+    if known is not None:
+        return known
     if not fencing:
         return 0, None  # returned as it came: the next fenced holder mints an epoch
     epoch = await take_token(session, name)

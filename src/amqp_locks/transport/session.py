@@ -355,14 +355,21 @@ class Session:
         except _CHANNEL_ERRORS as exc:
             raise channel_error(exc) from exc
 
-    async def holder_channel(self, transactional: bool) -> AbstractChannel:
-        """A channel with prefetch 1 (and, if `transactional`, tx selected) for holding a
-        token; hand it back with :meth:`return_holder_channel` once it holds nothing."""
+    def idle_holder_channel(self, transactional: bool) -> AbstractChannel | None:
+        """A pooled holder channel, if one is idle (no round trip, no await)."""
         idle = self._holder_idle[transactional]
         while idle:
             ch = idle.pop()
             if not ch.is_closed:
                 return ch
+        return None
+
+    async def holder_channel(self, transactional: bool) -> AbstractChannel:
+        """A channel with prefetch 1 (and, if `transactional`, tx selected) for holding a
+        token; hand it back with :meth:`return_holder_channel` once it holds nothing."""
+        ch = self.idle_holder_channel(transactional)
+        if ch is not None:
+            return ch
         self.check()
         assert self.conn is not None
         try:

@@ -355,20 +355,14 @@ class LeaseState(HeldState):
         watch.on_consumer_cancel_callbacks.discard(self._on_cancel)
         watch.closing.remove_done_callback(self._on_watch_closed)
         others = [tag for tag, q in self._tags.items() if q != self.held_queue]
-        session = self.session
 
-        async def recycle() -> None:
-            try:
-                for tag in others:
-                    await watch.basic_cancel(tag)
-                if self._parked or others:  # a probe may have been pushed until cancel-ok
-                    await watch.basic_ack(0, multiple=True)
-            except Exception:
-                await _close_quietly(watch)
-            else:
-                session.return_ready(watch)
+        async def clean() -> None:
+            for tag in others:
+                await watch.basic_cancel(tag)
+            if self._parked or others:  # a probe may have been pushed until cancel-ok
+                await watch.basic_ack(0, multiple=True)
 
-        session.spawn(recycle())
+        self.session.recycle_ready(watch, clean)
 
     def _drop_sentinel(self) -> None:
         """A clean end wakes a waiter by its notice: cancel our sentinel consumer, then
@@ -379,20 +373,15 @@ class LeaseState(HeldState):
         self._sentinel_ch = self._sentinel_tag = self._sentinel_consumer = None
         if ch is None or ch.is_closed:
             return
-        session = self.session
+        if tag is None or consumer is None:  # not delivered yet: closing returns it
+            self.session.spawn(_close_quietly(ch))
+            return
 
-        async def drop() -> None:
-            try:
-                if tag is None or consumer is None:
-                    raise LookupError("sentinel not delivered yet")
-                await ch.basic_cancel(consumer, nowait=True)
-                await ch.basic_ack(tag)
-            except Exception:
-                await _close_quietly(ch)  # what it holds goes back to the queue
-            else:
-                session.return_ready(ch)
+        async def clean() -> None:
+            await ch.basic_cancel(consumer, nowait=True)
+            await ch.basic_ack(tag)
 
-        session.spawn(drop())
+        self.session.recycle_ready(ch, clean)
 
 
 #: Where a grant takes its fencing token: the lock kind's own source (see ``grant``).

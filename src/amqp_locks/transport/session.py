@@ -17,7 +17,7 @@ import logging
 import ssl
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiormq
@@ -357,12 +357,7 @@ class Session:
 
     def idle_holder_channel(self, transactional: bool) -> AbstractChannel | None:
         """A pooled holder channel, if one is idle (no round trip, no await)."""
-        idle = self._holder_idle[transactional]
-        while idle:
-            ch = idle.pop()
-            if not ch.is_closed:
-                return ch
-        return None
+        return _take_open(self._holder_idle[transactional])
 
     async def holder_channel(self, transactional: bool) -> AbstractChannel:
         """A channel with prefetch 1 (and, if `transactional`, tx selected) for holding a
@@ -384,14 +379,9 @@ class Session:
 
     async def ready_channel(self) -> AbstractChannel:
         """A fresh channel with prefetch 1 already set, for one lease's watch or sentinel
-        consumers (handed back clean by `return_ready` when the lease ends, else closed).
+        consumers (handed back clean by `recycle_ready` when the lease ends, else closed).
         Spares are opened in the background so an acquire waits for none."""
-        while self._ready:
-            ch = self._ready.pop()
-            if not ch.is_closed:
-                self._refill_ready()
-                return ch
-        ch = await self._open_ready()
+        ch = _take_open(self._ready) or await self._open_ready()
         self._refill_ready()
         return ch
 
@@ -420,19 +410,29 @@ class Session:
         finally:
             self._ready_opening -= 1
 
-    def return_ready(self, ch: AbstractChannel) -> None:
-        """Keep a clean ready channel (prefetch 1, no consumer, nothing unacked) for the
-        next lease, instead of closing it and opening another."""
-        if not ch.is_closed and self.alive and len(self._ready) < READY_POOL:
-            self._ready.append(ch)
-        elif not ch.is_closed:
-            self.spawn(_close_channel(ch))
+    def recycle_ready(self, ch: AbstractChannel, clean: Callable[[], Awaitable[Any]]) -> None:
+        """In the background, run `clean` (what makes `ch` a clean ready channel again:
+        prefetch 1, no consumer, nothing unacked) and keep the channel for the next lease;
+        a channel that fails to clean is closed (what it holds goes back)."""
+
+        async def go() -> None:
+            try:
+                await clean()
+            except Exception:
+                await _close_channel(ch)
+            else:
+                self._keep(self._ready, ch, READY_POOL)
+
+        self.spawn(go())
 
     def return_holder_channel(self, ch: AbstractChannel, transactional: bool) -> None:
         """Keep a channel that holds no delivery and no consumer for the next acquire."""
-        idle = self._holder_idle[transactional]
-        if self.alive and not ch.is_closed and len(idle) < HOLDER_POOL:
-            idle.append(ch)
+        self._keep(self._holder_idle[transactional], ch, HOLDER_POOL)
+
+    def _keep(self, pool: list[AbstractChannel], ch: AbstractChannel, size: int) -> None:
+        """Put a clean channel in `pool` (at most `size`); close it if the pool is full."""
+        if self.alive and not ch.is_closed and len(pool) < size:
+            pool.append(ch)
         elif not ch.is_closed and self.alive:
             self.spawn(_close_channel(ch))
 
@@ -571,6 +571,15 @@ class Session:
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         done.set_result(False)
         return done
+
+
+def _take_open(pool: list[AbstractChannel]) -> AbstractChannel | None:
+    """The newest channel of `pool` still open (closed ones are dropped), or None."""
+    while pool:
+        ch = pool.pop()
+        if not ch.is_closed:
+            return ch
+    return None
 
 
 async def _bulk_probe(ch: AbstractChannel, queues: Sequence[str]) -> list[bool]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -205,3 +206,46 @@ def test_the_broker_accepts_an_ack_of_everything_when_nothing_is_outstanding(
         return closed
 
     assert broker._core.run(ack_nothing()) is False
+
+
+def test_the_attempt_a_notice_starts_opens_no_channel(
+    broker: Broker, amqp_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter's refused attempts cost it channels (a 405 closes the declare's channel)
+    and leave its lease channel unused. The spares are replaced in the background while
+    it waits, so the attempt its wake-up notice starts awaits no `channel.open`: every
+    channel opened from the release on is opened by a background task."""
+    opened_by: list[tuple[str, bool]] = []  # (what, in a background task of the session)
+    open_channel, open_ready = Session.open_channel, Session._open_ready
+
+    def recorded(kind: str, opener: Any) -> Any:
+        async def wrapper(self: Session) -> Any:
+            opened_by.append((kind, asyncio.current_task() in self._tasks))
+            return await opener(self)
+
+        return wrapper
+
+    holder = Mutex(broker, name).acquire()
+    assert holder is not None
+    with Broker(amqp_url) as other:
+        mutex = Mutex(other, name)
+        assert mutex.acquire(blocking=False) is None  # refused once before waiting
+        got: dict[str, Lease | None] = {}
+        waiter = threading.Thread(target=lambda: got.update(lease=mutex.acquire(timeout=30)))
+        waiter.start()
+        session = _session(other)
+        deadline = time.monotonic() + 10
+        while not any(w.ready for w in session.waiters):  # refused again, now subscribed
+            assert time.monotonic() < deadline, "the waiter never subscribed"
+            time.sleep(0.005)
+        settle(other)  # the spares are back
+        monkeypatch.setattr(Session, "open_channel", recorded("call", open_channel))
+        monkeypatch.setattr(Session, "_open_ready", recorded("ready", open_ready))
+        holder.release()
+        waiter.join(30)
+        lease = got.get("lease")
+        assert lease is not None, "the waiter did not get the mutex after the release"
+        monkeypatch.undo()
+        lease.release()
+    on_the_way = [kind for kind, background in opened_by if not background]
+    assert on_the_way == [], f"the woken attempt waited for channel opens: {opened_by}"

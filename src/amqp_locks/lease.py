@@ -305,23 +305,26 @@ class LeaseState(HeldState):
             return
         try:
             await session.delete(self.held_queue)
-        except ConnectionLost:
-            if session.alive:
-                raise
-            # The connection died under the release: the broker deletes the exclusive
-            # queue with it, so the lock is free all the same. No waiter notice from us.
-            log.debug("connection lost while releasing %r: released by the broker", self.name)
-            return
-        finally:
+        except BaseException as exc:
             session.held.discard(self.held_queue)
             self._end_watch(watch)
             self._drop_sentinel()
+            if isinstance(exc, ConnectionLost) and not session.alive:
+                # The connection died under the release: the broker deletes the exclusive
+                # queue with it, so the lock is free all the same. No waiter notice.
+                log.debug("connection lost releasing %r: released by the broker", self.name)
+                return
+            raise
+        session.held.discard(self.held_queue)
         if self.kind == "semaphore":
             session.slot_hints[self.name] = self.number
+        # The waiter's notice goes out before our own clean-up, which nobody waits for.
         routed = session.notify_soon(
             self.notice_key, [self.number if self.kind == "semaphore" else 0]
         )
         session.released_at[self.notice_key] = (time.monotonic(), routed)
+        self._end_watch(watch)
+        self._drop_sentinel()
         log.debug(
             "released %s %d of %r after %.3fs",
             self.kind,
@@ -434,8 +437,8 @@ async def grant(
         return True
     except ResourceLocked:
         session.held.discard(state.held_queue)
-        if watch_channel is not None:
-            session.spawn(_close_quietly(watch_channel))
+        if watch_channel is not None:  # untouched: the next attempt takes it again
+            session.return_ready(watch_channel)
         raise
     except BaseException:
         if state._watch is None and watch_channel is not None:

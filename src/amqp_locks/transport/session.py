@@ -47,6 +47,10 @@ HOLDER_POOL = 16
 READY_SPARES = 2
 #: Ready channels kept when leases give theirs back (more are closed).
 READY_POOL = 16
+#: Spare pooled channels for single RPCs kept open after an error closed one: a waiter's
+#: refused attempt (405) costs its channel, and the attempt its wake-up notice starts
+#: should not wait for a `channel.open` + `confirm.select`.
+CALL_SPARES = 1
 
 
 class _OwnCancelsFilter(logging.Filter):
@@ -175,6 +179,7 @@ class Session:
         self._listeners: dict[int, LostCallback] = {}
         self._next_listener = 0
         self._idle: list[AbstractChannel] = []
+        self._idle_opening = 0
         #: Channels ready to hold a token (prefetch 1 set; transactional ones for the
         #: token semaphore's counter-carrying release), so an acquire opens none.
         self._holder_idle: dict[bool, list[AbstractChannel]] = {False: [], True: []}
@@ -449,9 +454,31 @@ class Session:
             # (confirms of cancelled probes): never hand it to someone else.
             if not ch.is_closed and self.alive:
                 self.spawn(_close_channel(ch))
+            self._refill_idle()
             raise
         if not ch.is_closed and self.alive:
             self._idle.append(ch)
+
+    def _refill_idle(self) -> None:
+        """Open spare pooled channels in the background (after an error closed one)."""
+        missing = CALL_SPARES - len(self._idle) - self._idle_opening
+        for _ in range(max(0, missing) if self.alive else 0):
+            self._idle_opening += 1
+            self.spawn(self._add_idle())
+
+    async def _add_idle(self) -> None:
+        try:
+            ch = await self.open_channel()
+        except AmqpLocksError as exc:
+            log.debug("could not open a spare channel: %s", exc)
+        else:
+            self._keep(self._idle, ch, READY_POOL)
+        finally:
+            self._idle_opening -= 1
+
+    def return_ready(self, ch: AbstractChannel) -> None:
+        """Keep a ready channel that was taken but never used (clean as it came)."""
+        self._keep(self._ready, ch, READY_POOL)
 
     async def call(self, queue: str | None, op: Callable[[AbstractChannel], Any]) -> Any:
         """Run one RPC on a pooled channel, translating errors to typed ones."""
@@ -556,6 +583,10 @@ class Session:
 
         async def go() -> bool:
             try:
+                if len(slots) == 1:  # the usual case: written in this task's first step
+                    return await self.publish(
+                        "", wakeup_queue, str(slots[0]).encode(), mandatory=True
+                    )
                 routed = await asyncio.gather(
                     *(
                         self.publish("", wakeup_queue, str(k).encode(), mandatory=True)

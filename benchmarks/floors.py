@@ -127,7 +127,15 @@ RAW = {
     "connection, quorum queue",
     "exclusive_declare": "exclusive `queue.declare` on an open channel",
     "exclusive_delete": "`queue.delete` of that exclusive queue",
+    "token_cycle": "a token acquire as a loop makes it: `basic.consume` (prefetch 1) on a "
+    "second channel while the last release's `tx.commit` is in flight on the first",
+    "mutex_handoff": "a mutex handoff's broker steps after 50 ms idle: `queue.delete` N, "
+    "then a mandatory notice -> waiter on another connection: exclusive declare N, "
+    "then `basic.consume` N and quorum fence `basic.get` + reject",
 }
+#: The sequence floors: raw aiormq doing, step for step, the broker operations one of our
+#: operations is made of (the other floors are the single operation the targets name).
+SEQUENCES = ("token_cycle", "mutex_handoff")
 
 
 def server_version(props: dict[str, Any]) -> tuple[int, int]:
@@ -310,6 +318,122 @@ async def _declare_floor(url: str, samples: int, reps: int) -> dict[str, Any]:
         await conn.close()
 
 
+async def _token_cycle_floor(url: str, samples: int, reps: int) -> dict[str, Any]:
+    """Consume -> delivery of a token whose last release (cancel, ack, re-publish, commit on
+    the other channel) was sent but not yet committed: what an acquire right after a
+    release waits for, with no library code in between."""
+    conn = await _connect(url, "token cycle")
+    try:
+        setup, name = await _one_message_queue(conn, quorum=False)
+        chans = []
+        for _ in range(2):
+            ch = await conn.channel(publisher_confirms=False)
+            await ch.basic_qos(prefetch_count=1)
+            await ch.tx_select()
+            chans.append(ch)
+        committing: list[asyncio.Task[Any]] = []
+        turn = 0
+
+        async def give_back(ch: aiormq.abc.AbstractChannel, tag: str, delivery: int) -> None:
+            await ch.basic_cancel(tag, nowait=True)
+            await ch.basic_ack(delivery)
+            await ch.basic_publish(b"token", routing_key=name)
+            await ch.tx_commit()
+
+        async def sample() -> float:
+            nonlocal turn
+            ch = chans[turn % 2]
+            turn += 1
+            got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
+
+            async def on_message(msg: DeliveredMessage) -> None:
+                if not got.done():
+                    got.set_result(msg)
+
+            t0 = time.perf_counter()
+            ok = await ch.basic_consume(name, on_message, no_ack=False)
+            msg = await got
+            dt = time.perf_counter() - t0
+            if committing:  # the channel we release on next must have finished its commit
+                await committing.pop()
+            assert msg.delivery_tag is not None
+            committing.append(
+                asyncio.ensure_future(give_back(ch, str(ok.consumer_tag), msg.delivery_tag))
+            )
+            return dt
+
+        try:
+            out, _ = await _timed_reps(sample, samples, reps, min(50, samples))()
+        finally:
+            if committing:
+                await committing.pop()
+            await setup.queue_delete(name)
+        return {"reps": out}
+    finally:
+        await conn.close()
+
+
+MUTEX_SETTLE = 0.05  # seconds the holder holds before each handoff (the benchmark's settle)
+
+
+async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> dict[str, Any]:
+    """The broker steps of a mutex handoff, raw: the holder deletes N and, on delete-ok,
+    publishes a mandatory notice; the waiter, on the notice, declares N exclusive, then
+    consumes N and takes the fence (quorum get + reject) at once. Timed from the delete
+    to the waiter's last reply."""
+    ca, cb = await _connect(url, "mutex A"), await _connect(url, "mutex B")
+    try:
+        tag = uuid.uuid4().hex[:8]
+        lock, wakeups = f"bench-floor-m-{tag}", f"bench-floor-m-{tag}-wakeups"
+        fence_ch, fence = await _one_message_queue(cb, quorum=True)
+        a_ch = await ca.channel()
+        b_ch, b_watch, b_wake = [await cb.channel() for _ in range(3)]
+        await b_watch.basic_qos(prefetch_count=1)
+        await b_wake.basic_qos(prefetch_count=1)
+        await b_wake.queue_declare(wakeups, durable=True, arguments={"x-expires": 600_000})
+        notices: asyncio.Queue[int] = asyncio.Queue()
+
+        async def on_notice(msg: DeliveredMessage) -> None:
+            assert msg.delivery_tag is not None
+            notices.put_nowait(msg.delivery_tag)
+
+        await b_wake.basic_consume(wakeups, on_notice, no_ack=False)
+
+        async def sample() -> float:
+            await a_ch.queue_declare(lock, exclusive=True)
+            await asyncio.sleep(MUTEX_SETTLE)
+            t0 = time.perf_counter()
+            await a_ch.queue_delete(lock)
+            await a_ch.basic_publish(b"0", routing_key=wakeups, mandatory=True)
+            notice = await notices.get()
+            await b_ch.queue_declare(lock, exclusive=True)
+
+            async def take_fence() -> None:
+                msg = await b_ch.basic_get(fence, no_ack=False)
+                assert msg.delivery_tag is not None
+                await b_ch.basic_reject(msg.delivery_tag, requeue=True)
+
+            ok, _ = await asyncio.gather(
+                b_watch.basic_consume(lock, lambda _m: asyncio.sleep(0), no_ack=True),
+                take_fence(),
+            )
+            dt = time.perf_counter() - t0
+            await b_wake.basic_ack(notice)
+            await b_watch.basic_cancel(str(ok.consumer_tag))
+            await b_ch.queue_delete(lock)
+            return dt
+
+        try:
+            out, _ = await _timed_reps(sample, samples, reps, min(5, samples))()
+        finally:
+            await fence_ch.queue_delete(fence)
+            await b_wake.queue_delete(wakeups)
+        return {"reps": out}
+    finally:
+        await cb.close()
+        await ca.close()
+
+
 def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     """Every raw-aiormq floor: label -> {"reps": [[seconds]], ...} (see :data:`RAW`)."""
     out: dict[str, dict[str, Any]] = {}
@@ -319,4 +443,9 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     declare = asyncio.run(_declare_floor(url, samples, reps))
     out["exclusive_declare"] = {"reps": declare["reps"]}
     out["exclusive_delete"] = {"reps": declare["delete_reps"]}
+    out["token_cycle"] = asyncio.run(_token_cycle_floor(url, samples, reps))
+    # Each handoff sample holds for MUTEX_SETTLE: a tenth of the samples keeps it short.
+    out["mutex_handoff"] = asyncio.run(
+        _mutex_handoff_floor(url, max(10, samples // 10), reps)
+    )
     return out

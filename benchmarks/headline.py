@@ -287,11 +287,17 @@ def _row(
     target: float | None,
     target_text: str,
     note: str = "",
+    sequence: float | None = None,
 ) -> dict[str, Any]:
-    """One line of the table: ours / floor against a target ratio (None: information)."""
+    """One line of the table: ours / floor against a target ratio (None: information).
+    `sequence`: the raw-aiormq floor of the same broker steps as ours, where measured
+    (information: the reason a ratio to the single operation cannot reach its target)."""
     ratio = ours / floor if ours is not None and floor else None
     met = None if target is None or ratio is None else ratio <= target
+    seq_ratio = ours / sequence if ours is not None and sequence else None
     return {
+        "sequence_ms": sequence,
+        "sequence_ratio": None if seq_ratio is None else round(seq_ratio, 2),
         "group": group,
         "label": label,
         "floor_label": floor_label,
@@ -318,6 +324,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     get_c, get_q = f50("get_classic"), f50("get_quorum")
     rd_c, rd_q = f50("reject_deliver_classic"), f50("reject_deliver_quorum")
     decl = f50("exclusive_declare")
+    cycle, mutex_seq = f50("token_cycle"), f50("mutex_handoff")
     ut, uc = r.get("uncontended_tokens", {}), r.get("uncontended", {})
     ho, ra = r.get("handoff", {}), r.get("reask", {})
     fget, frd, fdecl = "`basic.get`", "reject -> deliver", "exclusive declare"
@@ -330,6 +337,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
             _get(ut, "token", "acquire", "p50_ms"),
             2.0,
             "<= 2x",
+            sequence=cycle,
         ),
         _row(
             "token",
@@ -348,6 +356,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
             _get(ut, "token_nofence", "acquire", "p50_ms"),
             1.5,
             "<= 1.5x",
+            sequence=cycle,
         ),
         _row(
             "token",
@@ -400,6 +409,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                 3.0,
                 "<= 3x",
                 note,
+                sequence=mutex_seq if kind == "mutex" else None,
             )
         )
     search = r.get("search") or []

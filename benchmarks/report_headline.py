@@ -28,9 +28,25 @@ def _value(row: dict[str, Any], key: str) -> str:
     return num(v)
 
 
+def _sequence(row: dict[str, Any]) -> str:
+    seq, ratio = row.get("sequence_ms"), row.get("sequence_ratio")
+    if seq is None:
+        return ""
+    return f"{num(seq)} ({'n/a' if ratio is None else f'{ratio:.1f}x'})"
+
+
 def targets_table(r: dict[str, Any]) -> Table:
     return Table(
-        ["operation (p50)", "floor", "floor ms", "ours ms", "ours / floor", "target", "met?"],
+        [
+            "operation (p50)",
+            "floor",
+            "floor ms",
+            "ours ms",
+            "ours / floor",
+            "target",
+            "met?",
+            "same steps, raw: ms (ours / it)",
+        ],
         [
             [
                 row["label"],
@@ -40,6 +56,7 @@ def targets_table(r: dict[str, Any]) -> Table:
                 "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
                 row["target"],
                 verdict(row["met"]) + (f" ({row['note']})" if row["note"] else ""),
+                _sequence(row),
             ]
             for row in rows(r)
         ],

@@ -103,6 +103,25 @@ def test_targets_ratios_and_verdicts() -> None:
     )
 
 
+def test_sequence_floors_explain_but_do_not_judge() -> None:
+    """The raw floor of the same broker steps is shown beside the target's ratio; the
+    verdict stays the ratio to the single operation the target names."""
+    r = _results()
+    r["floors"]["token_cycle"] = _s(0.45)
+    r["floors"]["mutex_handoff"] = _s(6.0)
+    rows = _by_label(headline.targets(r))
+    acq = rows["token semaphore (fencing on): uncontended acquire"]
+    assert (acq["sequence_ms"], acq["sequence_ratio"], acq["met"]) == (0.45, 2.0, True)
+    mutex = rows["mutex: handoff, releaser asking again at once"]
+    assert (mutex["sequence_ms"], mutex["sequence_ratio"], mutex["ratio"]) == (6.0, 2.0, 3.0)
+    assert rows["persistent semaphore, C=1: handoff, releaser asking again at once"][
+        "sequence_ms"
+    ] is None
+    table = report_headline.targets_table(r)
+    assert any("0.45 (2.0x)" in cell for line in table.rows for cell in line)
+    assert headline.targets(_results())[0]["sequence_ms"] is None  # older files: no column
+
+
 def test_targets_without_measurements_are_not_judged() -> None:
     rows = headline.targets({"floors": {}, "search": []})
     assert rows and all(row["met"] is None and row["ratio"] is None for row in rows)

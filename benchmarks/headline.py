@@ -195,12 +195,21 @@ def fairness_summary(per_process: list[list[tuple[float, float]]]) -> dict[str, 
     waits = [t1 - t0 for w in per_process for t0, t1 in w]
     med = statistics.median(waits) if waits else math.nan
     worst = max(waits) if waits else math.nan
+    # Where the longest waits were: how many exceed the target's bound, and when the
+    # worst began (seconds into the run), to tell a start-up effect from a stall.
+    starts = [t0 for w in per_process for t0, _ in w]
+    bound = WAIT_RATIO_TARGET * med
+    worst_at = next((t0 for w in per_process for t0, t1 in w if t1 - t0 == worst), None)
     return {
         "grants": grants,
         **jain_fairness(grants),
         "wait_p50_ms": ms(med) if waits else None,
         "wait_max_ms": ms(worst) if waits else None,
         "wait_max_over_median": round(worst / med, 2) if waits and med > 0 else None,
+        "waits_over_bound": sum(1 for w in waits if w > bound) if waits else None,
+        "wait_max_at_s": (
+            round(worst_at - min(starts), 3) if waits and worst_at is not None else None
+        ),
         "waits": summarize_reps([waits]),
     }
 
@@ -262,7 +271,9 @@ def fairness(url: str, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]
             log(
                 f"  fairness {kind}: grants {s['grants']} Jain {s['jain']}, wait p50 "
                 f"{s['wait_p50_ms']} ms max {s['wait_max_ms']} ms "
-                f"({s['wait_max_over_median']}x), errors {len(s['errors'])}"
+                f"({s['wait_max_over_median']}x, {s['waits_over_bound']} waits over "
+                f"{WAIT_RATIO_TARGET:g}x the median, the longest {s['wait_max_at_s']} s into "
+                f"the run), errors {len(s['errors'])}"
             )
     return out
 

@@ -63,6 +63,15 @@ def targets_table(r: dict[str, Any]) -> Table:
     )
 
 
+def _over(row: dict[str, Any]) -> str:
+    """How many waits exceeded the bound, and when the longest began (newer runs only)."""
+    over, n = row.get("waits_over_bound"), (row.get("waits") or {}).get("n")
+    if over is None or not n:
+        return ""
+    at = row.get("wait_max_at_s")
+    return f" ({over} of {n} waits over; the longest at {at:.1f} s)" if at is not None else ""
+
+
 def fairness_table(r: dict[str, Any]) -> Table | None:
     out = [
         [
@@ -71,7 +80,7 @@ def fairness_table(r: dict[str, Any]) -> Table | None:
             num(row.get("jain"), 3),
             num(row.get("wait_p50_ms"), 1),
             num(row.get("wait_max_ms"), 1),
-            num(row.get("wait_max_over_median"), 2),
+            num(row.get("wait_max_over_median"), 2) + _over(row),
             str(len(row.get("errors", []))),
             verdict(row["met"]),
         ]

@@ -158,6 +158,12 @@ def test_fairness_summary_and_verdict() -> None:
     assert s["idle"] == 1
     assert s["wait_p50_ms"] == 15.0  # median of 10, 10, 20, 40
     assert s["wait_max_over_median"] == 2.67
+    assert s["waits_over_bound"] == 0  # 40 ms is not over 3 x 15 ms
+    assert s["wait_max_at_s"] == 0.0  # the 40 ms wait began with the run
+    late = headline.fairness_summary([[(0.0, 0.010), (2.0, 2.100)], [(0.5, 0.510)]])
+    assert (late["waits_over_bound"], late["wait_max_at_s"]) == (1, 2.0)
+    row = {**late, "label": "x", "met": False, "errors": []}
+    assert "(1 of 3 waits over; the longest at 2.0 s)" in report_headline._over(row)
     rows = {row["kind"]: row for row in headline.fairness_rows(_results())}
     assert rows["token"]["met"] is True
     assert rows["mutex"]["met"] is False

@@ -332,6 +332,12 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         v = _get(fl, key, "p50_ms")
         return float(v) if isinstance(v, (int, float)) else None
 
+    def spread(key: str) -> list[float] | None:
+        """The floor's p50 per repetition, lowest and highest: a floor that moved during
+        its own measurement says how far a ratio to it can be trusted."""
+        reps = _get(fl, key, "p50_reps_ms")
+        return [min(reps), max(reps)] if isinstance(reps, list) and len(reps) > 1 else None
+
     get_c, get_q = f50("get_classic"), f50("get_quorum")
     rd_c, rd_q = f50("reject_deliver_classic"), f50("reject_deliver_quorum")
     decl = f50("exclusive_declare")
@@ -423,6 +429,11 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                 sequence=mutex_seq if kind == "mutex" else None,
             )
         )
+    keys = {fget: "get_classic", frd: "reject_deliver_classic", fdecl: "exclusive_declare"}
+    keys |= {f"{fget} (quorum)": "get_quorum", f"{frd} (quorum)": "reject_deliver_quorum"}
+    for row in rows:
+        key = keys.get(row["floor_label"])
+        row["floor_reps_ms"] = spread(key) if key else None
     search = r.get("search") or []
     c1 = next((x for x in search if x["capacity"] == 1), None)
     last = [x for x in search if x.get("free_slot") == "last" and x["capacity"] > 1]

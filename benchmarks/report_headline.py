@@ -28,6 +28,15 @@ def _value(row: dict[str, Any], key: str) -> str:
     return num(v)
 
 
+def _reps(row: dict[str, Any]) -> str:
+    """The floor's lowest and highest p50 over its repetitions, when they differ by more
+    than a quarter (a floor that moved while it was measured)."""
+    reps = row.get("floor_reps_ms")
+    if not reps or reps[0] <= 0 or reps[1] / reps[0] <= 1.25:
+        return ""
+    return f" (reps {num(reps[0])}-{num(reps[1])})"
+
+
 def _sequence(row: dict[str, Any]) -> str:
     seq, ratio = row.get("sequence_ms"), row.get("sequence_ratio")
     if seq is None:
@@ -51,7 +60,7 @@ def targets_table(r: dict[str, Any]) -> Table:
             [
                 row["label"],
                 row["floor_label"],
-                _value(row, "floor_ms"),
+                _value(row, "floor_ms") + _reps(row),
                 _value(row, "ours_ms"),
                 "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
                 row["target"],

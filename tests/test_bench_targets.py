@@ -122,6 +122,18 @@ def test_sequence_floors_explain_but_do_not_judge() -> None:
     assert headline.targets(_results())[0]["sequence_ms"] is None  # older files: no column
 
 
+def test_a_floor_that_moved_shows_its_spread() -> None:
+    r = _results()
+    r["floors"]["exclusive_declare"]["p50_reps_ms"] = [1.2, 2.5, 2.2]
+    r["floors"]["get_classic"]["p50_reps_ms"] = [0.5, 0.55]
+    rows = _by_label(headline.targets(r))
+    mutex = rows["mutex: uncontended acquire"]
+    assert mutex["floor_reps_ms"] == [1.2, 2.5]
+    cells = {line[0]: line[2] for line in report_headline.targets_table(r).rows}
+    assert cells["mutex: uncontended acquire"] == "4.00 (reps 1.20-2.50)"
+    assert cells["token semaphore (fencing on): uncontended acquire"] == "0.50"  # within 25%
+
+
 def test_targets_without_measurements_are_not_judged() -> None:
     rows = headline.targets({"floors": {}, "search": []})
     assert rows and all(row["met"] is None and row["ratio"] is None for row in rows)

@@ -150,6 +150,19 @@ def test_token_grant_sends_only_the_lock_s_own_methods(
     }
 
 
+def test_token_grant_without_fencing_needs_no_transaction(
+    broker: Broker, name: str, wire: Wire
+) -> None:
+    """Without fencing the release returns the token as it came: a reject on a plain
+    channel, with no re-publish and no commit for the broker to process."""
+    TokenSemaphore(broker, name).setup(1)
+    try:
+        sent = cycles(broker, TokenSemaphore(broker, name, fencing=False).acquire, wire)
+    finally:
+        TokenSemaphore(broker, name).destroy()
+    assert sent == {"Basic.Consume": 1, "Basic.Cancel": 1, "Basic.Reject": 1}
+
+
 def test_a_watch_channel_with_a_parked_probe_is_cleaned_and_reused(
     broker: Broker, amqp_url: str, name: str, wire: Wire
 ) -> None:

@@ -58,7 +58,9 @@ async def acquire_permit(
         if await _ready_tokens(session, name) == 0:
             return None
         timeout = NONBLOCKING_GRACE  # another client may take the ready token first
-    waiter = await _Waiter.open(session, name)
+    # Without fencing the release returns the token as it came (`basic.reject`), which
+    # needs no transaction: a plain channel, and no commit to wait for.
+    waiter = await _Waiter.open(session, name, transactional=fencing)
     try:
         consumer_tag = await waiter.consume(priority)
         message = await waiter.next_token(timeout)
@@ -83,11 +85,14 @@ class _Waiter:
     cancels it (the queue was deleted) or closes its channel: whichever comes first
     settles `delivered`. Once granted, the :class:`PermitState` watches the channel."""
 
-    def __init__(self, session: Session, name: str, channel: AbstractChannel) -> None:
+    def __init__(
+        self, session: Session, name: str, channel: AbstractChannel, transactional: bool
+    ) -> None:
         self.session = session
         self.name = name
         self.queue = token_queue(name)
         self.channel = channel
+        self.transactional = transactional
         self.delivered: asyncio.Future[DeliveredMessage] = (
             asyncio.get_running_loop().create_future()
         )
@@ -96,12 +101,12 @@ class _Waiter:
         channel.closing.add_done_callback(self.on_closed)
 
     @classmethod
-    async def open(cls, session: Session, name: str) -> _Waiter:
+    async def open(cls, session: Session, name: str, transactional: bool) -> _Waiter:
         """Take a ready holder channel (a cancelled caller's channel is closed again)."""
-        channel = session.idle_holder_channel(transactional=True)
+        channel = session.idle_holder_channel(transactional)
         if channel is None:  # none idle: open one, never cancelled half-way
-            channel = await shielded(session.holder_channel(transactional=True), close_quietly)
-        return cls(session, name, channel)
+            channel = await shielded(session.holder_channel(transactional), close_quietly)
+        return cls(session, name, channel, transactional)
 
     # --- what the broker tells us -----------------------------------------------------
 
@@ -169,8 +174,11 @@ class _Waiter:
                 fencing_for(self.session, self.name, message, fencing),
                 lambda _: close_quietly(self.channel),
             )
+        if not self.transactional:  # returned as it came, by a reject (see above)
+            carry = None
         state = PermitState(
             core=core,
+            transactional=self.transactional,
             session=self.session,
             kind="token",
             name=self.name,

@@ -41,6 +41,9 @@ class PermitState(HeldState):
     #: (epoch, count) this holder's fencing token was made of: the release publishes the
     #: token again with count + 1. None: the release returns it as it came (reject).
     carry: Carry = None
+    #: The channel has transactions selected (fencing on): the release commits. A holder
+    #: without fencing rejects the token on a plain channel, with nothing to commit.
+    transactional: bool = True
     #: Called by the broker's consumer cancel (the waiter's; removed on release).
     on_cancel: Callable[[Any], None] | None = field(default=None)
 
@@ -84,7 +87,10 @@ class PermitState(HeldState):
         transaction, either ack the token and publish it again with its counter raised
         (it carries its counter) or reject it with requeue: at the commit the broker hands
         it to the best waiting consumer. If anything fails before the commit, closing the
-        channel gives the token back as it came (the broker then flags it redelivered)."""
+        channel gives the token back as it came (the broker then flags it redelivered).
+        Without fencing there is no transaction: the reject alone returns the token as it
+        came, flagged redelivered, so a fencing holder after us takes a fresh epoch from
+        the fence queue instead of reading the carried counter."""
         if self.released:
             return
         self.released = True
@@ -116,10 +122,13 @@ class PermitState(HeldState):
                 frames.append(Basic.Reject(delivery_tag=self.delivery_tag, requeue=True))
             forget_consumer(ch, self.consumer_tag)
             await send_together(ch, frames)
-            await ch.tx_commit()
+            if self.transactional:
+                await ch.tx_commit()
         except Exception as exc:
             log.debug("polite release failed (%s); closing the channel returns the token", exc)
             self.session.spawn(close_quietly(ch))
         else:
-            self.session.return_holder_channel(ch, transactional=True)
+            # Without a commit nothing is awaited: the broker handles the cancel and the
+            # reject before anything the next holder of this channel sends.
+            self.session.return_holder_channel(ch, transactional=self.transactional)
         log.debug("released permit %d of %r", self.number, self.name)

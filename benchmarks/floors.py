@@ -17,6 +17,10 @@ costs before any lock logic runs.
     consumes again afterwards, so the roles swap every sample: the floor of a token handoff;
   - exclusive ``queue.declare`` on an open channel, and its ``queue.delete`` timed
     separately: the floor of a mutex / persistent-semaphore acquire and handoff.
+
+- sequence floors (:data:`SEQUENCES`): raw aiormq doing, step for step, the broker
+  operations one of ours is made of, shown beside the targets' ratios as information (a
+  target whose own floor is below its sequence floor cannot be met by client code).
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import aiormq
-from aiormq.abc import DeliveredMessage
+from aiormq.abc import ChannelFrame, DeliveredMessage
 from pamqp import commands as spec
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
 
 from amqp_locks import Broker
 
@@ -127,6 +133,8 @@ RAW = {
     "connection, quorum queue",
     "exclusive_declare": "exclusive `queue.declare` on an open channel",
     "exclusive_delete": "`queue.delete` of that exclusive queue",
+    "token_handoff_tx": "a fenced token release's broker steps: cancel + ack + re-publish, "
+    "`tx.commit` -> delivery to a prefetch-1 consumer on another connection, classic queue",
     "token_cycle": "a token acquire as a loop makes it: `basic.consume` (prefetch 1) on a "
     "second channel while the last release's `tx.commit` is in flight on the first",
     "mutex_handoff": "a mutex handoff's broker steps after 50 ms idle: `queue.delete` N, "
@@ -135,7 +143,7 @@ RAW = {
 }
 #: The sequence floors: raw aiormq doing, step for step, the broker operations one of our
 #: operations is made of (the other floors are the single operation the targets name).
-SEQUENCES = ("token_cycle", "mutex_handoff")
+SEQUENCES = ("token_cycle", "token_handoff_tx", "mutex_handoff")
 
 
 def server_version(props: dict[str, Any]) -> tuple[int, int]:
@@ -257,16 +265,41 @@ class _Side:
         await self.ch.basic_reject(self.delivery, requeue=True)
         return t0
 
+    async def hand_over_in_tx(self) -> tuple[float, asyncio.Task[Any]]:
+        """A fenced token release's broker steps: cancel (nowait), ack and publish the
+        message again in one write, then `tx.commit` (its reply awaited in the returned
+        task, untimed); returns the time just before the write."""
+        assert self.tag is not None and self.delivery is not None
+        chan: Any = self.ch
+        chan.consumers.pop(self.tag, None)  # nowait: no cancel-ok will come
+        frames = [
+            spec.Basic.Cancel(consumer_tag=self.tag, nowait=True),
+            spec.Basic.Ack(delivery_tag=self.delivery),
+            spec.Basic.Publish(exchange="", routing_key=self.queue),
+            ContentHeader(body_size=len(b"token"), properties=spec.Basic.Properties()),
+            ContentBody(b"token"),
+        ]
+        t0 = time.perf_counter()
+        async with chan.lock:
+            await chan.write_queue.put(
+                ChannelFrame.marshall(channel_number=chan.number, frames=frames)
+            )
+        return t0, asyncio.ensure_future(self.ch.tx_commit())
 
-async def _handoff_floor(url: str, quorum: bool, samples: int, reps: int) -> dict[str, Any]:
+
+async def _handoff_floor(
+    url: str, quorum: bool, samples: int, reps: int, tx: bool = False
+) -> dict[str, Any]:
     ca = await _connect(url, "reject A")
     cb = await _connect(url, "reject B")
     try:
         setup, name = await _one_message_queue(ca, quorum)
         sides = []
         for conn in (ca, cb):
-            ch = await conn.channel()
+            ch = await conn.channel(publisher_confirms=not tx)
             await ch.basic_qos(prefetch_count=1)
+            if tx:
+                await ch.tx_select()
             sides.append(_Side(ch, name))
         holder, waiter = sides
         await holder.consume()
@@ -275,9 +308,15 @@ async def _handoff_floor(url: str, quorum: bool, samples: int, reps: int) -> dic
 
         async def sample() -> float:
             nonlocal holder, waiter
-            t0 = await holder.hand_over()
+            commit = None
+            if tx:
+                t0, commit = await holder.hand_over_in_tx()
+            else:
+                t0 = await holder.hand_over()
             await asyncio.wait_for(waiter.got, 10)
             dt = waiter.at - t0
+            if commit is not None:
+                await commit
             await holder.consume()  # the releaser waits next
             holder, waiter = waiter, holder
             return dt
@@ -444,6 +483,7 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     out["exclusive_declare"] = {"reps": declare["reps"]}
     out["exclusive_delete"] = {"reps": declare["delete_reps"]}
     out["token_cycle"] = asyncio.run(_token_cycle_floor(url, samples, reps))
+    out["token_handoff_tx"] = asyncio.run(_handoff_floor(url, False, samples, reps, tx=True))
     # Each handoff sample holds for MUTEX_SETTLE: a tenth of the samples keeps it short.
     out["mutex_handoff"] = asyncio.run(
         _mutex_handoff_floor(url, max(10, samples // 10), reps)

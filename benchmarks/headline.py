@@ -342,6 +342,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     rd_c, rd_q = f50("reject_deliver_classic"), f50("reject_deliver_quorum")
     decl = f50("exclusive_declare")
     cycle, mutex_seq = f50("token_cycle"), f50("mutex_handoff")
+    tx_handoff = f50("token_handoff_tx")
     ut, uc = r.get("uncontended_tokens", {}), r.get("uncontended", {})
     ho, ra = r.get("handoff", {}), r.get("reask", {})
     fget, frd, fdecl = "`basic.get`", "reject -> deliver", "exclusive declare"
@@ -364,6 +365,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
             _get(ho, "token", "p50_ms"),
             2.0,
             "<= 2x",
+            sequence=tx_handoff,
         ),
         _row(
             "token",

@@ -156,3 +156,24 @@ def test_documented_permissions_are_enough(node: devbroker.NodeInfo) -> None:
     finally:
         devbroker.rabbitmqctl(node, "delete_user", user)
         devbroker.rabbitmqctl(node, "delete_vhost", vhost)
+
+
+def test_the_io_thread_leaves_outside_signals_to_the_main_thread() -> None:
+    """A SIGTERM or SIGINT the kernel handed to the I/O thread would not interrupt the main
+    thread's blocking call (the CLI's `waitpid`, a caller's lock wait), and its Python
+    handler runs only in the main thread: the I/O thread blocks them."""
+    import signal
+
+    from amqp_locks.transport.iothread import IOThread
+
+    io = IOThread()
+    try:
+
+        async def mask() -> set[int]:
+            return set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+        blocked = io.submit(mask()).result(5)
+    finally:
+        io.stop()
+    assert {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} <= blocked
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # ours only

@@ -351,7 +351,14 @@ class Supervisor:
 
     def wait(self) -> int:
         with _handlers(self.forward, FORWARDED):
-            status = self.proc.wait()
+            # In slices: a signal handled by another thread of ours would not interrupt a
+            # plain waitpid, and its handler (run by this thread) would wait with it.
+            while True:
+                try:
+                    status = self.proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
             if self.lost_reason is not None and self.group:
                 self._reap_group()
             return status

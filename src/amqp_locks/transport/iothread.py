@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import signal
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -19,6 +20,27 @@ log = logging.getLogger("amqp_locks.transport")
 
 T = TypeVar("T")
 _ids = itertools.count(1)
+
+#: Signals a process gets from outside (a user, a supervisor, its children). Python runs
+#: their handlers in the main thread only, and a signal the kernel hands to our thread
+#: does not interrupt the main thread's blocking call (`waitpid`, a lock wait): blocked
+#: here, they always reach the main thread.
+_ASYNC_SIGNALS = {
+    getattr(signal, n)
+    for n in (
+        "SIGINT",
+        "SIGTERM",
+        "SIGHUP",
+        "SIGQUIT",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGWINCH",
+        "SIGCONT",
+        "SIGALRM",
+        "SIGCHLD",
+    )
+    if hasattr(signal, n)
+}
 
 
 class IOThread:
@@ -32,6 +54,8 @@ class IOThread:
         self._ready.wait()
 
     def _run(self) -> None:
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._ready.set)
         try:

@@ -260,5 +260,10 @@ def test_the_attempt_a_notice_starts_opens_no_channel(
         assert lease is not None, "the waiter did not get the mutex after the release"
         monkeypatch.undo()
         lease.release()
-    on_the_way = [kind for kind, background in opened_by if not background]
+    # On 4.0.5 the woken attempt is sometimes refused once more (the broker answers the
+    # delete before every connection sees the queue gone); a refusal costs channels and
+    # starts a background refill, and the retry after it may open one itself. Judged is
+    # the woken attempt: the opens before the first refill.
+    first = next((i for i, (_, background) in enumerate(opened_by) if background), None)
+    on_the_way = [kind for kind, background in opened_by[:first] if not background]
     assert on_the_way == [], f"the woken attempt waited for channel opens: {opened_by}"

@@ -306,16 +306,13 @@ class LeaseState(HeldState):
         try:
             await session.delete(self.held_queue)
         except BaseException as exc:
-            session.held.discard(self.held_queue)
-            self._end_watch(watch)
-            self._drop_sentinel()
+            self._let_go(watch)
             if isinstance(exc, ConnectionLost) and not session.alive:
                 # The connection died under the release: the broker deletes the exclusive
                 # queue with it, so the lock is free all the same. No waiter notice.
                 log.debug("connection lost releasing %r: released by the broker", self.name)
                 return
             raise
-        session.held.discard(self.held_queue)
         if self.kind == "semaphore":
             session.slot_hints[self.name] = self.number
         # The waiter's notice goes out before our own clean-up, which nobody waits for.
@@ -323,8 +320,7 @@ class LeaseState(HeldState):
             self.notice_key, [self.number if self.kind == "semaphore" else 0]
         )
         session.released_at[self.notice_key] = (time.monotonic(), routed)
-        self._end_watch(watch)
-        self._drop_sentinel()
+        self._let_go(watch)
         log.debug(
             "released %s %d of %r after %.3fs",
             self.kind,
@@ -345,6 +341,13 @@ class LeaseState(HeldState):
             await _close_quietly(self._watch)
         self._drop_sentinel()
         self.session.held.discard(self.held_queue)
+
+    def _let_go(self, watch: AbstractChannel | None) -> None:
+        """After the held queue's delete (or its failure): this session may take the lock
+        again, and the lease's channels go back clean."""
+        self.session.held.discard(self.held_queue)
+        self._end_watch(watch)
+        self._drop_sentinel()
 
     def _end_watch(self, watch: AbstractChannel | None) -> None:
         """After the held queue's delete (which ended our consumer on it), make the watch

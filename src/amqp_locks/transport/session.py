@@ -179,13 +179,13 @@ class Session:
         self._listeners: dict[int, LostCallback] = {}
         self._next_listener = 0
         self._idle: list[AbstractChannel] = []
-        self._idle_opening = 0
         #: Channels ready to hold a token (prefetch 1 set; transactional ones for the
         #: token semaphore's counter-carrying release), so an acquire opens none.
         self._holder_idle: dict[bool, list[AbstractChannel]] = {False: [], True: []}
-        #: Spare channels with prefetch 1 set (`ready_channel`), and how many are opening.
+        #: Spare channels with prefetch 1 set (`ready_channel`).
         self._ready: list[AbstractChannel] = []
-        self._ready_opening = 0
+        #: Spares being opened per pool (`_refill`), by the pool's id.
+        self._opening: dict[int, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog_task: asyncio.Task[None] | None = None
         self._ping_task: asyncio.Task[None] | None = None
@@ -401,19 +401,36 @@ class Session:
         return ch
 
     def _refill_ready(self) -> None:
-        missing = READY_SPARES - len(self._ready) - self._ready_opening
-        for _ in range(max(0, missing)):
-            self._ready_opening += 1
-            self.spawn(self._add_ready())
+        self._refill(self._ready, READY_SPARES, self._open_ready)
 
-    async def _add_ready(self) -> None:
+    def _refill(
+        self,
+        pool: list[AbstractChannel],
+        spares: int,
+        opener: Callable[[], Awaitable[AbstractChannel]],
+    ) -> None:
+        """Open channels for `pool` in the background until it holds `spares` (counting
+        those still being opened), so the next taker waits for none."""
+        opening = self._opening.get(id(pool), 0)
+        for _ in range(max(0, spares - len(pool) - opening) if self.alive else 0):
+            self._opening[id(pool)] = self._opening.get(id(pool), 0) + 1
+            self.spawn(self._add_spare(pool, opener))
+
+    async def _add_spare(
+        self, pool: list[AbstractChannel], opener: Callable[[], Awaitable[AbstractChannel]]
+    ) -> None:
         try:
-            if self.alive:
-                self._ready.append(await self._open_ready())
+            ch = await opener()
         except AmqpLocksError as exc:
             log.debug("could not open a spare channel: %s", exc)
+        else:
+            self._keep(pool, ch, READY_POOL)
         finally:
-            self._ready_opening -= 1
+            self._opening[id(pool)] -= 1
+
+    def return_ready(self, ch: AbstractChannel) -> None:
+        """Keep a ready channel that was taken but never used (clean as it came)."""
+        self._keep(self._ready, ch, READY_POOL)
 
     def recycle_ready(self, ch: AbstractChannel, clean: Callable[[], Awaitable[Any]]) -> None:
         """In the background, run `clean` (what makes `ch` a clean ready channel again:
@@ -454,31 +471,10 @@ class Session:
             # (confirms of cancelled probes): never hand it to someone else.
             if not ch.is_closed and self.alive:
                 self.spawn(_close_channel(ch))
-            self._refill_idle()
+            self._refill(self._idle, CALL_SPARES, self.open_channel)
             raise
         if not ch.is_closed and self.alive:
             self._idle.append(ch)
-
-    def _refill_idle(self) -> None:
-        """Open spare pooled channels in the background (after an error closed one)."""
-        missing = CALL_SPARES - len(self._idle) - self._idle_opening
-        for _ in range(max(0, missing) if self.alive else 0):
-            self._idle_opening += 1
-            self.spawn(self._add_idle())
-
-    async def _add_idle(self) -> None:
-        try:
-            ch = await self.open_channel()
-        except AmqpLocksError as exc:
-            log.debug("could not open a spare channel: %s", exc)
-        else:
-            self._keep(self._idle, ch, READY_POOL)
-        finally:
-            self._idle_opening -= 1
-
-    def return_ready(self, ch: AbstractChannel) -> None:
-        """Keep a ready channel that was taken but never used (clean as it came)."""
-        self._keep(self._ready, ch, READY_POOL)
 
     async def call(self, queue: str | None, op: Callable[[AbstractChannel], Any]) -> Any:
         """Run one RPC on a pooled channel, translating errors to typed ones."""

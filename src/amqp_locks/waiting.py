@@ -21,10 +21,11 @@ from .transport.wakeups import subscribe
 
 T = TypeVar("T")
 
-#: Re-check delays after a wake-up whose attempt still found the lock held. The broker
+#: Re-check delays after a sentinel whose attempt still found the lock held. The broker
 #: hands a dead holder's sentinel on when it closes the holder's channels, which may be a
 #: few milliseconds before it deletes the holder's exclusive queue (seen on RabbitMQ
-#: 4.0.5): the woken waiter looks again shortly instead of sleeping a whole back-off.
+#: 4.0.5): the woken waiter looks again shortly instead of sleeping a whole back-off. A
+#: clean release's notice follows its delete, so a failed attempt after one needs none.
 SETTLE_DELAYS = (0.005, 0.02, 0.05, 0.15, 0.4)
 #: A process that asks again this soon after releasing the same lock lets the waiters go
 #: first when there are any (it would win nearly every race: its attempt starts before
@@ -121,28 +122,40 @@ async def acquire_loop(
         async with subscribe(session, wakeups, sentinels) as sub:
             if polite:  # the waiters first: our notice woke one of them
                 polite = False
-                first = delay if deadline is None else min(delay, deadline - time.monotonic())
+                first = _silent_wait(sub.ready, delay, backoff)
+                if deadline is not None:
+                    first = min(first, deadline - time.monotonic())
                 await sub.wait(max(0.0, first))
             while session.alive:
-                notice, hint = sub.take()
+                wake = sub.take()
                 try:
-                    granted = await _attempt(attempt(session, hint))
+                    granted = await _attempt(attempt(session, wake.hint))
                 except ConnectionLost:
                     break  # reconnect and go on waiting
-                await sub.answered(notice)
+                await sub.answered(wake.tags)
                 if granted is not None:
                     return granted
-                if notice:
+                if wake.sentinel:
                     settle = list(SETTLE_DELAYS)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
-                step = min(settle.pop(0), delay) if settle else delay
+                step = _silent_wait(sub.ready, delay, backoff)
+                step = min(settle.pop(0), step) if settle else step
                 wait = step if remaining is None else min(step, remaining)
                 woken = await sub.wait(wait)
                 if sub.broken:
                     break  # the wake-up queue's node died: subscribe again, then retry
                 delay = backoff.initial if woken else min(delay * 2, backoff.maximum)
+
+
+def _silent_wait(subscribed: bool, delay: float, backoff: Backoff) -> float:
+    """How long to wait for a push before trying anyway. A subscribed waiter is woken by
+    every clean release (notice) and every crash (sentinel), so its own re-check is the
+    last resort, every `backoff.maximum`: a re-check that lands between a release and the
+    woken waiter's attempt would take the lock out of turn. Without wake-ups (none could
+    be set up) the back-off runs from `backoff.initial`."""
+    return backoff.maximum if subscribed else delay
 
 
 async def _attempt(coro: Coroutine[Any, Any, T | None]) -> T | None:

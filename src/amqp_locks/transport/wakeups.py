@@ -14,6 +14,12 @@ consumes it back, unacked, with a higher consumer priority than the waiters. Whe
 holder's connection dies the broker returns that message to the queue and pushes it to a
 waiter at once — a crash wakes a waiter as promptly as a clean release. Waiters still
 re-check on a bounded back-off in case both pushes are lost.
+
+Waiters take turns in the order the broker hands out notices (round robin among the
+consumers, a newcomer last) only if nobody else tries in between: a re-check that finds
+the lock free in the moment between a release and the woken waiter's attempt takes it
+from that waiter, who then goes to the back of the line. So a waiter that is subscribed
+re-checks on its own only as the last resort (`waiting.acquire_loop`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
@@ -37,14 +43,30 @@ log = logging.getLogger("amqp_locks.transport")
 HOLDER_PRIORITY = 1
 
 
+class Wake(NamedTuple):
+    """What woke an attempt (see :meth:`Waiter.take`)."""
+
+    #: The notices and sentinels the attempt answers (acked after it).
+    tags: list[tuple[AbstractChannel, int]]
+    #: The slot the last one announced: where to look first.
+    hint: int | None
+    #: A sentinel was among them: a holder died. The broker may hand the sentinel on a
+    #: few milliseconds before it deletes the dead holder's queue (RabbitMQ 4.0.5), so a
+    #: failed attempt after a sentinel is worth repeating shortly. A clean release's
+    #: notice is sent after its delete: an attempt that fails after one lost a race.
+    sentinel: bool
+
+
 class Waiter:
     """One waiting acquire's subscription to its lock's wake-up queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, sentinels: str | None = None) -> None:
         self.event = asyncio.Event()
+        self.sentinels = sentinels
         self._channel: AbstractChannel | None = None
         self._tags: list[tuple[AbstractChannel, int]] = []
         self._hint: int | None = None
+        self._sentinel = False
         #: True once the broker confirmed our consumer (tests and status tools read it).
         self.ready = False
         #: The broker cancelled our consumer or closed our channel: in a cluster, the
@@ -60,17 +82,20 @@ class Waiter:
         tag = getattr(message.delivery, "delivery_tag", None)
         if isinstance(tag, int) and message.channel is not None:
             self._tags.append((message.channel, tag))
+        if self.sentinels is not None:
+            routed_to = getattr(message.delivery, "routing_key", None)
+            self._sentinel = self._sentinel or routed_to == self.sentinels
         body = message.body.strip()
         self._hint = int(body) if body.isdigit() and int(body) > 0 else None
         self.event.set()
 
-    def take(self) -> tuple[list[tuple[AbstractChannel, int]], int | None]:
-        """Before an attempt: the notices (and sentinels) this attempt answers, and the
-        slot the last one announced (a hint where to look first)."""
+    def take(self) -> Wake:
+        """Before an attempt: what woke it (the notices and sentinels it answers, the slot
+        the last one announced, whether a holder died)."""
         self.event.clear()
-        tags, self._tags = self._tags, []
-        hint, self._hint = self._hint, None
-        return tags, hint
+        wake = Wake(self._tags, self._hint, self._sentinel)
+        self._tags, self._hint, self._sentinel = [], None, False
+        return wake
 
     async def answered(self, tags: list[tuple[AbstractChannel, int]]) -> None:
         """After the attempt: ack them, so the next ones can be delivered to us."""
@@ -94,7 +119,7 @@ async def subscribe(
 ) -> AsyncIterator[Waiter]:
     """Consume the wake-up `queue` (and the `sentinels` queue, if the lock has one) for
     the duration of the block; degrade to polling if we cannot."""
-    waiter = Waiter()
+    waiter = Waiter(sentinels)
     session.waiters.add(waiter)
     # Every waiter and holder must declare them alike (406 otherwise). The sentinel queue
     # is not auto-deleted, so it cannot vanish between a declare and a consume on a

@@ -65,7 +65,9 @@ async def _defer_to_waiters(session: Session, wakeups: str) -> bool:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Fallback polling while waiting: starts at `initial`, doubles up to `maximum` seconds."""
+    """Fallback re-checks while waiting, for pushes that never come. A waiter subscribed
+    to the lock's wake-ups (the usual case) re-checks every `maximum` seconds; one that
+    could not subscribe polls from `initial`, doubling up to `maximum`."""
 
     initial: float = 0.05
     maximum: float = 1.0

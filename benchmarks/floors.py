@@ -280,11 +280,16 @@ class _Side:
             ContentBody(b"token"),
         ]
         t0 = time.perf_counter()
-        async with chan.lock:
-            await chan.write_queue.put(
-                ChannelFrame.marshall(channel_number=chan.number, frames=frames)
-            )
+        await write_together(self.ch, frames)
         return t0, asyncio.ensure_future(self.ch.tx_commit())
+
+
+async def write_together(ch: aiormq.abc.AbstractChannel, frames: list[Any]) -> None:
+    """Raw aiormq: queue methods that expect no reply as one write on `ch` (what the
+    library's ``send_together`` does, written here so the floors use no library code)."""
+    chan: Any = ch
+    async with chan.lock:
+        await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
 
 
 async def _handoff_floor(

@@ -103,8 +103,9 @@ def _ours(url: str, name: str, fencing: bool, pipe: Connection) -> None:
 
 async def _raw_side(url: str, queue: str, together: bool, pipe: Connection) -> None:
     import aiormq
-    from aiormq.abc import ChannelFrame
     from pamqp import commands as spec
+
+    from .floors import write_together
 
     conn = await aiormq.connect(url)
     ch = await conn.channel()
@@ -131,15 +132,12 @@ async def _raw_side(url: str, queue: str, together: bool, pipe: Connection) -> N
         elif cmd == "release" and together:  # cancel (nowait) + reject in one write
             stamps["h_called"] = stamps["h_write"] = time.monotonic()
             chan: Any = ch
-            chan.consumers.pop(consumer[0], None)
+            chan.consumers.pop(consumer[0], None)  # nowait: no cancel-ok will come
             frames = [
                 spec.Basic.Cancel(consumer_tag=consumer[0], nowait=True),
                 spec.Basic.Reject(delivery_tag=held.pop(), requeue=True),
             ]
-            async with chan.lock:
-                await chan.write_queue.put(
-                    ChannelFrame.marshall(channel_number=chan.number, frames=frames)
-                )
+            await write_together(ch, frames)
             pipe.send(dict(stamps))
         elif cmd == "release":  # cancel (awaited, untimed), then reject
             await ch.basic_cancel(consumer[0])
@@ -202,6 +200,8 @@ def profile(url: str, n: int, settle: float) -> dict[str, dict[str, float | None
 
     from amqp_locks import Broker, TokenSemaphore
 
+    from .floors import _one_message_queue
+
     ctx = mp.get_context("spawn")
     results: dict[str, dict[str, float | None]] = {}
     with Broker(url) as broker:
@@ -223,10 +223,7 @@ def profile(url: str, n: int, settle: float) -> dict[str, dict[str, float | None
 
     async def make_queue() -> str:
         conn = await aiormq.connect(url)
-        ch = await conn.channel()
-        queue = "profile-raw-" + uuid.uuid4().hex[:8]
-        await ch.queue_declare(queue, durable=True)
-        await ch.basic_publish(b"token", routing_key=queue)
+        _, queue = await _one_message_queue(conn, quorum=False)
         await conn.close()
         return queue
 

@@ -15,6 +15,11 @@ class InvalidName(ConfigurationError):
     """A lock name that is empty, too long, or could collide with another lock's queues."""
 
 
+class NotReplicated(ConfigurationError):
+    """A lock on classic (single-node) queues asked for in cluster mode: it would stop, or
+    fail its waiters, when its queues' node dies. Use quorum queues (the default there)."""
+
+
 # --- broker / transport -------------------------------------------------------------------
 
 

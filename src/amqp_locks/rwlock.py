@@ -57,6 +57,7 @@ from .lease import HeldState, Lease
 from .lockobject import LockObject
 from .mutex import held_mutex
 from .names import MAX_QUEUE_NAME_BYTES, validate_name
+from .replication import choose_quorum
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.errors import channel_error
 from .transport.features import broker_version, consumer_timeout_arguments, quorum_arguments
@@ -622,14 +623,14 @@ class ReadWriteLock(HolderQueries):
         readers: int | None = None,
         timeout: float | None = None,
         blocking: bool = True,
-        quorum: bool = False,
+        quorum: bool | None = None,
         fencing: bool = True,
         mutex_timeout: float | None = 30.0,
     ) -> None:
         self.broker = broker
         self.name = check_name(name)
         self.readers = check_readers(readers)
-        self.quorum = bool(quorum)
+        self.quorum = choose_quorum(broker, quorum, f"read-write lock {name!r}")
         self.fencing = bool(fencing)
         #: Whose fence queue (`<fence>-fence`) the grants count on: the lock's own. The
         #: tooz driver points it at the queue its earlier, mutex-based locks counted on.

@@ -271,12 +271,12 @@ class TokenSemaphore(_HolderQueries, _Acquirable):
         broker: Broker,
         name: str,
         *,
-        quorum: bool = False,
+        quorum: bool | None = None,
         mutex_timeout: float | None = _tokens.MUTEX_TIMEOUT,
         **options: Any,
     ) -> None:
         super().__init__(broker, name, quorum=quorum, mutex_timeout=mutex_timeout, **options)
-        self.admin = TokenAdmin(broker, name, quorum=quorum, mutex_timeout=mutex_timeout)
+        self.admin = TokenAdmin(broker, name, quorum=self._sync.quorum, mutex_timeout=mutex_timeout)
 
     async def setup(self, permits: int) -> int:
         return await self.admin.setup(permits)

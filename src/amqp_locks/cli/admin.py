@@ -73,14 +73,14 @@ def semaphore() -> None:
 @semaphore.command("create")
 @click.argument("name")
 @click.argument("slots", type=click.IntRange(min=1))
-@click.option("--quorum", is_flag=True, help="Quorum (replicated) slot queues, for clusters.")
+@click.option("--quorum", is_flag=True, help="Quorum slot queues (default in cluster mode).")
 @ADMIN_TIMEOUT
 def sem_create(name: str, slots: int, quorum: bool, admin_timeout: float) -> None:
     """Create semaphore NAME with SLOTS slots (idempotent for the same count)."""
     name = lock_name(name)
 
     def act(b: Broker) -> int:
-        admin = SemaphoreAdmin(b, name, quorum=quorum, mutex_timeout=admin_timeout)
+        admin = SemaphoreAdmin(b, name, quorum=quorum or None, mutex_timeout=admin_timeout)
         return admin.create(slots)
 
     click.echo(_with_broker(f"semaphore create {name}", act))
@@ -231,13 +231,13 @@ def token() -> None:
 def _tokens(
     b: Broker, name: str, admin_timeout: float = 30.0, quorum: bool = False
 ) -> TokenAdmin:
-    return TokenAdmin(b, name, mutex_timeout=admin_timeout, quorum=quorum)
+    return TokenAdmin(b, name, mutex_timeout=admin_timeout, quorum=quorum or None)
 
 
 @token.command("setup")
 @click.argument("name")
 @click.argument("permits", type=click.IntRange(min=1))
-@click.option("--quorum", is_flag=True, help="A quorum (replicated) token queue.")
+@click.option("--quorum", is_flag=True, help="A quorum token queue (default in cluster mode).")
 @ADMIN_TIMEOUT
 def tok_setup(name: str, permits: int, quorum: bool, admin_timeout: float) -> None:
     """Set up token semaphore NAME with PERMITS permits (idempotent for the same count)."""

@@ -36,6 +36,7 @@ from ..names import (
     validate_name,
     wakeup_queue,
 )
+from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, check_timeout
@@ -104,7 +105,7 @@ class SemaphoreAdminCore:
         mutex_timeout: float | None = 30.0,
         overshoot: int = 0,
         ascending: bool = False,
-        quorum: bool = False,
+        quorum: bool | None = None,
         backoff: Backoff | None = None,
     ) -> None:
         self.broker = broker
@@ -112,7 +113,7 @@ class SemaphoreAdminCore:
         self.mutex_timeout = check_timeout(mutex_timeout)
         self.overshoot = _count(overshoot, "overshoot")
         self.ascending = ascending
-        self.quorum = quorum
+        self.quorum = choose_quorum(broker, quorum, f"persistent semaphore {name!r}")
         self.backoff = backoff or Backoff()
 
     # --- plumbing -----------------------------------------------------------------------
@@ -278,7 +279,7 @@ class SemaphoreAdmin:
         mutex_timeout: float | None = 30.0,
         overshoot: int = 0,
         ascending: bool = False,
-        quorum: bool = False,
+        quorum: bool | None = None,
         backoff: Backoff | None = None,
     ) -> None:
         self._ops = SemaphoreAdminCore(

@@ -19,6 +19,7 @@ from ..errors import ConfigurationError, LockError
 from ..fencing import ensure_fence, fence_arguments
 from ..mutex import held_mutex
 from ..names import token_queue, validate_name
+from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.features import broker_version, consumer_timeout_arguments, quorum_arguments
 from ..transport.session import Session
@@ -106,12 +107,12 @@ class TokenAdminCore:
         broker: BrokerLike,
         name: str,
         *,
-        quorum: bool = False,
+        quorum: bool | None = None,
         mutex_timeout: float | None = MUTEX_TIMEOUT,
     ) -> None:
         self.broker = broker
         self.name = validate_name(name)
-        self.quorum = quorum
+        self.quorum = choose_quorum(broker, quorum, f"token semaphore {name!r}")
         self.mutex_timeout = check_timeout(mutex_timeout)
 
     @property
@@ -213,7 +214,7 @@ class TokenAdmin:
         broker: BrokerLike,
         name: str,
         *,
-        quorum: bool = False,
+        quorum: bool | None = None,
         mutex_timeout: float | None = MUTEX_TIMEOUT,
     ) -> None:
         self._ops = TokenAdminCore(broker, name, quorum=quorum, mutex_timeout=mutex_timeout)

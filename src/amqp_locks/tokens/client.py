@@ -20,6 +20,7 @@ from ..holders import HolderQueries
 from ..lease import Lease
 from ..lockobject import LockObject
 from ..names import token_queue, validate_name
+from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.errors import channel_error
 from ..transport.session import Session
@@ -234,7 +235,7 @@ class TokenSemaphore(LockObject, HolderQueries):
         timeout: float | None = None,
         blocking: bool = True,
         priority: int = 0,
-        quorum: bool = False,
+        quorum: bool | None = None,
         fencing: bool = True,
         mutex_timeout: float | None = MUTEX_TIMEOUT,
     ) -> None:
@@ -245,12 +246,12 @@ class TokenSemaphore(LockObject, HolderQueries):
         self.broker = broker
         self.name = validate_name(name)
         self.priority = priority
-        self.quorum = quorum
+        self.quorum = choose_quorum(broker, quorum, f"token semaphore {name!r}")
         self.fencing = fencing
         self.mutex_timeout = check_timeout(mutex_timeout)
         self._init_wait(blocking, timeout)
         #: The administration of this semaphore (what `setup` & co. delegate to).
-        self.admin = TokenAdmin(broker, self.name, quorum=quorum, mutex_timeout=mutex_timeout)
+        self.admin = TokenAdmin(broker, self.name, quorum=self.quorum, mutex_timeout=mutex_timeout)
 
     @property
     def _core(self) -> BrokerCore:

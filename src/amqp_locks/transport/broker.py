@@ -34,6 +34,7 @@ from ..errors import (
 from .errors import censor, censor_text
 from .holders import check_holder_id, default_holder_id
 from .iothread import IOThread
+from .quorum_guard import ClusterTiming
 from .session import Session
 
 log = logging.getLogger("amqp_locks.transport")
@@ -132,6 +133,8 @@ class BrokerCore:
         cluster: bool | None = None,
         ssl_context: ssl.SSLContext | None = None,
         holder_id: str | None = None,
+        net_ticktime: float | None = None,
+        quorum_timeout: float | None = None,
     ) -> None:
         if heartbeat <= 0:
             raise ConfigurationError(f"heartbeat must be > 0 seconds, got {heartbeat}")
@@ -143,6 +146,8 @@ class BrokerCore:
         #: The node of the current (or last) connection.
         self.url = self.urls[0]
         self.cluster = len(self.urls) > 1 if cluster is None else bool(cluster)
+        #: What cluster mode assumes of the cluster and gives a holder (quorum_guard.py).
+        self.timing = ClusterTiming.of(net_ticktime, quorum_timeout)
         plain = [censor(u) for u in self.urls if u.scheme != "amqps"]
         if ssl_context is not None and plain:
             raise ConfigurationError(
@@ -227,6 +232,7 @@ class BrokerCore:
                 cluster=self.cluster,
                 ssl_context=self.ssl_context,
                 holder_id=self.holder_id,
+                timing=self.timing,
             )
             try:
                 await session.connect(self.connect_timeout)
@@ -312,6 +318,8 @@ class BrokerBase:
         cluster: bool | None = None,
         ssl_context: ssl.SSLContext | None = None,
         holder_id: str | None = None,
+        net_ticktime: float | None = None,
+        quorum_timeout: float | None = None,
     ) -> None:
         self._core = BrokerCore(
             url,
@@ -322,6 +330,8 @@ class BrokerBase:
             cluster=cluster,
             ssl_context=ssl_context,
             holder_id=holder_id,
+            net_ticktime=net_ticktime,
+            quorum_timeout=quorum_timeout,
         )
 
     @property
@@ -342,6 +352,17 @@ class BrokerBase:
     @property
     def heartbeat(self) -> float:
         return self._core.heartbeat
+
+    @property
+    def net_ticktime(self) -> float:
+        """The cluster's Erlang ``net_ticktime`` cluster mode assumes (seconds)."""
+        return self._core.timing.net_ticktime
+
+    @property
+    def quorum_timeout(self) -> float:
+        """Cluster mode: seconds without a quorum-confirmed probe before this connection's
+        locks are reported lost (transport/quorum_guard.py)."""
+        return self._core.timing.quorum_timeout
 
     @property
     def holder_id(self) -> str:
@@ -367,6 +388,13 @@ class Broker(BrokerBase):
     set it for a single URL that fronts a cluster (a load balancer). ``heartbeat``
     (seconds) bounds how long a dead peer goes unnoticed; leases are marked lost after
     ``loss_timeout`` (default: one heartbeat period) without a frame from the broker.
+
+    In cluster mode every connection also proves, every few seconds, that its node is on
+    the cluster's majority side (a probe confirmed by a quorum queue): after
+    ``quorum_timeout`` seconds without such a proof (default ``net_ticktime / 2``) its
+    locks are reported lost and it moves to another node, before the majority can grant
+    them again. ``net_ticktime`` is the cluster's Erlang setting (default 60, RabbitMQ's);
+    give the value your nodes run with (docs/cluster.md).
 
     TLS: an ``amqps://`` URL connects over TLS, verifying the broker's certificate against
     the system's CAs, or against ``?cafile=PATH`` (also ``certfile``, ``keyfile`` for a

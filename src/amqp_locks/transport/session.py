@@ -31,6 +31,7 @@ from ..errors import AmqpLocksError, ConnectionLost, QueueNotFound, ResourceLock
 from .aiormq_compat import LOGGER_NAMES, TimedTransport, connection_blocked
 from .errors import censor, channel_error, connect_error
 from .holders import HeldLeases, HolderReader, HolderResponder, default_holder_id
+from .quorum_guard import ClusterTiming, QuorumGuard
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -137,6 +138,7 @@ class Session:
         cluster: bool = False,
         ssl_context: ssl.SSLContext | None = None,
         holder_id: str | None = None,
+        timing: ClusterTiming | None = None,
     ) -> None:
         self.url = url
         #: What this connection's holder records say (transport/holders.py).
@@ -146,6 +148,10 @@ class Session:
         #: The broker is one node of a cluster (see `Broker(cluster=...)`): quorum queues
         #: are read by consumers, never `basic.get` (fencing.take_token says why).
         self.cluster = cluster
+        #: Cluster mode's timing (transport/quorum_guard.py); its guard runs per session.
+        self.timing = timing or ClusterTiming()
+        self.guard: QuorumGuard | None = None
+        self._guard_task: asyncio.Task[None] | None = None
         self.heartbeat = heartbeat
         self.loss_timeout = loss_timeout
         self.connection_name = connection_name
@@ -215,6 +221,9 @@ class Session:
         loop = asyncio.get_running_loop()
         self._watchdog_task = loop.create_task(self._watchdog())
         self._ping_task = loop.create_task(self._pinger())
+        if self.cluster:
+            self.guard = QuorumGuard(self, self.timing, self.drop)
+            self._guard_task = loop.create_task(self.guard.run())
         log.debug("connected to %s as %r", censor(self.url), self.connection_name)
 
     @property
@@ -249,10 +258,7 @@ class Session:
                 )
             else:
                 continue
-            if self.alive:
-                self._lose(reason)
-                if self.transport_writer is not None:
-                    self.transport_writer.transport.abort()
+            self.drop(reason)
             return
 
     async def _pinger(self) -> None:
@@ -291,6 +297,14 @@ class Session:
             reason = f"connection closed: {exc}" if exc else "connection closed"
         self._lose(reason)
 
+    def drop(self, reason: str) -> None:
+        """Give the connection up for `reason`: every lease through it is lost at once and
+        the socket is aborted (the broker then drops what the connection held)."""
+        if self.alive:
+            self._lose(reason)
+            if self.transport_writer is not None:
+                self.transport_writer.transport.abort()
+
     def _lose(self, reason: str) -> None:
         """Mark the session lost and tell every listener (leases) at once."""
         if self.lost_reason is not None:
@@ -320,7 +334,9 @@ class Session:
             await asyncio.wait(list(self._tasks), timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
-        for job in (self._watchdog_task, self._ping_task):
+        if self.guard is not None:
+            self.guard.stop()
+        for job in (self._watchdog_task, self._ping_task, self._guard_task):
             if job is not None:
                 job.cancel()
         if self.conn is not None:

@@ -1,0 +1,227 @@
+"""Cluster mode: a connection proves, again and again, that its node is on the majority side.
+
+On a Khepri cluster (RabbitMQ 4.2+) a node cut off from the others keeps serving its
+clients: their heartbeats flow, their channels answer, and a consumer there holding an
+unacked quorum-queue message is **not** told when the majority side returns that message to
+the queue and grants it again. Nothing on the minority connection changes. What does
+change is that nothing commits there: a quorum queue needs a majority of its replicas, so a
+publish with confirms to a quorum queue gets no confirm for the whole cut, whichever side
+leads the queue (docs/cluster.md, measured on 4.3.6).
+
+So every cluster-mode session runs a :class:`QuorumGuard`: it publishes a small probe with
+publisher confirms to a quorum queue every `interval` seconds (several may be in flight)
+and remembers when the newest *confirmed* probe was sent. A confirm proves that the node
+was connected to a majority at some moment after that probe was sent, so a partition cannot
+have begun before. The majority side cannot take a lock from a holder on a lost node before
+it notices the node is gone, which Erlang's distribution cannot do in less than
+0.75 x ``net_ticktime`` after the cut (plus, on 4.3, the queue's
+``x-consumer-disconnected-timeout``). When ``quorum_timeout`` (< 0.75 x ``net_ticktime``)
+passes without a fresher proof, the guard drops the connection: every lock held through it
+is reported lost (``lease.lost``, ``on_lost``) *before* the majority can grant it, and
+waiters move on to another node.
+
+A session that has not had its first confirm yet counts from when it connected: any lock
+granted through it was committed by a majority after that moment.
+
+The probe queue is one quorum queue per node URL, ``amqp-locks.quorum-probe.HOST:PORT``
+(``x-max-length: 1``, dropping the older probe; it expires unused after 10 minutes). Its
+leader is usually the node of the client that declared it first (RabbitMQ's ``client-local``
+leader locator), so on the majority side a probe never waits for a leader across the cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiormq.abc import AbstractChannel
+from pamqp.commands import Basic
+
+from ..errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger("amqp_locks.cluster")
+
+#: RabbitMQ's (Erlang's) default ``net_ticktime``, in seconds.
+DEFAULT_NET_TICKTIME = 60.0
+#: The guard's default bound, as a share of ``net_ticktime``: a cut node is noticed by the
+#: majority after 0.75-1.25 x net_ticktime, so half leaves a quarter of it as margin.
+DEFAULT_SHARE = 0.5
+#: The bound must stay this far (seconds) below 0.75 x ``net_ticktime``.
+MIN_MARGIN = 1.0
+#: Probes in flight at most (during a cut none is confirmed; sending more proves nothing).
+MAX_IN_FLIGHT = 8
+PROBE_PREFIX = "amqp-locks.quorum-probe."
+PROBE_EXPIRES_MS = 600_000
+
+
+@dataclass(frozen=True)
+class ClusterTiming:
+    """The broker setting cluster mode assumes and the bound a holder gives itself.
+
+    ``net_ticktime``: the cluster's Erlang ``net_ticktime`` (seconds; RabbitMQ's default
+    60). The client cannot read it over AMQP: give the value your nodes run with (the
+    management API's ``/api/nodes`` shows it). ``quorum_timeout``: how long a connection
+    may go without a quorum-confirmed probe before its locks are reported lost (default
+    half of ``net_ticktime``); must stay at least ``MIN_MARGIN`` below 0.75 x
+    ``net_ticktime``, the earliest the majority can notice a lost node.
+    """
+
+    net_ticktime: float = DEFAULT_NET_TICKTIME
+    quorum_timeout: float = DEFAULT_NET_TICKTIME * DEFAULT_SHARE
+
+    @classmethod
+    def of(cls, net_ticktime: float | None, quorum_timeout: float | None) -> ClusterTiming:
+        """Validate the Broker's arguments (ConfigurationError naming the problem)."""
+        tick = DEFAULT_NET_TICKTIME if net_ticktime is None else float(net_ticktime)
+        if not tick > 0:
+            raise ConfigurationError(f"net_ticktime must be > 0 seconds, got {net_ticktime}")
+        bound = tick * DEFAULT_SHARE if quorum_timeout is None else float(quorum_timeout)
+        limit = 0.75 * tick - MIN_MARGIN
+        if not 0 < bound <= limit:
+            raise ConfigurationError(
+                f"quorum_timeout must be > 0 and at most 0.75 x net_ticktime - {MIN_MARGIN:g}"
+                f" = {limit:g} s (net_ticktime {tick:g} s), got {quorum_timeout}: a cut-off"
+                " holder must learn it lost its lock before the majority can notice its node"
+                " is gone and grant the lock again"
+            )
+        return cls(tick, bound)
+
+    @property
+    def interval(self) -> float:
+        """Seconds between probes: five per bound, at most every 2 s, at least every 0.2 s."""
+        return min(2.0, max(0.2, self.quorum_timeout / 5))
+
+
+def probe_queue(host: str | None, port: int | None) -> str:
+    """The probe queue of the node at ``host:port`` (see the module docstring)."""
+    return f"{PROBE_PREFIX}{host or 'localhost'}:{port or 5672}"[:255]
+
+
+class QuorumGuard:
+    """Probes a quorum queue and drops the session when no probe is confirmed in time."""
+
+    def __init__(
+        self,
+        session: Session,
+        timing: ClusterTiming,
+        drop: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.session = session
+        self.timing = timing
+        self._drop = drop
+        self._clock = clock
+        #: When the session connected: the proof until the first confirm (module docstring).
+        self.since = clock()
+        #: When the newest confirmed probe was sent (None: none yet).
+        self.proven_at: float | None = None
+        self.in_flight = 0
+        self.sent = 0
+        self.confirmed = 0
+        self._queue = probe_queue(session.url.host, session.url.port)
+        self._channel: AbstractChannel | None = None
+        self._opening = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def proof(self) -> float:
+        """The moment up to which the node is known to have been on the majority side."""
+        return self.since if self.proven_at is None else max(self.since, self.proven_at)
+
+    def expired(self, now: float) -> str | None:
+        """Why the session must be dropped at `now`, or None while the proof holds."""
+        unproven = now - self.proof
+        if unproven <= self.timing.quorum_timeout:
+            return None
+        return (
+            f"no quorum-queue confirm for a probe sent within the last {unproven:.1f} s "
+            f"(quorum_timeout {self.timing.quorum_timeout:g} s): this node may be cut off "
+            "from the cluster's majority, which can grant our locks again after it notices "
+            f"(net_ticktime {self.timing.net_ticktime:g} s)"
+        )
+
+    def confirm(self, sent_at: float) -> None:
+        """A probe sent at `sent_at` was confirmed by the queue's quorum."""
+        self.confirmed += 1
+        if self.proven_at is None or sent_at > self.proven_at:
+            self.proven_at = sent_at
+
+    async def run(self) -> None:
+        """Send probes and check the bound until the session ends (a session task)."""
+        step = min(self.timing.interval, max(0.05, self.timing.quorum_timeout / 20))
+        next_probe = self._clock()
+        while self.session.alive:
+            now = self._clock()
+            reason = self.expired(now)
+            if reason is not None:
+                log.warning("connection %r: %s", self.session.connection_name, reason)
+                self._drop(reason)
+                return
+            if now >= next_probe:
+                next_probe = now + self.timing.interval
+                if self.in_flight < MAX_IN_FLIGHT:
+                    self._spawn(self._probe(now))
+            await asyncio.sleep(step)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _probe(self, sent_at: float) -> None:
+        self.in_flight += 1
+        self.sent += 1
+        try:
+            ch = await self._probe_channel()
+            await ch.basic_publish(
+                b"", routing_key=self._queue, properties=Basic.Properties(delivery_mode=1)
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the bound decides; a broken channel is reopened
+            log.debug("quorum probe on %r failed: %s", self.session.connection_name, exc)
+            if self._channel is not None and self._channel.is_closed:
+                self._channel = None
+        else:
+            self.confirm(sent_at)
+        finally:
+            self.in_flight -= 1
+
+    async def _probe_channel(self) -> AbstractChannel:
+        """A confirm channel of our own, the probe queue declared on it (once)."""
+        async with self._opening:
+            ch = self._channel
+            if ch is not None and not ch.is_closed:
+                return ch
+            ch = await self.session.open_channel()
+            await self._declare(ch)
+            self._channel = ch
+            return ch
+
+    async def _declare(self, ch: AbstractChannel) -> None:
+        await ch.queue_declare(
+            self._queue,
+            durable=True,
+            arguments={
+                "x-queue-type": "quorum",
+                "x-max-length": 1,
+                "x-overflow": "drop-head",
+                "x-expires": PROBE_EXPIRES_MS,
+            },
+        )
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._channel is not None:
+            ch, self._channel = self._channel, None
+            with contextlib.suppress(Exception):
+                self.session.spawn(ch.close())

@@ -54,8 +54,15 @@ class Nodes:
         urls = self.info.urls
         return urls[index - 1 :] + urls[: index - 1]
 
-    def broker(self, index: int, heartbeat: float = 5.0) -> Broker:
-        b = Broker(self.urls_from(index), heartbeat=heartbeat, connect_timeout=5.0)
+    def broker(
+        self, index: int, heartbeat: float = 5.0, quorum_timeout: float | None = None
+    ) -> Broker:
+        b = Broker(
+            self.urls_from(index),
+            heartbeat=heartbeat,
+            connect_timeout=5.0,
+            quorum_timeout=quorum_timeout,
+        )
         b.connect()
         assert b.url.endswith(f":{self.info.node(index).amqp_port}/%2F"), b.url
         self._brokers.append(b)
@@ -72,6 +79,10 @@ class Nodes:
 
     def restart(self, index: int) -> None:
         devcluster.start_node(CLUSTER, index, _base_dir())
+
+    def pid(self, index: int) -> int:
+        """The operating-system process id of node `index` (its Erlang VM)."""
+        return int(self.info.node(index).pid_file.read_text().split()[0])
 
     def port(self, index: int) -> int:
         return self.info.node(index).amqp_port

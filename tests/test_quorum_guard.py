@@ -1,0 +1,82 @@
+"""The cluster-mode quorum guard's rules (transport/quorum_guard.py), with a fake clock.
+
+The guard's wire behaviour is tested against a real cluster in tests/cluster; here only
+the arithmetic that decides when a connection must give up its locks.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from yarl import URL
+
+from amqp_locks import Broker, ConfigurationError
+from amqp_locks.transport.quorum_guard import ClusterTiming, QuorumGuard, probe_queue
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _guard(timing: ClusterTiming, clock: Clock) -> tuple[QuorumGuard, list[str]]:
+    dropped: list[str] = []
+    session: Any = SimpleNamespace(
+        url=URL("amqp://guest:guest@127.0.0.1:5673/"), alive=True, connection_name="t"
+    )
+    return QuorumGuard(session, timing, dropped.append, clock=clock), dropped
+
+
+def test_defaults_follow_net_ticktime() -> None:
+    assert ClusterTiming.of(None, None) == ClusterTiming(60.0, 30.0)
+    assert ClusterTiming.of(10, None) == ClusterTiming(10.0, 5.0)
+    assert ClusterTiming.of(10, None).interval == 1.0
+    assert ClusterTiming.of(None, None).interval == 2.0  # capped
+
+
+@pytest.mark.parametrize(
+    ("tick", "bound"), [(10, 6.6), (10, 0), (10, -1), (0, None), (-5, None), (2, None)]
+)
+def test_a_bound_the_majority_could_beat_is_refused(tick: float, bound: float | None) -> None:
+    with pytest.raises(ConfigurationError, match="net_ticktime"):
+        ClusterTiming.of(tick, bound)
+
+
+def test_broker_refuses_a_bad_bound_at_construction() -> None:
+    with pytest.raises(ConfigurationError, match="quorum_timeout"):
+        Broker("amqp://guest:guest@127.0.0.1:1/", net_ticktime=10, quorum_timeout=7)
+    b = Broker("amqp://guest:guest@127.0.0.1:1/", net_ticktime=10, quorum_timeout=6.5)
+    assert (b.net_ticktime, b.quorum_timeout) == (10.0, 6.5)
+
+
+def test_no_confirm_yet_counts_from_the_connection() -> None:
+    clock = Clock()
+    guard, _ = _guard(ClusterTiming(10, 5), clock)
+    clock.now += 5.0
+    assert guard.expired(clock.now) is None
+    clock.now += 0.01
+    reason = guard.expired(clock.now)
+    assert reason is not None and "quorum_timeout 5 s" in reason
+
+
+def test_the_newest_confirmed_send_time_is_the_proof() -> None:
+    clock = Clock()
+    guard, _ = _guard(ClusterTiming(10, 5), clock)
+    guard.confirm(103.0)
+    guard.confirm(101.0)  # an older probe confirmed late proves less
+    assert guard.proof == 103.0
+    assert guard.expired(108.0) is None
+    assert guard.expired(108.1) is not None
+    # a confirm proves the moment the probe was *sent*, not when the confirm came
+    guard.confirm(104.0)
+    assert guard.expired(108.9) is None and guard.expired(109.1) is not None
+
+
+def test_probe_queue_names_the_node() -> None:
+    assert probe_queue("10.0.0.2", 5672) == "amqp-locks.quorum-probe.10.0.0.2:5672"
+    assert len(probe_queue("h" * 400, 1)) == 255

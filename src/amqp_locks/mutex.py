@@ -1,123 +1,41 @@
-"""Mutex: one exclusive queue named `N`.
+"""Mutex: one holder at a time, cluster-wide.
 
-Declaring the exclusive queue `N` succeeds for exactly one connection at a time; the others
-get 405 RESOURCE_LOCKED (costing only a channel). The broker deletes the queue when the
-holder's connection closes or dies, which is what releases a crashed holder. This is the
-same lock as a persistent semaphore's administration mutex of that name: holding
+On one node (the seed's protocol) the mutex `N` is the exclusive queue `N`, the same lock
+as a persistent semaphore's administration mutex of that name (admin_mutex.py): holding
 ``Mutex(broker, "images")`` blocks ``SemaphoreAdmin(broker, "images")`` and vice versa.
 
-Two acquires through one Broker share its connection, for which re-declaring its own
-exclusive queue would succeed; the session's ``held`` set makes the second one wait.
+In cluster mode an exclusive queue cannot carry the lock: on a Khepri cluster (RabbitMQ
+4.2+) a dead node's exclusive queues stay until the node returns, so the lock would stay
+held. There the mutex is a binary token semaphore on the quorum queue ``N.mutex.semaphore``
+(tokens/): one token, held unacked by its holder, returned by the broker when the holder
+releases, dies or its node is lost, and pushed to the next waiter. It is set up on first
+use (one permit, under the administration mutex ``N.mutex``), and its fencing token is the
+token's own counter. Every connection's quorum guard (transport/quorum_guard.py) tells a
+holder cut off from the majority before the majority can grant the token again.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-
-from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
-from .fencing import ensure_fence, take_token
+from .admin_mutex import acquire_mutex
+from .errors import TokenSemaphoreNotFound
 from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, pick_holder
-from .lease import LeaseState, grant
+from .lease import HeldState
 from .lockobject import LockObject
-from .names import fence_queue, sentinel_queue, validate_name, wakeup_queue
-from .transport.broker import BrokerCore, BrokerLike
-from .transport.session import Session
-from .waiting import Backoff, acquire_loop
-
-
-async def mutex_fence(state: LeaseState) -> int:
-    """The mutex's fencing token, creating its fence queue on first use: holding mutex N
-    is holding the lock's administration mutex, so no other creator can race us and the
-    fence gets exactly one message."""
-    session, name = state.session, state.name
-    if fence_queue(name) not in session.fences_known:
-        await ensure_fence(session, name)
-        session.fences_known.add(fence_queue(name))
-    return await take_token(session, name)
-
-
-async def try_mutex(
-    core: BrokerCore, session: Session, name: str, *, fencing: bool
-) -> LeaseState | None:
-    """One attempt: declare `N` exclusive; None if someone (maybe this process) holds it."""
-    if name in session.held:
-        return None
-    session.held.add(name)
-    state = LeaseState(
-        core=core,
-        session=session,
-        kind="mutex",
-        name=name,
-        number=1,
-        held_queue=name,
-        watch_queues=(name,),
-        must_exist=(),
-        notice_key=wakeup_queue(name, "mutex"),
-        sentinels=sentinel_queue(name, "mutex"),
-    )
-    try:
-        granted = await grant(state, None, fence=mutex_fence if fencing else None)
-    except ResourceLocked:
-        if await session.exists_passive(name):
-            # We may use it, so it is not another connection's exclusive queue.
-            raise PreconditionFailed(
-                f"queue {name!r} exists but is not exclusive, so it can never be locked; "
-                "delete it or choose another lock name",
-                name,
-            ) from None
-        return None
-    if not granted:  # deleted by someone between our declare and our consume
-        return None
-    return state
-
-
-async def acquire_mutex(
-    core: BrokerCore,
-    name: str,
-    *,
-    blocking: bool,
-    timeout: float | None,
-    fencing: bool,
-    backoff: Backoff,
-) -> LeaseState | None:
-    return await acquire_loop(
-        core,
-        wakeup_queue(name, "mutex"),
-        sentinel_queue(name, "mutex"),
-        lambda s, _hint: try_mutex(core, s, name, fencing=fencing),
-        blocking=blocking,
-        timeout=timeout,
-        backoff=backoff,
-    )
-
-
-@contextlib.asynccontextmanager
-async def held_mutex(
-    core: BrokerCore, name: str, timeout: float | None, backoff: Backoff
-) -> AsyncIterator[LeaseState]:
-    """Hold the mutex for a block (the administration mutex uses this)."""
-    state = await acquire_mutex(
-        core, name, blocking=True, timeout=timeout, fencing=False, backoff=backoff
-    )
-    if state is None:
-        raise AdminLockTimeout(
-            f"administration mutex {name!r} is held by another administrator; gave up after "
-            f"{timeout}s"
-        )
-    try:
-        yield state
-    finally:
-        await asyncio.shield(state.release())
+from .names import quorum_mutex_name, validate_name
+from .tokens.admin import TokenAdminCore
+from .tokens.client import TokenSemaphore
+from .transport.broker import BrokerLike
+from .waiting import Backoff
 
 
 class Mutex(LockObject, HolderQueries):
-    """A distributed mutex on the exclusive queue `name`.
+    """A distributed mutex: the exclusive queue `name` on one node, a quorum token in
+    cluster mode (see the module docstring).
 
-    ``fencing=True`` (default) takes a fencing token from the quorum queue `name-fence`
-    (created on first use). ``backoff`` bounds the fallback polling for crashed holders;
-    clean releases wake waiters at once. ``timeout`` / ``blocking`` are what
+    ``fencing=True`` (default) gives every grant a fencing token that rises strictly (one
+    node: from the quorum queue `name-fence`, created on first use; cluster mode: the
+    token's own counter). ``backoff`` bounds the fallback polling for crashed holders on
+    one node; clean releases wake waiters at once. ``timeout`` / ``blocking`` are what
     ``with mutex as lease:`` waits (default: for ever); it raises
     :class:`~amqp_locks.errors.LockTimeout` when the mutex was not obtained.
     """
@@ -140,16 +58,46 @@ class Mutex(LockObject, HolderQueries):
         self.fencing = fencing
         self.backoff = backoff or Backoff()
         self._init_wait(blocking, timeout)
+        #: Cluster mode's binary token semaphore (None on one node).
+        self._token: TokenSemaphore | None = None
+        if broker._core.cluster:
+            self._token = TokenSemaphore(
+                broker, quorum_mutex_name(self.name), quorum=True, fencing=fencing
+            )
 
-    async def _wait(self, blocking: bool, timeout: float | None) -> LeaseState | None:
-        return await acquire_mutex(
-            self.broker._core,
-            self.name,
-            blocking=blocking,
-            timeout=timeout,
-            fencing=self.fencing,
-            backoff=self.backoff,
-        )
+    async def _wait(self, blocking: bool, timeout: float | None) -> HeldState | None:
+        if self._token is None:
+            return await acquire_mutex(
+                self.broker._core,
+                self.name,
+                blocking=blocking,
+                timeout=timeout,
+                fencing=self.fencing,
+                backoff=self.backoff,
+            )
+        try:
+            return await self._token._wait(blocking, timeout)
+        except TokenSemaphoreNotFound:
+            # First use: one permit, set up under the administration mutex (idempotent,
+            # so a racing first user changes nothing), then wait as everyone does.
+            await TokenAdminCore(self.broker, self._token.name, quorum=True).setup(1)
+            return await self._token._wait(blocking, timeout)
+
+    def locked(self) -> bool:
+        if self._token is None:
+            return super().locked()
+        try:
+            return self._token.locked()
+        except TokenSemaphoreNotFound:
+            return False  # never used: nobody holds it
+
+    def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[HolderRecord]:
+        if self._token is None:
+            return super().holders(timeout)
+        try:
+            return self._token.holders(timeout)
+        except TokenSemaphoreNotFound:
+            return []
 
     def holder(self, timeout: float = HOLDER_TIMEOUT) -> HolderRecord | None:
         """Who holds the mutex: None when it is free; a record with ``holder_id=None``

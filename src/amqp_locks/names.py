@@ -3,7 +3,8 @@
 A persistent semaphore `N` owns the queues `N` (admin mutex), `N-k-A` (slots), `N-k-B`
 (holders), `N-fence` (fencing counter), the wake-up queues `N-sem-wakeups` and
 `N-mutex-wakeups` and the sentinel queues `N-sem-watch` and `N-mutex-watch`; a token
-semaphore owns `N.semaphore`; a read-write lock `N.rwlock` (its admin mutex),
+semaphore owns `N.semaphore` (and a mutex `M` in cluster mode is the token semaphore
+`M.mutex`); a read-write lock `N.rwlock` (its admin mutex),
 `N.rwlock-readers`, `-writer`, `-ledger` and `-fence`. (Versions before 0.2 named the
 wake-up and sentinel queues `-waiters` and `-sentinels` and declared them transient; the
 new names keep old and new clients of one lock from refusing each other's declarations
@@ -67,6 +68,11 @@ def holder_queue(name: str, k: int) -> str:
 def fence_queue(name: str) -> str:
     """The quorum queue holding the one fence message of lock `name`."""
     return f"{name}-fence"
+
+
+def quorum_mutex_name(name: str) -> str:
+    """The token semaphore that is mutex `name` in cluster mode (mutex.py)."""
+    return f"{name}.mutex"
 
 
 def token_queue(name: str) -> str:

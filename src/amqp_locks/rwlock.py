@@ -43,6 +43,7 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
+from .admin_mutex import held_mutex
 from .errors import (
     ConfigurationError,
     ConnectionLost,
@@ -55,7 +56,6 @@ from .fencing import ensure_fence, take_token
 from .holders import HolderQueries
 from .lease import HeldState, Lease
 from .lockobject import LockObject
-from .mutex import held_mutex
 from .names import MAX_QUEUE_NAME_BYTES, validate_name
 from .replication import choose_quorum
 from .transport.broker import BrokerCore, BrokerLike

@@ -48,7 +48,7 @@ def test_mutex_survives_killing_the_holders_node(nodes: Nodes, name: str) -> Non
     assert held is not None
     assert resource.write(name, held.fencing_token)
     t, box = _background(lambda: Mutex(b2, name).acquire(timeout=60))
-    wait_until(lambda: nodes.waiting(b2), 10, "the waiter to subscribe")
+    wait_until(lambda: nodes.waiting(b2, mutex=name), 10, "the waiter to subscribe")
 
     killed = time.monotonic()
     nodes.kill(1)

@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..admin_mutex import held_mutex
 from ..errors import ConfigurationError, LockError
 from ..fencing import ensure_fence, repair_fence
-from ..mutex import held_mutex
 from ..names import (
     MAX_SLOT_DIGITS,
     check_slot_number,

@@ -22,6 +22,7 @@ import logging
 import random
 from collections.abc import Iterator
 
+from ..admin_mutex import held_mutex
 from ..errors import (
     AcquireRacesExceeded,
     ConfigurationError,
@@ -33,7 +34,6 @@ from ..fencing import ensure_fence, take_token
 from ..holders import HolderQueries
 from ..lease import Lease, LeaseState, grant
 from ..lockobject import LockObject
-from ..mutex import held_mutex
 from ..names import holder_queue, sentinel_queue, slot_queue, validate_name, wakeup_queue
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session

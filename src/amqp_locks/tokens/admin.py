@@ -15,9 +15,9 @@ from typing import Any
 
 from aiormq.abc import AbstractChannel
 
+from ..admin_mutex import held_mutex
 from ..errors import ConfigurationError, LockError
 from ..fencing import ensure_fence, fence_arguments
-from ..mutex import held_mutex
 from ..names import token_queue, validate_name
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike

@@ -1,0 +1,112 @@
+"""The exclusive-queue mutex `N`: the seed's administration mutex, and ``Mutex`` on one node.
+
+Declaring the exclusive queue `N` succeeds for exactly one connection at a time; the others
+get 405 RESOURCE_LOCKED (costing only a channel). The broker deletes the queue when the
+holder's connection closes or dies, which is what releases a crashed holder. This is the
+same lock as a persistent semaphore's administration mutex of that name: holding
+``Mutex(broker, "images")`` blocks ``SemaphoreAdmin(broker, "images")`` and vice versa.
+
+Two acquires through one Broker share its connection, for which re-declaring its own
+exclusive queue would succeed; the session's ``held`` set makes the second one wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
+from .fencing import ensure_fence, take_token
+from .lease import LeaseState, grant
+from .names import fence_queue, sentinel_queue, wakeup_queue
+from .transport.broker import BrokerCore
+from .transport.session import Session
+from .waiting import Backoff, acquire_loop
+
+
+async def mutex_fence(state: LeaseState) -> int:
+    """The mutex's fencing token, creating its fence queue on first use: holding mutex N
+    is holding the lock's administration mutex, so no other creator can race us and the
+    fence gets exactly one message."""
+    session, name = state.session, state.name
+    if fence_queue(name) not in session.fences_known:
+        await ensure_fence(session, name)
+        session.fences_known.add(fence_queue(name))
+    return await take_token(session, name)
+
+
+async def try_mutex(
+    core: BrokerCore, session: Session, name: str, *, fencing: bool
+) -> LeaseState | None:
+    """One attempt: declare `N` exclusive; None if someone (maybe this process) holds it."""
+    if name in session.held:
+        return None
+    session.held.add(name)
+    state = LeaseState(
+        core=core,
+        session=session,
+        kind="mutex",
+        name=name,
+        number=1,
+        held_queue=name,
+        watch_queues=(name,),
+        must_exist=(),
+        notice_key=wakeup_queue(name, "mutex"),
+        sentinels=sentinel_queue(name, "mutex"),
+    )
+    try:
+        granted = await grant(state, None, fence=mutex_fence if fencing else None)
+    except ResourceLocked:
+        if await session.exists_passive(name):
+            # We may use it, so it is not another connection's exclusive queue.
+            raise PreconditionFailed(
+                f"queue {name!r} exists but is not exclusive, so it can never be locked; "
+                "delete it or choose another lock name",
+                name,
+            ) from None
+        return None
+    if not granted:  # deleted by someone between our declare and our consume
+        return None
+    return state
+
+
+async def acquire_mutex(
+    core: BrokerCore,
+    name: str,
+    *,
+    blocking: bool,
+    timeout: float | None,
+    fencing: bool,
+    backoff: Backoff,
+) -> LeaseState | None:
+    return await acquire_loop(
+        core,
+        wakeup_queue(name, "mutex"),
+        sentinel_queue(name, "mutex"),
+        lambda s, _hint: try_mutex(core, s, name, fencing=fencing),
+        blocking=blocking,
+        timeout=timeout,
+        backoff=backoff,
+    )
+
+
+@contextlib.asynccontextmanager
+async def held_mutex(
+    core: BrokerCore, name: str, timeout: float | None, backoff: Backoff
+) -> AsyncIterator[LeaseState]:
+    """Hold the mutex for a block (the administration mutex uses this)."""
+    state = await acquire_mutex(
+        core, name, blocking=True, timeout=timeout, fencing=False, backoff=backoff
+    )
+    if state is None:
+        raise AdminLockTimeout(
+            f"administration mutex {name!r} is held by another administrator; gave up after "
+            f"{timeout}s"
+        )
+    try:
+        yield state
+    finally:
+        await asyncio.shield(state.release())
+
+

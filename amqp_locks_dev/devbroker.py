@@ -10,19 +10,24 @@ own (and traverse to) every directory, and they redirect output to
 ``/var/log/rabbitmq``.  Running as the invoking user works for root and non-root
 alike; ``HOME=base_dir`` gives the server and ``rabbitmqctl`` the same cookie.
 
-Two RabbitMQ lines can run here (``$AMQP_LOCKS_RABBITMQ`` or ``version=`` picks one):
+Three RabbitMQ lines can run here (``$AMQP_LOCKS_RABBITMQ`` or ``version=`` picks one):
 
 - ``3.10``: Debian 12's ``rabbitmq-server`` (3.10.8, Erlang 25) from the host's packages;
-- ``4.0``: Debian 13's ``rabbitmq-server`` (4.0.5, Erlang 27). Erlang 25 is too old for it,
-  so it runs inside a minimal trixie root built once per machine with ``debootstrap``
-  from Debian's packages (``$AMQP_LOCKS_ROOTS``, default ``/var/cache/amqp-locks``) and
-  entered with ``chroot`` in a private mount namespace (``unshare``) that binds /dev,
-  /proc and the node's own directory; its Erlang nodes use their own epmd port. The node
-  is configured with RabbitMQ 4.3's defaults: transient non-exclusive queues and global
-  QoS are denied (``deprecated_features.permit.* = false``). Needs root.
+- ``4.0``: Debian 13's ``rabbitmq-server`` (4.0.5, Erlang 27), configured with RabbitMQ
+  4.3's defaults: transient non-exclusive queues and global QoS are denied
+  (``deprecated_features.permit.* = false``);
+- ``4.3``: Debian forky's ``rabbitmq-server`` (4.3.6, Erlang/OTP 29) with its own defaults
+  (Khepri is the metadata store).
+
+The host's Erlang is too old for 4.x, so each 4.x line runs inside a minimal Debian root
+built once per machine with ``debootstrap`` from Debian's packages (``$AMQP_LOCKS_ROOTS``,
+default ``/var/cache/amqp-locks``) and entered with ``chroot`` in a private mount namespace
+(``unshare``) that binds /dev, /proc and the node's own directory; each line's Erlang
+nodes use their own epmd port (Erlang's distribution protocol differs between releases far
+apart, and one epmd per line keeps two lines' nodes from ever meeting). Needs root.
 
 CLI: ``python -m amqp_locks_dev.devbroker start|stop|status|restart|url [--name NAME]
-[--version 3.10|4.0]``.
+[--version 3.10|4.0|4.3]``.
 """
 
 from __future__ import annotations
@@ -78,20 +83,45 @@ _CTL_DIST_PORTS = range(35672, 35683)
 _EPMD_PORT = 4369
 _SBIN_CANDIDATES = (Path("/usr/lib/rabbitmq/bin"),)
 #: The RabbitMQ lines a private node can run, and the default one.
-VERSIONS = ("3.10", "4.0")
+VERSIONS = ("3.10", "4.0", "4.3")
 HOST_VERSION = "3.10"
-#: Where the trixie root of the 4.0 line is built (once per machine).
+#: Where the Debian roots of the 4.x lines are built (once per machine).
 _ROOTS_ENV = "AMQP_LOCKS_ROOTS"
 _DEFAULT_ROOTS = Path("/var/cache/amqp-locks")
 _DEBIAN_MIRROR = "http://deb.debian.org/debian"
 _CHROOT_SBIN = Path("/usr/lib/rabbitmq/bin")
-#: Erlang nodes of the chrooted line register with their own epmd (its Erlang is newer).
-_CHROOT_EPMD_PORT = 4370
 #: RabbitMQ 4.3's defaults that 4.0.5 only has as opt-in denials.
 _DEFAULTS_OF_4_3 = (
     "deprecated_features.permit.transient_nonexcl_queues = false\n"
     "deprecated_features.permit.global_qos = false\n"
 )
+#: The roots' /etc/hosts: debootstrap writes none, and without ``localhost`` in it 4.3.6
+#: does not boot (nodes are named ``NAME@localhost``; issue 21).
+_ROOT_HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+
+
+@dataclass(frozen=True)
+class RootLine:
+    """A RabbitMQ line that runs from a Debian root: which suite has it, how debootstrap
+    builds that suite, and what sets the line's nodes apart on this machine."""
+
+    #: Debian suite whose ``rabbitmq-server`` is the line (``trixie``: 4.0.5).
+    suite: str
+    #: The exact RabbitMQ release that suite ships (for messages and docs).
+    release: str
+    #: Erlang nodes of the line register with an epmd on this port (see the docstring).
+    epmd_port: int
+    #: debootstrap's script for the suite when it has none of its own name (forky: sid's).
+    script: str | None = None
+    #: Appended to every node's rabbitmq.conf.
+    config: str = ""
+
+
+#: The lines run from a Debian root, by line.
+ROOT_LINES: dict[str, RootLine] = {
+    "4.0": RootLine("trixie", "4.0.5", 4370, config=_DEFAULTS_OF_4_3),
+    "4.3": RootLine("forky", "4.3.6", 4371, script="/usr/share/debootstrap/scripts/sid"),
+}
 _AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 
 
@@ -113,10 +143,21 @@ def check_version(version: str) -> str:
     return version
 
 
-def trixie_root() -> Path:
-    """The Debian 13 root that holds RabbitMQ 4.0.5 (see :func:`ensure_trixie_root`)."""
+def root_line(version: str) -> RootLine:
+    """How the 4.x line `version` runs (raises for the host's line, which has no root)."""
+    try:
+        return ROOT_LINES[check_version(version)]
+    except KeyError:
+        raise DevBrokerError(
+            f"RabbitMQ {version} runs from the host's packages, not a root"
+        ) from None
+
+
+def root_dir(version: str) -> Path:
+    """The Debian root holding the line `version` (see :func:`ensure_root`):
+    ``$AMQP_LOCKS_ROOTS/rabbitmq-<line>-<suite>``."""
     roots = Path(os.environ.get(_ROOTS_ENV) or _DEFAULT_ROOTS)
-    return roots / "rabbitmq-4.0-trixie"
+    return roots / f"rabbitmq-{version}-{root_line(version).suite}"
 
 
 @dataclass(frozen=True)
@@ -127,7 +168,7 @@ class NodeInfo(ServerInfo):
     amqp_port: int
     dist_port: int
     base_dir: Path
-    #: The RabbitMQ line (``3.10`` or ``4.0``; see the module docstring).
+    #: The RabbitMQ line (``3.10``, ``4.0`` or ``4.3``; see the module docstring).
     version: str = HOST_VERSION
 
     @property
@@ -181,10 +222,11 @@ def ensure_installed(version: str | None = None) -> None:
 
     3.10: install Debian's rabbitmq-server if missing, without leaving a system node up
     (only the binaries are wanted: the package's service is kept from starting by
-    policy-rc.d and stopped if it started anyway). 4.0: :func:`ensure_trixie_root`.
+    policy-rc.d and stopped if it started anyway). 4.x: :func:`ensure_root`.
     """
-    if check_version(version or default_version()) != HOST_VERSION:
-        ensure_trixie_root()
+    version = check_version(version or default_version())
+    if version != HOST_VERSION:
+        ensure_root(version)
         return
     if _sbin_dir() is not None:
         return
@@ -201,45 +243,75 @@ def ensure_installed(version: str | None = None) -> None:
 _ROOT_READY = ".amqp-locks-root-ready"
 
 
-def ensure_trixie_root() -> Path:
-    """Build the Debian 13 root holding rabbitmq-server 4.0.5 unless it exists (once per
-    machine, about a minute): ``debootstrap --variant=minbase --include=rabbitmq-server
-    trixie`` from Debian's mirror (``$AMQP_LOCKS_DEBIAN_MIRROR``). Needs root."""
-    root = trixie_root()
+def ensure_root(version: str) -> Path:
+    """Build the Debian root holding the 4.x line `version` unless it is ready (once per
+    machine: about a minute for trixie, three for forky): ``debootstrap --variant=minbase
+    --include=rabbitmq-server SUITE ROOT MIRROR [SCRIPT]`` from Debian's mirror
+    (``$AMQP_LOCKS_DEBIAN_MIRROR``), then an ``/etc/hosts`` naming ``localhost``. Needs root.
+
+    A complete root found without our marker (built by hand with the same command) is
+    adopted: completed with the hosts file and marked, not built again."""
+    line = root_line(version)
+    root = root_dir(version)
     if (root / _ROOT_READY).exists():
         return root
     if os.geteuid() != 0:
         raise DevBrokerError(
-            f"RabbitMQ 4.0 runs in a Debian 13 root ({root}) built with debootstrap and "
-            "entered with chroot: both need root"
+            f"RabbitMQ {line.release} runs in a Debian {line.suite} root ({root}) built with "
+            "debootstrap and entered with chroot: both need root"
         )
+    root.parent.mkdir(parents=True, exist_ok=True)
     with locked(root.parent / ".build-lock"):
         if (root / _ROOT_READY).exists():
             return root
-        if shutil.which("debootstrap") is None:
-            apt_install("debootstrap", DevBrokerError, "amqp_locks_dev.devbroker")
-        partial = root.with_name(root.name + ".partial")
-        _remove_root(partial)
         mirror = os.environ.get("AMQP_LOCKS_DEBIAN_MIRROR") or _DEBIAN_MIRROR
-        cmd = [
-            "debootstrap", "--variant=minbase", "--include=rabbitmq-server",
-            "trixie", str(partial), mirror,
-        ]
-        print(f"building the RabbitMQ 4.0 root: {' '.join(cmd)}", file=sys.stderr)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise DevBrokerError(f"debootstrap of {partial} timed out") from exc
-        server = partial / str(_CHROOT_SBIN).lstrip("/") / "rabbitmq-server"
-        if proc.returncode != 0 or not server.exists():
-            raise DevBrokerError(
-                f"debootstrap of {partial} failed ({proc.returncode}):\n"
-                f"{(proc.stderr or proc.stdout)[-2000:]}"
-            )
-        _remove_root(root)
-        partial.rename(root)
-        (root / _ROOT_READY).write_text(f"built by amqp_locks_dev.devbroker from {mirror}\n")
+        if _complete_root(root):
+            how = "adopted by amqp_locks_dev.devbroker (built by hand)"
+        else:
+            _debootstrap(version, line, root, mirror)
+            how = f"built by amqp_locks_dev.devbroker from {mirror}"
+        (root / "etc" / "hosts").write_text(_ROOT_HOSTS)
+        (root / _ROOT_READY).write_text(how + "\n")
     return root
+
+
+def _complete_root(root: Path) -> bool:
+    """Whether `root` is a finished debootstrap with rabbitmq-server installed: debootstrap
+    removes its ``/debootstrap`` work folder last, and dpkg records the package."""
+    if not (root / str(_CHROOT_SBIN).lstrip("/") / "rabbitmq-server").exists():
+        return False
+    if (root / "debootstrap").exists():
+        return False
+    try:
+        status = (root / "var/lib/dpkg/status").read_text(errors="replace")
+    except OSError:
+        return False
+    return "Package: rabbitmq-server\nStatus: install ok installed\n" in status
+
+
+def _debootstrap(version: str, line: RootLine, root: Path, mirror: str) -> None:
+    """debootstrap the line's suite into ``ROOT.partial``, then move it to `root` (a
+    failed or interrupted build never leaves a root that looks finished)."""
+    if shutil.which("debootstrap") is None:
+        apt_install("debootstrap", DevBrokerError, "amqp_locks_dev.devbroker")
+    partial = root.with_name(root.name + ".partial")
+    _remove_root(partial)
+    cmd = [
+        "debootstrap", "--variant=minbase", "--include=rabbitmq-server",
+        line.suite, str(partial), mirror, *([line.script] if line.script else []),
+    ]
+    print(f"building the RabbitMQ {version} root: {' '.join(cmd)}", file=sys.stderr)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise DevBrokerError(f"debootstrap of {partial} timed out") from exc
+    if proc.returncode != 0 or not _complete_root(partial):
+        raise DevBrokerError(
+            f"debootstrap of {partial} failed ({proc.returncode}):\n"
+            f"{(proc.stderr or proc.stdout)[-2000:]}"
+        )
+    _remove_root(root)
+    partial.rename(root)
 
 
 def _remove_root(root: Path) -> None:
@@ -266,7 +338,7 @@ def home_subdir(version: str | None = None) -> str:
 
 
 def _default_base_dir(name: str, version: str) -> Path:
-    """``$AMQP_LOCKS_HOME/broker/<name>`` (``broker-4.0/<name>`` for the 4.0 line),
+    """``$AMQP_LOCKS_HOME/broker/<name>`` (``broker-4.0/<name>`` for the 4.0 line, ...),
     defaulting to the user's cache directory."""
     return home() / home_subdir(version) / name
 
@@ -314,7 +386,7 @@ def _env(info: NodeInfo) -> dict[str, str]:
     d = info.base_dir
     if info.chrooted:
         env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
-        env["ERL_EPMD_PORT"] = str(_CHROOT_EPMD_PORT)
+        env["ERL_EPMD_PORT"] = str(root_line(info.version).epmd_port)
     env.update(
         {
             # The Erlang cookie is read from $HOME: server and CLI share base_dir's.
@@ -347,7 +419,7 @@ def _write_config(info: NodeInfo) -> None:
         f"consumer_timeout = {CONSUMER_TIMEOUT_MS}\n"
         "log.console = false\n"
         "log.file.level = warning\n"
-        + (_DEFAULTS_OF_4_3 if info.chrooted else "")
+        + (root_line(info.version).config if info.chrooted else "")
         + _extra_config(d)
     )
     (d / "enabled_plugins").write_text("[].\n")
@@ -385,7 +457,7 @@ def _command(info: NodeInfo, program: str, *args: str) -> list[str]:
     """The argv running RabbitMQ's `program` for this node's line."""
     if not info.chrooted:
         return [str(_require_sbin() / program), *args]
-    root = ensure_trixie_root()
+    root = ensure_root(info.version)
     return [
         "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _CHROOT_SCRIPT,
         "sh", str(root), str(info.base_dir), str(_CHROOT_SBIN / program), *args,
@@ -428,7 +500,9 @@ class _Nodes(LocalServer[NodeInfo]):
 
     error = DevBrokerError
     poll_interval = 0.2
-    avoid_ports = frozenset({*_CTL_DIST_PORTS, _EPMD_PORT, _CHROOT_EPMD_PORT})
+    avoid_ports = frozenset(
+        {*_CTL_DIST_PORTS, _EPMD_PORT, *(line.epmd_port for line in ROOT_LINES.values())}
+    )
 
     def decode(self, base_dir: Path, raw: dict[str, Any]) -> NodeInfo:
         return NodeInfo(

@@ -11,6 +11,10 @@ node that is stopped, killed or restarted rejoins by itself.
 All nodes are started concurrently: a clustered node that restarts waits at boot for the
 peer that stopped last, so sequential starts of a stopped cluster could deadlock.
 
+Any line devbroker runs can be clustered (``version=``, ``--version``; default
+``$AMQP_LOCKS_RABBITMQ``): 3.10.8 and 4.0.5 keep their metadata in Mnesia, 4.3.6 in Khepri
+(its default). A cluster remembers its line in ``cluster.json``.
+
 CLI: ``python -m amqp_locks_dev.devcluster start|stop|status|urls|kill|restart|reset``
 (``scripts/cluster``).
 """
@@ -80,8 +84,8 @@ class ClusterInfo:
         return self.nodes[index - 1]
 
 
-def _base(name: str, base_dir: Path | None) -> Path:
-    return devbroker._resolve(name, base_dir)
+def _base(name: str, base_dir: Path | None, version: str | None = None) -> Path:
+    return devbroker._resolve(name, base_dir, version)
 
 
 def _node_name(name: str, index: int) -> str:
@@ -92,14 +96,30 @@ def _node_dir(base: Path, name: str, index: int) -> Path:
     return base / _node_name(name, index)
 
 
-def _size(base: Path) -> int | None:
+def _recorded(base: Path) -> tuple[int, str] | None:
+    """(size, RabbitMQ line) the cluster in `base` was made with; None if it never was.
+    Clusters made before lines were recorded are the default line's."""
     try:
-        return int(json.loads((base / "cluster.json").read_text())["size"])
+        raw = json.loads((base / "cluster.json").read_text())
+        return int(raw["size"]), str(raw.get("version") or devbroker.default_version())
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _prepare(base: Path, name: str, size: int) -> None:
+def _size(base: Path) -> int | None:
+    recorded = _recorded(base)
+    return recorded[0] if recorded else None
+
+
+def _version(base: Path, version: str | None = None) -> str:
+    """The line of the cluster in `base`: the recorded one, else `version` or the default."""
+    recorded = _recorded(base)
+    return recorded[1] if recorded else devbroker.check_version(
+        version or devbroker.default_version()
+    )
+
+
+def _prepare(base: Path, name: str, size: int, version: str) -> None:
     """Cookie shared by every node, the cluster settings, and the recorded size."""
     base.mkdir(parents=True, exist_ok=True)
     cookie_file = base / "erlang.cookie"
@@ -116,7 +136,9 @@ def _prepare(base: Path, name: str, size: int) -> None:
             node_cookie.write_text(cookie)
             node_cookie.chmod(0o400)  # Erlang refuses cookies readable by others
         (d / devbroker.EXTRA_CONFIG).write_text(CLUSTER_CONFIG)
-    (base / "cluster.json").write_text(json.dumps({"name": name, "size": size}) + "\n")
+    (base / "cluster.json").write_text(
+        json.dumps({"name": name, "size": size, "version": version}) + "\n"
+    )
 
 
 def _parallel(fns: Sequence[Callable[[], T]]) -> list[T]:
@@ -184,7 +206,8 @@ def _pick_ports(count: int) -> list[int]:
 
 
 def _start_one(
-    base: Path, name: str, index: int, wait: float, ports: tuple[int, int] | None = None
+    base: Path, name: str, index: int, wait: float, ports: tuple[int, int] | None = None,
+    version: str | None = None,
 ) -> NodeInfo:
     """Start node `index` on its previous ports (clients hold every node's URL), else on
     `ports`."""
@@ -200,7 +223,7 @@ def _start_one(
         if ports is None:
             picked = _pick_ports(2)
             ports = (picked[0], picked[1])
-        template = NodeInfo(node_name, 0, 0, d, devbroker.default_version())
+        template = NodeInfo(node_name, 0, 0, d, _version(base, version))
         for attempt in range(3):
             try:
                 return NODES.start_unlocked(template, ports, wait, strict=True)
@@ -217,24 +240,26 @@ def _start_one(
 
 def start(
     name: str = DEFAULT_NAME, size: int = DEFAULT_SIZE, base_dir: Path | None = None,
-    wait: float = 180.0,
+    wait: float = 180.0, version: str | None = None,
 ) -> ClusterInfo:
     """Start every node that is not running and join them into one cluster (idempotent).
 
-    Restarted nodes keep their ports and data. ``size`` is fixed when the cluster is first
-    made; asking for another size of an existing cluster is refused (``reset`` it first).
+    Restarted nodes keep their ports and data. ``size`` and the RabbitMQ line (`version`,
+    default ``$AMQP_LOCKS_RABBITMQ``) are fixed when the cluster is first made; asking for
+    another size or line of an existing cluster is refused (``reset`` it first).
     """
     if size < 1:
         raise DevBrokerError(f"a cluster needs at least 1 node, got {size}")
-    devbroker.ensure_installed()
-    base = _base(name, base_dir)
-    known = _size(base)
-    if known is not None and known != size:
+    version = devbroker.check_version(version or devbroker.default_version())
+    devbroker.ensure_installed(version)
+    base = _base(name, base_dir, version)
+    recorded = _recorded(base)
+    if recorded is not None and recorded != (size, version):
         raise DevBrokerError(
-            f"cluster {name!r} in {base} has {known} nodes, not {size}; "
-            "reset it first (python -m amqp_locks_dev.devcluster reset)"
+            f"cluster {name!r} in {base} has {recorded[0]} RabbitMQ {recorded[1]} nodes, not "
+            f"{size} of {version}; reset it first (python -m amqp_locks_dev.devcluster reset)"
         )
-    _prepare(base, name, size)
+    _prepare(base, name, size, version)
     fresh = _pick_ports(2 * size)  # used only by nodes that never ran: distinct for all
     nodes = _parallel(
         [
@@ -249,9 +274,11 @@ def start(
     return ClusterInfo(name, base, tuple(nodes))
 
 
-def info(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> ClusterInfo:
+def info(
+    name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
+) -> ClusterInfo:
     """The cluster's nodes as last started (running or not); raises if never started."""
-    base = _base(name, base_dir)
+    base = _base(name, base_dir, version)
     size = _size(base)
     if size is None:
         raise DevBrokerError(f"no cluster {name!r} in {base}: start it first")
@@ -264,9 +291,11 @@ def info(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> ClusterInfo:
     return ClusterInfo(name, base, tuple(nodes))
 
 
-def status(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> dict[str, bool]:
+def status(
+    name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
+) -> dict[str, bool]:
     """Which nodes answer AMQP, by Erlang node name (empty if the cluster was never made)."""
-    base = _base(name, base_dir)
+    base = _base(name, base_dir, version)
     size = _size(base) or 0
     result: dict[str, bool] = {}
     for i in range(1, size + 1):
@@ -281,23 +310,30 @@ def _index(cluster: ClusterInfo, index: int) -> NodeInfo:
     return cluster.node(index)
 
 
-def kill_node(name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None) -> bool:
+def kill_node(
+    name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None,
+    version: str | None = None,
+) -> bool:
     """SIGKILL node `index`'s VM (a crash: no clean shutdown, sockets reset by the kernel).
     Returns whether it was running. Waits until the process is gone."""
-    return NODES.kill(_index(info(name, base_dir), index).base_dir)
+    return NODES.kill(_index(info(name, base_dir, version), index).base_dir)
 
 
-def stop_node(name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None) -> bool:
+def stop_node(
+    name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None,
+    version: str | None = None,
+) -> bool:
     """Stop node `index` cleanly (`rabbitmqctl stop`); returns whether it was running."""
-    node = _index(info(name, base_dir), index)
-    return devbroker.stop(node.name, node.base_dir)
+    node = _index(info(name, base_dir, version), index)
+    return devbroker.stop(node.name, node.base_dir, node.version)
 
 
 def start_node(
-    name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None, wait: float = 180.0
+    name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None, wait: float = 180.0,
+    version: str | None = None,
 ) -> NodeInfo:
     """Start node `index` again on its old ports; it rejoins the cluster from its data."""
-    cluster = info(name, base_dir)
+    cluster = info(name, base_dir, version)
     _index(cluster, index)
     node = _start_one(cluster.base_dir, name, index, wait)  # retries a failed 4.0.5 boot
     if len(cluster.nodes) > 1:  # a member already: a no-op; wiped by hand: joins again
@@ -305,23 +341,27 @@ def start_node(
     return node
 
 
-def stop(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> int:
+def stop(
+    name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
+) -> int:
     """Stop every node (concurrently); returns how many were running."""
-    base = _base(name, base_dir)
+    base = _base(name, base_dir, version)
     size = _size(base) or 0
     stopped = _parallel(
         [
-            lambda i=i: devbroker.stop(_node_name(name, i), _node_dir(base, name, i))  # type: ignore[misc]
+            lambda i=i: NODES.stop(_node_dir(base, name, i))  # type: ignore[misc]
             for i in range(1, size + 1)
         ]
     )
     return sum(stopped)
 
 
-def reset(name: str = DEFAULT_NAME, base_dir: Path | None = None) -> None:
+def reset(
+    name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
+) -> None:
     """Stop the cluster and delete its files (data, cookie, logs)."""
-    base = _base(name, base_dir)
-    stop(name, base_dir)
+    base = _base(name, base_dir, version)
+    stop(name, base, version)
     if (base / "cluster.json").exists():
         shutil.rmtree(base)
 
@@ -340,27 +380,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=DEFAULT_SIZE, help="cluster size for start")
     parser.add_argument("--base-dir", type=Path, default=None, help="cluster directory")
     parser.add_argument("--wait", type=float, default=180.0, help="startup timeout (s)")
+    parser.add_argument(
+        "--version", choices=devbroker.VERSIONS, default=None,
+        help="RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else "
+        f"{devbroker.HOST_VERSION}); a cluster keeps the line it was made with",
+    )
     args = parser.parse_args(argv)
     if args.command in ("kill", "restart") and args.node is None:
         parser.error(f"{args.command} needs a node index")
 
     def run() -> int:
         if args.command == "start":
-            print(start(args.name, args.nodes, args.base_dir, args.wait).url)
+            print(start(args.name, args.nodes, args.base_dir, args.wait, args.version).url)
         elif args.command == "urls":
-            print(info(args.name, args.base_dir).url)
+            print(info(args.name, args.base_dir, args.version).url)
         elif args.command == "stop":
-            print(f"stopped {stop(args.name, args.base_dir)} node(s)", file=sys.stderr)
+            stopped = stop(args.name, args.base_dir, args.version)
+            print(f"stopped {stopped} node(s)", file=sys.stderr)
         elif args.command == "reset":
-            reset(args.name, args.base_dir)
+            reset(args.name, args.base_dir, args.version)
         elif args.command == "kill":
-            killed = kill_node(args.name, args.node, args.base_dir)
+            killed = kill_node(args.name, args.node, args.base_dir, args.version)
             print("killed" if killed else "not running", file=sys.stderr)
         elif args.command == "restart":
-            stop_node(args.name, args.node, args.base_dir)
-            print(start_node(args.name, args.node, args.base_dir, args.wait).url)
+            stop_node(args.name, args.node, args.base_dir, args.version)
+            print(start_node(args.name, args.node, args.base_dir, args.wait, args.version).url)
         else:
-            nodes = status(args.name, args.base_dir)
+            nodes = status(args.name, args.base_dir, args.version)
             if not nodes:
                 print("no cluster")
                 return 3

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from amqp_locks import Broker, TokenSemaphore
-from amqp_locks.names import quorum_mutex_name
 from amqp_locks_dev import devcluster
 
 from ..nodes import node_name, test_home
@@ -70,11 +69,12 @@ class Nodes:
         return b
 
     @staticmethod
-    def waiting(broker: Broker, mutex: str | None = None) -> bool:
+    def waiting(broker: Broker, tokens: str | None = None) -> bool:
         """Whether an acquire through `broker` is subscribed to its lock's wake-ups, or
-        (a cluster-mode `mutex` name given) whether a consumer waits for its token."""
-        if mutex is not None:
-            return TokenSemaphore(broker, quorum_mutex_name(mutex)).status().waiting >= 1
+        (`tokens` given: the token semaphore that carries a cluster-mode mutex or
+        semaphore) whether a consumer waits for a token."""
+        if tokens is not None:
+            return TokenSemaphore(broker, tokens).status().waiting >= 1
         session = broker._core._session
         return session is not None and any(w.ready for w in list(session.waiters))
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import pytest
 
 from amqp_locks import Lease, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
+from amqp_locks.names import quorum_mutex_name
+from amqp_locks.semaphore.cluster import slots_name
 
 from .conftest import Nodes, wait_until
 from .resource import FencedResource
@@ -48,7 +50,7 @@ def test_mutex_survives_killing_the_holders_node(nodes: Nodes, name: str) -> Non
     assert held is not None
     assert resource.write(name, held.fencing_token)
     t, box = _background(lambda: Mutex(b2, name).acquire(timeout=60))
-    wait_until(lambda: nodes.waiting(b2, mutex=name), 10, "the waiter to subscribe")
+    wait_until(lambda: nodes.waiting(b2, tokens=quorum_mutex_name(name)), 10, "the waiter")
 
     killed = time.monotonic()
     nodes.kill(1)
@@ -86,7 +88,7 @@ def test_persistent_semaphore_keeps_its_slots(nodes: Nodes, name: str) -> None:
     for h in (h1, h2):
         assert resource.write(h.number, h.fencing_token)
     t, box = _background(lambda: PersistentSemaphore(b3, name).acquire(timeout=60))
-    wait_until(lambda: nodes.waiting(b3), 10, "the waiter to subscribe")
+    wait_until(lambda: nodes.waiting(b3, tokens=slots_name(name)), 10, "the waiter to wait")
 
     killed = time.monotonic()
     nodes.kill(1)
@@ -107,8 +109,10 @@ def test_persistent_semaphore_keeps_its_slots(nodes: Nodes, name: str) -> None:
     h2.release()
     new.release()
     assert admin2.holders() == [] and admin2.max_slots() == 2
-    tokens = [h1.fencing_token, h2.fencing_token, new.fencing_token]
-    assert len(set(tokens)) == 3
+    # Cluster mode: each slot is a token carrying its own counter, so fencing tokens rise
+    # per slot (docs/protocol.md section 11), as a token semaphore's do per permit.
+    by_slot = {(h.number, h.fencing_token) for h in (h1, h2, new)}
+    assert len(by_slot) == 3
 
 
 def test_token_semaphore_keeps_its_tokens(nodes: Nodes, name: str) -> None:

@@ -6,9 +6,9 @@ killed and left down. The waiter must be granted within ``GRANT_BOUND`` with no 
 action, the holder (whose process lives) must have been told first, and the fencing token
 must rise. Node 1 comes back only for the next test (conftest's ``all_nodes_up``).
 
-On a Khepri cluster (4.3) a dead node's exclusive queues stay until it returns, so the
-persistent semaphore (exclusive holder queues) cannot be re-granted there: that case is
-an expected failure on 4.3 until its cluster mode stops using them (issue 21).
+This holds on a Khepri cluster (4.3) too, where a dead node's exclusive queues stay until
+it returns, because in cluster mode no lock is held by an exclusive queue
+(docs/protocol.md section 11).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from amqp_locks import (
     TokenSemaphore,
 )
 from amqp_locks.lockers.amqp import AmqpLocker
-from amqp_locks_dev import devbroker
 
 from .conftest import Nodes
 
@@ -107,8 +106,6 @@ KINDS = ["mutex", "token", "semaphore", "read", "write", "election"]
 def test_waiter_granted_while_the_holders_node_stays_down(
     nodes: Nodes, name: str, kind: str
 ) -> None:
-    if kind == "semaphore" and devbroker.default_version() == "4.3":
-        pytest.xfail("issue 21: exclusive holder queues of a dead node stay on Khepri")
     b1, b2 = nodes.broker(1), nodes.broker(2)
     _set_up(kind, b1, name)
     hold, wait = _kinds(name, b1)[kind]

@@ -41,6 +41,7 @@ from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, check_timeout
 from .client import first_window, windows
+from .cluster import ClusterSlots
 
 log = logging.getLogger("amqp_locks.semaphore.admin")
 
@@ -115,6 +116,10 @@ class SemaphoreAdminCore:
         self.ascending = ascending
         self.quorum = choose_quorum(broker, quorum, f"persistent semaphore {name!r}")
         self.backoff = backoff or Backoff()
+        #: Cluster mode: the slots are tokens of a quorum queue (semaphore/cluster.py).
+        self._cluster = (
+            ClusterSlots(broker, self.name, self.mutex_timeout) if broker._core.cluster else None
+        )
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -158,11 +163,15 @@ class SemaphoreAdminCore:
     # --- the seed's actions (documented on SemaphoreAdmin) ------------------------------
 
     async def max_slots(self) -> int:
+        if self._cluster is not None:
+            return await self._cluster.max_slots()
         async with self._mutex() as session:
             return await find_max(session, self.name)
 
     async def create(self, slots: int) -> int:
         slots = _count(slots, "slots", minimum=1)
+        if self._cluster is not None:
+            return await self._cluster.create(slots)
         async with self._mutex() as session:
             c = await find_max(session, self.name)
             if c not in (0, slots):
@@ -180,6 +189,9 @@ class SemaphoreAdminCore:
             return slots
 
     async def destroy(self, *, purge_fence: bool = False) -> Removal:
+        if self._cluster is not None:
+            removed, still = await self._cluster.destroy()
+            return Removal(removed, (), still)
         async with self._mutex() as session:
             c = await find_max(session, self.name)
             extra = await self._overshoot(session, c, self.overshoot)
@@ -194,6 +206,8 @@ class SemaphoreAdminCore:
 
     async def add_slots(self, count: int) -> int:
         count = _count(count, "count", minimum=1)
+        if self._cluster is not None:
+            return await self._cluster.add_slots(count)
         async with self._mutex() as session:
             c = await find_max(session, self.name)
             if c == 0:
@@ -212,6 +226,8 @@ class SemaphoreAdminCore:
     async def remove_slots(self, count: int, *, wait: float | None = 0) -> Removal:
         count = _count(count, "count", minimum=1)
         wait = check_timeout(wait) if wait is not None else None
+        if self._cluster is not None:
+            return Removal(await self._cluster.remove_slots(count, wait), (), ())
         async with self._mutex() as session:
             c = await find_max(session, self.name)
             extra = await self._overshoot(session, c, self.overshoot)
@@ -227,6 +243,8 @@ class SemaphoreAdminCore:
 
     async def holders(self, *, beyond: int = 0) -> list[int]:
         beyond = _count(beyond, "beyond")
+        if self._cluster is not None:
+            return await self._cluster.holders()
         async with self._mutex() as session:
             c = await find_max(session, self.name)
             return await held_slots(session, self.name, c + beyond)
@@ -238,6 +256,8 @@ class SemaphoreAdminCore:
         if interval <= 0:
             raise ConfigurationError(f"interval must be > 0, got {interval}")
         wanted = [check_slot_number(k) for k in slots]
+        if self._cluster is not None:
+            return await self._cluster.wait_for_holders(wanted, timeout, interval)
         async with self._mutex() as session:
             return await self._wait(session, wanted, timeout, interval)
 
@@ -258,6 +278,8 @@ class SemaphoreAdminCore:
     async def repair_fence(self, base: int) -> bool:
         if isinstance(base, bool) or not isinstance(base, int) or base < 0:
             raise ConfigurationError(f"base must be an int >= 0, got {base!r}")
+        if self._cluster is not None:
+            raise self._cluster.no_fence()
         async with self._mutex() as session:
             return await repair_fence(session, self.name, base)
 

@@ -29,15 +29,18 @@ from ..errors import (
     QueueNotFound,
     ResourceLocked,
     SemaphoreNotFound,
+    TokenSemaphoreNotFound,
 )
 from ..fencing import ensure_fence, take_token
-from ..holders import HolderQueries
-from ..lease import Lease, LeaseState, grant
+from ..holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord
+from ..lease import HeldState, Lease, LeaseState, grant
 from ..lockobject import LockObject
 from ..names import holder_queue, sentinel_queue, slot_queue, validate_name, wakeup_queue
+from ..tokens.client import TokenSemaphore
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, acquire_loop
+from .cluster import acquire_slot, slots_name
 
 log = logging.getLogger("amqp_locks.semaphore")
 
@@ -215,8 +218,10 @@ class PersistentSemaphore(LockObject, HolderQueries):
         self.backoff = backoff or Backoff()
         self._init_wait(blocking, timeout)
 
-    async def _wait(self, blocking: bool, timeout: float | None) -> LeaseState | None:
+    async def _wait(self, blocking: bool, timeout: float | None) -> HeldState | None:
         core = self.broker._core
+        if core.cluster:  # slots are quorum tokens (semaphore/cluster.py)
+            return await acquire_slot(self.broker, self.name, blocking=blocking, timeout=timeout)
         return await acquire_loop(
             core,
             wakeup_queue(self.name, "sem"),
@@ -235,3 +240,19 @@ class PersistentSemaphore(LockObject, HolderQueries):
         Raises :class:`SemaphoreNotFound` when the semaphore has no slots.
         """
         return super().acquire(blocking, timeout)
+
+    def locked(self) -> bool:
+        if not self.broker._core.cluster:
+            return super().locked()
+        try:
+            return TokenSemaphore(self.broker, slots_name(self.name)).locked()
+        except TokenSemaphoreNotFound:
+            raise SemaphoreNotFound(f"semaphore {self.name!r} does not exist") from None
+
+    def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[HolderRecord]:
+        if not self.broker._core.cluster:
+            return super().holders(timeout)
+        try:
+            return TokenSemaphore(self.broker, slots_name(self.name)).holders(timeout)
+        except TokenSemaphoreNotFound:
+            raise SemaphoreNotFound(f"semaphore {self.name!r} does not exist") from None

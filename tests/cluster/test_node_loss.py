@@ -142,3 +142,39 @@ def test_waiter_granted_while_the_holders_node_stays_down(
     assert told_at[0] < granted_at, "the waiter was granted before the holder was told"
     assert new.lease.fencing_token > held.lease.fencing_token
     new.release()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_waiter_on_the_dead_node_moves_on(nodes: Nodes, name: str, kind: str) -> None:
+    """Issue 21 point 4: a waiter whose node dies reconnects to another node and waits out
+    its remaining time; the holder's release (elsewhere) then reaches it."""
+    b1, b2 = nodes.broker(1), nodes.broker(2)
+    _set_up(kind, b2, name)
+    hold, wait = _kinds(name, b2)[kind]
+    held = hold(b2)
+    got: list[Held] = []
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            got.append(wait(b1))
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    nodes.kill(1)
+    # The waiter's connection dies with node 1; it must not fail, and cannot be granted
+    # while the holder (on node 2) holds.
+    assert not held.lease.lost.wait(2.0), "the holder on a surviving node lost its lock"
+    assert not errors, f"the waiter failed when its node died: {errors[0]!r}"
+    assert not got, "the waiter was granted while the holder held the lock"
+    released = time.monotonic()
+    held.release()
+    t.join(WAIT)
+    assert not errors, f"the waiter failed: {errors[0]!r}"
+    assert got, "the waiter was never granted"
+    print(f"\n{kind}: waiter granted {time.monotonic() - released:.3f} s after the release")
+    assert str(nodes.port(1)) not in b1.url  # it moved to another node
+    assert got[0].lease.fencing_token > held.lease.fencing_token
+    got[0].release()

@@ -15,6 +15,12 @@ class InvalidName(ConfigurationError):
     """A lock name that is empty, too long, or could collide with another lock's queues."""
 
 
+class ModeMismatch(ConfigurationError):
+    """A lock used in single-node mode that clients in cluster mode hold another way (or
+    the reverse): both kinds of client could hold it at once. Give every client of a lock
+    the same mode (several URLs or ``cluster=True``, or neither)."""
+
+
 class NotReplicated(ConfigurationError):
     """A lock on classic (single-node) queues asked for in cluster mode: it would stop, or
     fail its waiters, when its queues' node dies. Use quorum queues (the default there)."""

@@ -17,11 +17,11 @@ holder cut off from the majority before the majority can grant the token again.
 from __future__ import annotations
 
 from .admin_mutex import acquire_mutex
-from .errors import TokenSemaphoreNotFound
+from .errors import ModeMismatch, TokenSemaphoreNotFound
 from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, pick_holder
 from .lease import HeldState
 from .lockobject import LockObject
-from .names import quorum_mutex_name, validate_name
+from .names import quorum_mutex_name, token_queue, validate_name
 from .tokens.admin import TokenAdminCore
 from .tokens.client import TokenSemaphore
 from .transport.broker import BrokerLike
@@ -67,6 +67,7 @@ class Mutex(LockObject, HolderQueries):
 
     async def _wait(self, blocking: bool, timeout: float | None) -> HeldState | None:
         if self._token is None:
+            await self._check_mode()
             return await acquire_mutex(
                 self.broker._core,
                 self.name,
@@ -82,6 +83,22 @@ class Mutex(LockObject, HolderQueries):
             # so a racing first user changes nothing), then wait as everyone does.
             await TokenAdminCore(self.broker, self._token.name, quorum=True).setup(1)
             return await self._token._wait(blocking, timeout)
+
+    async def _check_mode(self) -> None:
+        """Once per connection: refuse a mutex that cluster-mode clients hold as a token
+        (they and we would not exclude each other). One passive declare, never a probe
+        publish: a message routed into a token queue could be taken for a token."""
+        session = await self.broker._core.session()
+        if self.name in session.modes_checked:
+            return
+        queue = token_queue(quorum_mutex_name(self.name))
+        if await session.exists_passive(queue):
+            raise ModeMismatch(
+                f"mutex {self.name!r} is used in cluster mode ({queue!r} exists), but this "
+                "Broker is in single-node mode: both kinds of client could hold it at once. "
+                "Give this Broker every node's URL (or cluster=True)"
+            )
+        session.modes_checked.add(self.name)
 
     def locked(self) -> bool:
         if self._token is None:

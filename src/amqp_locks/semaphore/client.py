@@ -26,6 +26,7 @@ from ..admin_mutex import held_mutex
 from ..errors import (
     AcquireRacesExceeded,
     ConfigurationError,
+    ModeMismatch,
     QueueNotFound,
     ResourceLocked,
     SemaphoreNotFound,
@@ -35,7 +36,14 @@ from ..fencing import ensure_fence, take_token
 from ..holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord
 from ..lease import HeldState, Lease, LeaseState, grant
 from ..lockobject import LockObject
-from ..names import holder_queue, sentinel_queue, slot_queue, validate_name, wakeup_queue
+from ..names import (
+    holder_queue,
+    sentinel_queue,
+    slot_queue,
+    token_queue,
+    validate_name,
+    wakeup_queue,
+)
 from ..tokens.client import TokenSemaphore
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
@@ -85,6 +93,17 @@ async def semaphore_fence(state: LeaseState) -> int:
     async with held_mutex(state.core, state.name, FENCE_CREATE_TIMEOUT, Backoff()):
         await ensure_fence(state.session, state.name)
     return await take_token(state.session, state.name)
+
+
+async def _check_mode(session: Session, name: str) -> None:
+    """A semaphore without slot queues may exist in cluster mode (semaphore/cluster.py):
+    say so instead of "no slots" (a passive declare, on this error path only)."""
+    queue = token_queue(slots_name(name))
+    if await session.exists_passive(queue):
+        raise ModeMismatch(
+            f"semaphore {name!r} was created in cluster mode ({queue!r} exists), but this "
+            "Broker is in single-node mode: give it every node's URL (or cluster=True)"
+        )
 
 
 class _Race(Exception):
@@ -163,6 +182,7 @@ async def try_acquire(
                     if not a_exists[i]:  # step 2
                         session.size_hints[name] = k - 1
                         if k == 1:
+                            await _check_mode(session, name)
                             raise SemaphoreNotFound(
                                 f"semaphore {name!r} has no slots ({slot_queue(name, 1)!r} does "
                                 "not exist): create it with SemaphoreAdmin.create()"

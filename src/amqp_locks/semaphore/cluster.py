@@ -23,10 +23,15 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from ..errors import ConfigurationError, SemaphoreNotFound, TokenSemaphoreNotFound
+from ..errors import (
+    ConfigurationError,
+    ModeMismatch,
+    SemaphoreNotFound,
+    TokenSemaphoreNotFound,
+)
 from ..holders import HOLDER_TIMEOUT, read_holders
 from ..lease import HeldState
-from ..names import token_queue
+from ..names import slot_queue, token_queue
 from ..tokens.admin import TokenAdminCore
 from ..tokens.client import TokenSemaphore
 from ..tokens.ledger import read_ledger
@@ -53,6 +58,14 @@ async def acquire_slot(
     try:
         return await tokens._wait(blocking, timeout)
     except TokenSemaphoreNotFound:
+        session = await broker._core.session()
+        if await session.exists_passive(slot_queue(name, 1)):
+            raise ModeMismatch(
+                f"semaphore {name!r} was created in single-node mode ({slot_queue(name, 1)!r}"
+                " exists) but this Broker is in cluster mode: both kinds of client could hold"
+                " a slot at once. Recreate it through a cluster-mode Broker, or give every"
+                " client the same mode"
+            ) from None
         raise _missing(name) from None
 
 

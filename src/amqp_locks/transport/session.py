@@ -164,6 +164,8 @@ class Session:
         self.lost_reason: str | None = None
         self.held: set[str] = set()
         self.fences_known: set[str] = set()
+        #: Locks this session checked are not also used in the other mode (mutex.py).
+        self.modes_checked: set[str] = set()
         #: When this process last released each lock, by wake-up queue, and whether its
         #: wake-up notice found the queue, i.e. someone waits (waiting.py lets the waiters
         #: go first when it asks again at once).

@@ -17,7 +17,7 @@ holder cut off from the majority before the majority can grant the token again.
 from __future__ import annotations
 
 from .admin_mutex import acquire_mutex
-from .errors import ModeMismatch, TokenSemaphoreNotFound
+from .errors import AccessRefused, ModeMismatch, TokenSemaphoreNotFound
 from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, pick_holder
 from .lease import HeldState
 from .lockobject import LockObject
@@ -92,7 +92,11 @@ class Mutex(LockObject, HolderQueries):
         if self.name in session.modes_checked:
             return
         queue = token_queue(quorum_mutex_name(self.name))
-        if await session.exists_passive(queue):
+        try:
+            used = await session.exists_passive(queue)
+        except AccessRefused:  # permissions cover only our own queues: cannot tell
+            used = False
+        if used:
             raise ModeMismatch(
                 f"mutex {self.name!r} is used in cluster mode ({queue!r} exists), but this "
                 "Broker is in single-node mode: both kinds of client could hold it at once. "

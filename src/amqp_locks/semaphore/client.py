@@ -18,12 +18,14 @@ the slot vanished, undo, retry).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Iterator
 
 from ..admin_mutex import held_mutex
 from ..errors import (
+    AccessRefused,
     AcquireRacesExceeded,
     ConfigurationError,
     ModeMismatch,
@@ -99,7 +101,10 @@ async def _check_mode(session: Session, name: str) -> None:
     """A semaphore without slot queues may exist in cluster mode (semaphore/cluster.py):
     say so instead of "no slots" (a passive declare, on this error path only)."""
     queue = token_queue(slots_name(name))
-    if await session.exists_passive(queue):
+    used = False
+    with contextlib.suppress(AccessRefused):  # permissions cover only our queues
+        used = await session.exists_passive(queue)
+    if used:
         raise ModeMismatch(
             f"semaphore {name!r} was created in cluster mode ({queue!r} exists), but this "
             "Broker is in single-node mode: give it every node's URL (or cluster=True)"

@@ -20,10 +20,12 @@ the next waiter. The seed's administration maps onto the token semaphore's:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 
 from ..errors import (
+    AccessRefused,
     ConfigurationError,
     ModeMismatch,
     SemaphoreNotFound,
@@ -59,7 +61,10 @@ async def acquire_slot(
         return await tokens._wait(blocking, timeout)
     except TokenSemaphoreNotFound:
         session = await broker._core.session()
-        if await session.exists_passive(slot_queue(name, 1)):
+        seed = False
+        with contextlib.suppress(AccessRefused):  # permissions cover only our queues
+            seed = await session.exists_passive(slot_queue(name, 1))
+        if seed:
             raise ModeMismatch(
                 f"semaphore {name!r} was created in single-node mode ({slot_queue(name, 1)!r}"
                 " exists) but this Broker is in cluster mode: both kinds of client could hold"

@@ -104,22 +104,6 @@ class Mutex(LockObject, HolderQueries):
             )
         session.modes_checked.add(self.name)
 
-    def locked(self) -> bool:
-        if self._token is None:
-            return super().locked()
-        try:
-            return self._token.locked()
-        except TokenSemaphoreNotFound:
-            return False  # never used: nobody holds it
-
-    def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[HolderRecord]:
-        if self._token is None:
-            return super().holders(timeout)
-        try:
-            return self._token.holders(timeout)
-        except TokenSemaphoreNotFound:
-            return []
-
     def holder(self, timeout: float = HOLDER_TIMEOUT) -> HolderRecord | None:
         """Who holds the mutex: None when it is free; a record with ``holder_id=None``
         when it is held but the holder did not answer within `timeout` seconds (frozen,

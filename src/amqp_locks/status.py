@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from .errors import ConfigurationError, QueueNotFound, ResourceLocked, TokenSemaphoreNotFound
 from .holders import HOLDER_TIMEOUT, HolderRecord, ask_holders
-from .names import token_queue, validate_name
+from .names import quorum_mutex_name, token_queue, validate_name
 from .rwlock import read_status as read_rwlock_status
 from .semaphore.admin import find_max, held_slots
+from .semaphore.cluster import slots_name
 from .tokens import read_status
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.session import Session
@@ -87,6 +88,11 @@ async def read_lock_status(
         raise ConfigurationError(f"timeout must be >= 0 seconds, got {timeout}")
     session = await core.session()
     found: list[LockStatus] = []
+    if core.cluster:  # mutex and semaphore are token semaphores there (protocol.md 11)
+        cluster_kinds = [k for k in kinds if k in ("semaphore", "mutex")]
+        found += await _cluster_entries(session, name, cluster_kinds, records, timeout)
+        kinds = [k for k in kinds if k not in ("semaphore", "mutex")]
+    cluster_found = list(found)
     slots = await find_max(session, name) if "semaphore" in kinds else 0
     if slots:
         holders = await held_slots(session, name, slots)
@@ -119,12 +125,52 @@ async def read_lock_status(
         else:
             found.append(LockStatus(name, "mutex", 1, int(mutex), 1 - int(mutex)))
     if records:
-        by_kind, note = await ask_holders(session, name, found, timeout)
-        found = [
+        done = len(cluster_found)  # cluster mode's entries came with their records
+        by_kind, note = await ask_holders(session, name, found[done:], timeout)
+        found = found[:done] + [
             replace(st, records=by_kind.get(st.kind, ()), records_note=note if st.held else None)
-            for st in found
+            for st in found[done:]
         ]
     return found
+
+
+async def _cluster_entries(
+    session: Session, name: str, kinds: Sequence[Kind], records: bool, timeout: float
+) -> list[LockStatus]:
+    """Cluster mode's mutex `name` (token semaphore ``name.mutex``) and semaphore `name`
+    (``name.slots``), as the lock kinds they stand for."""
+    out: list[LockStatus] = []
+    subs: tuple[tuple[Kind, str], ...] = (
+        ("semaphore", slots_name(name)),
+        ("mutex", quorum_mutex_name(name)),
+    )
+    for kind, sub in subs:
+        if kind not in kinds or not await session.exists_passive(token_queue(sub)):
+            continue
+        try:
+            st = await read_status(session, sub)
+        except TokenSemaphoreNotFound:
+            continue
+        entry = LockStatus(
+            sub, "token", st.permits, st.held, st.ready, (), st.consumers, st.waiting
+        )
+        got: tuple[HolderRecord, ...] = ()
+        note = None
+        if records:
+            by_kind, note = await ask_holders(session, sub, [entry], timeout)
+            got = tuple(replace(r, name=name, kind=kind) for r in by_kind.get("token", ()))
+        numbers = tuple(sorted(r.number for r in got if r.number is not None))
+        out.append(
+            replace(
+                entry,
+                name=name,
+                kind=kind,
+                holders=numbers if kind == "semaphore" else (),
+                records=got,
+                records_note=note if st.held else None,
+            )
+        )
+    return out
 
 
 def lock_status(

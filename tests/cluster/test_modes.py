@@ -40,3 +40,26 @@ def test_semaphore_modes_refuse_each_other(nodes: Nodes, name: str) -> None:
         SemaphoreAdmin(single, name + "s", quorum=True).create(1)  # the seed's slot queues
     with pytest.raises(ModeMismatch, match="created in single-node mode"):
         PersistentSemaphore(nodes.broker(2), name + "s").acquire(timeout=1)
+
+
+def test_status_and_holders_in_cluster_mode(nodes: Nodes, name: str) -> None:
+    """`amqp-locks status` and `holder()` show cluster mode's mutex and semaphore as the
+    locks they are, not as the token semaphores that carry them."""
+    from amqp_locks import lock_status
+
+    b1 = Broker(nodes.urls_from(1), heartbeat=5.0, holder_id="worker-7")
+    b2 = nodes.broker(2)
+    assert Mutex(b2, name).holder() is None and not Mutex(b2, name).locked()
+    SemaphoreAdmin(b2, name).create(3)
+    with Mutex(b1, name), PersistentSemaphore(b1, name) as slot:
+        record = Mutex(b2, name).holder()
+        assert record is not None and record.holder_id == "worker-7" and record.kind == "mutex"
+        sem = PersistentSemaphore(b2, name)
+        assert sem.locked() and [r.number for r in sem.holders()] == [slot.number]
+        found = {st.kind: st for st in lock_status(b2, name, records=True)}
+        assert found["mutex"].held == 1 and found["mutex"].capacity == 1
+        assert found["semaphore"].capacity == 3 and found["semaphore"].held == 1
+        assert found["semaphore"].holders == (slot.number,)
+        assert [r.holder_id for r in found["semaphore"].records] == ["worker-7"]
+    assert not Mutex(b2, name).locked()
+    b1.close()

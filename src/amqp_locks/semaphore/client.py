@@ -32,10 +32,9 @@ from ..errors import (
     QueueNotFound,
     ResourceLocked,
     SemaphoreNotFound,
-    TokenSemaphoreNotFound,
 )
 from ..fencing import ensure_fence, take_token
-from ..holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord
+from ..holders import HolderQueries
 from ..lease import HeldState, Lease, LeaseState, grant
 from ..lockobject import LockObject
 from ..names import (
@@ -46,7 +45,6 @@ from ..names import (
     validate_name,
     wakeup_queue,
 )
-from ..tokens.client import TokenSemaphore
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, acquire_loop
@@ -265,19 +263,3 @@ class PersistentSemaphore(LockObject, HolderQueries):
         Raises :class:`SemaphoreNotFound` when the semaphore has no slots.
         """
         return super().acquire(blocking, timeout)
-
-    def locked(self) -> bool:
-        if not self.broker._core.cluster:
-            return super().locked()
-        try:
-            return TokenSemaphore(self.broker, slots_name(self.name)).locked()
-        except TokenSemaphoreNotFound:
-            raise SemaphoreNotFound(f"semaphore {self.name!r} does not exist") from None
-
-    def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[HolderRecord]:
-        if not self.broker._core.cluster:
-            return super().holders(timeout)
-        try:
-            return TokenSemaphore(self.broker, slots_name(self.name)).holders(timeout)
-        except TokenSemaphoreNotFound:
-            raise SemaphoreNotFound(f"semaphore {self.name!r} does not exist") from None

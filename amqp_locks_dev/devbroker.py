@@ -578,6 +578,11 @@ class _Nodes(LocalServer[NodeInfo]):
 NODES = _Nodes()
 
 
+def ledger_server(kind: str | None = None) -> _Nodes:
+    """The lifecycle the server ledger's ``amqp_locks_dev.devbroker`` entries name."""
+    return NODES
+
+
 # ------------------------------------------------------------------------------- API
 
 

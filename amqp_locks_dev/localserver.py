@@ -213,14 +213,14 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def note(entry: dict[str, Any], key: str) -> None:
-    """Append `entry` to the ledger named by ``$AMQP_LOCKS_SERVER_LEDGER`` unless an entry
-    with the same `key` field value is there already: the first sighting of a server
-    decides whether the run started it. No ledger, no note."""
-    ledger = os.environ.get(LEDGER_ENV)
-    if not ledger:
+def note(entry: dict[str, Any], key: str, ledger: Path | None = None) -> None:
+    """Append `entry` to `ledger` (default: the one ``$AMQP_LOCKS_SERVER_LEDGER`` names)
+    unless an entry with the same `key` field value is there already: the first sighting
+    of a server decides whether the run started it. No ledger, no note."""
+    named = ledger or os.environ.get(LEDGER_ENV)
+    if not named:
         return
-    path = Path(ledger)
+    path = Path(named)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # several processes of one run note at once

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import os
 import shutil
 import signal
 import subprocess
@@ -83,12 +82,11 @@ def namespaces() -> list[str]:
 
 
 def begin(ledger: Path) -> None:
-    """Note the namespaces that exist before the run (they stay)."""
-    os.environ["AMQP_LOCKS_SERVER_LEDGER"] = str(ledger)
+    """Start a run's ledger: note the namespaces that exist now (they stay)."""
     ledger.parent.mkdir(parents=True, exist_ok=True)
     ledger.touch()
     for ns in namespaces():
-        note({"netns": ns, "how": FOUND}, "netns")
+        note({"netns": ns, "how": FOUND}, "netns", ledger)
 
 
 def _stop(entry: Entry) -> tuple[Entry, str | None]:
@@ -108,10 +106,10 @@ def _remove_namespace(ns: str) -> str | None:
     return None if proc.returncode == 0 else proc.stderr.strip()
 
 
-def stop(ledger: Path) -> int:
+def stop(ledger: Path, brief: bool = False) -> int:
     """Stop every server the run started that still runs, and the namespaces it made;
-    print what was stopped and what was left running. Exit status 1 if anything the run
-    started could not be stopped."""
+    print what was stopped and (unless `brief`: between two steps of a run) what is left
+    running. Exit status 1 if anything the run started could not be stopped."""
     entries = servers(ledger)
     started = [e for e in entries if e.started and e.running()]
     kept = [e for e in entries if not e.started and e.running()]
@@ -133,8 +131,12 @@ def stop(ledger: Path) -> int:
                 if error:
                     failures.append(f"network namespace {ns}: {error}")
     what = [e.describe() for e in started] + [f"network namespace {ns}" for ns in made]
-    listed = f": {'; '.join(what)}" if what else ""
-    print(f"== servers: stopped {len(what)}{listed}")
+    if what:
+        print(f"== servers: stopped {len(what)}: {'; '.join(what)}")
+    for failure in failures:
+        print(f"== servers: could not stop {failure}", file=sys.stderr)
+    if brief:
+        return 1 if failures else 0
     ours = [e for e in entries if e.started]
     still = [e.describe() for e in ours if e.running()]
     print(
@@ -146,8 +148,6 @@ def stop(ledger: Path) -> int:
             f"== servers: left {len(kept)} running that ran before this run: "
             + "; ".join(e.describe() for e in kept)
         )
-    for failure in failures:
-        print(f"== servers: could not stop {failure}", file=sys.stderr)
     return 1 if failures else 0
 
 
@@ -156,13 +156,13 @@ def show(ledger: Path) -> int:
     running = [e for e in servers(ledger) if e.started and e.running()]
     before = {raw["netns"] for raw in read_ledger(ledger) if "netns" in raw}
     made = [ns for ns in namespaces() if ns not in before]
+    count = len(running) + len(made)
+    print(f"== servers: kept {count} this run started (--keep-servers):")
     for entry in running:
         print(f"   {entry.describe()}")
     for ns in made:
         print(f"   network namespace {ns}")
-    count = len(running) + len(made)
-    print(f"== servers: kept {count} this run started (--keep-servers); stop them with:")
-    print(f"   scripts/servers stop {ledger}")
+    print(f"== servers: stop them with: scripts/servers stop {ledger}")
     return 0
 
 
@@ -170,12 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/servers", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["begin", "stop", "list"])
     parser.add_argument("ledger", type=Path)
+    parser.add_argument("--brief", action="store_true", help="stop: say only what was stopped")
     args = parser.parse_args(argv)
     if args.command == "begin":
         begin(args.ledger)
         return 0
     if args.command == "stop":
-        return stop(args.ledger)
+        return stop(args.ledger, args.brief)
     return show(args.ledger)
 
 

@@ -7,6 +7,7 @@ same with real venvs and the built wheel. No broker needed.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -137,3 +138,20 @@ def test_database_extra_by_dialect() -> None:
     assert extras.database_extra("MariaDB://h/d") == "mysql"
     assert extras.database_extra("sqlite://") == "sqlite"
     assert extras.database_extra("oracle://h/d") is None
+
+
+def test_classifiers_and_requires_python_are_the_pythons_the_matrix_tests() -> None:
+    """scripts/matrix installs the wheel on exactly these Pythons; the metadata says so."""
+    matrix = (ROOT / "scripts" / "matrix").read_text()
+    m = re.search(r'^supported="([0-9. ]+)"$', matrix, re.MULTILINE)
+    assert m is not None, "scripts/matrix no longer names its Pythons"
+    tested = m.group(1).split()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = [
+        c.rsplit(":: ", 1)[1]
+        for c in project["classifiers"]
+        if c.startswith("Programming Language :: Python :: 3.")
+    ]
+    assert sorted(listed) == sorted(tested)
+    oldest = min(tested, key=lambda v: tuple(int(p) for p in v.split(".")))
+    assert project["requires-python"] == f">={oldest}"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from amqp_locks import Lease, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
+from amqp_locks_dev import devbroker
 
 from .conftest import Nodes, wait_until
 from .resource import FencedResource
@@ -26,6 +27,18 @@ pytestmark = pytest.mark.timeout(300)
 LOSS_BOUND = 5.0
 #: How long a waiter on a surviving node may take to get the freed lock.
 REGRANT_BOUND = 15.0
+
+#: Issue 21: a RabbitMQ 4.3 cluster (Khepri) keeps a SIGKILLed node's exclusive queues
+#: until the node returns, so a lock whose holder is an exclusive queue on that node (mutex,
+#: persistent-semaphore slot) is not granted to a waiter elsewhere meanwhile. Strict: the
+#: cluster-mode mechanism that replaces exclusive queues makes these pass, and the mark
+#: must go with it.
+KHEPRI_KEEPS_DEAD_NODES_EXCLUSIVE_QUEUES = pytest.mark.xfail(
+    devbroker.default_version() == "4.3",
+    reason="issue 21: RabbitMQ 4.3 (Khepri) keeps a dead node's exclusive queues until it "
+    "returns; the waiter is not granted",
+    strict=True,
+)
 
 
 def _background(acquire: Callable[[], Lease | None]) -> tuple[threading.Thread, list[Lease | None]]:
@@ -41,6 +54,7 @@ def _got(t: threading.Thread, box: list[Lease | None], timeout: float) -> Lease:
     return box[0]
 
 
+@KHEPRI_KEEPS_DEAD_NODES_EXCLUSIVE_QUEUES
 def test_mutex_survives_killing_the_holders_node(nodes: Nodes, name: str) -> None:
     resource = FencedResource(permits=1)
     b1, b2 = nodes.broker(1), nodes.broker(2)
@@ -75,6 +89,7 @@ def test_mutex_survives_killing_the_holders_node(nodes: Nodes, name: str) -> Non
     last.release()
 
 
+@KHEPRI_KEEPS_DEAD_NODES_EXCLUSIVE_QUEUES
 def test_persistent_semaphore_keeps_its_slots(nodes: Nodes, name: str) -> None:
     resource = FencedResource(permits=2)
     b1, b2, b3 = nodes.broker(1), nodes.broker(2), nodes.broker(3)

@@ -53,7 +53,7 @@ from typing import Any
 
 from . import devbroker, devcluster
 from .devbroker import NODES, DevBrokerError, NodeInfo
-from .localserver import HOST, home, locked, pid_alive, signal_and_wait
+from .localserver import HOST, cmdline_mentions, home, locked, pid_alive, signal_and_wait
 
 __all__ = [
     "Network",
@@ -178,8 +178,18 @@ def leftovers(net: Network) -> list[str]:
     return left
 
 
+def _update_record(net: Network, **fields: Any) -> None:
+    """Add to the record of `net` what a sweep would need to stop (written before it
+    exists, so a harness killed at any point leaves nothing a sweep cannot find)."""
+    path = STATE_DIR / f"{net.id}.json"
+    raw = json.loads(path.read_text())
+    raw.update(fields)
+    path.write_text(json.dumps(raw) + "\n")
+
+
 def sweep_stale() -> list[str]:
-    """Remove the networks of harnesses whose process is gone; what was swept."""
+    """Remove what harnesses whose process is gone left (a SIGKILLed test run): their
+    host-side nodes and epmd, their network and their files; the namespaces swept."""
     swept = []
     for path in sorted(STATE_DIR.glob("*.json")):
         try:
@@ -188,9 +198,20 @@ def sweep_stale() -> list[str]:
             owner = int(raw["owner"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not pid_alive(owner):
-            _delete_network(net)
-            swept.append(net.ns)
+        if pid_alive(owner):
+            continue
+        base = Path(raw["base_dir"]) if raw.get("base_dir") else None
+        if base is not None:
+            for state in sorted(base.glob("*/node.json")):
+                with contextlib.suppress(DevBrokerError, OSError):
+                    NODES.kill(state.parent)
+        for pid in raw.get("epmds", []):
+            if pid_alive(pid) and cmdline_mentions(pid, "epmd"):
+                signal_and_wait(pid, signal.SIGKILL, 5.0)
+        _delete_network(net)
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
+        swept.append(net.ns)
     return swept
 
 
@@ -397,6 +418,7 @@ class PartitionCluster:
                     stderr=subprocess.DEVNULL, start_new_session=True,
                 )
             )
+        _update_record(self.net, epmds=[p.pid for p in self._epmds])
         for netns, address in sides:
             deadline = time.monotonic() + 30
             while not _listening(address, epmd_port, netns):
@@ -448,6 +470,7 @@ def partition_cluster(
     cluster = PartitionCluster(version, net, base, net_ticktime)
     atexit.register(cluster.teardown)
     try:
+        _update_record(net, base_dir=str(base))
         cluster._start(wait)
         yield cluster
     finally:

@@ -11,8 +11,8 @@ from amqp_locks import (
     SemaphoreAdmin,
     TokenAdmin,
     TokenSemaphore,
+    aio,
 )
-from amqp_locks import aio
 
 URLS = ["amqp://guest:guest@127.0.0.1:1/", "amqp://guest:guest@127.0.0.1:2/"]
 

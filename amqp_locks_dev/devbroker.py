@@ -23,8 +23,7 @@ The host's Erlang is too old for 4.x, so each 4.x line runs inside a minimal Deb
 built once per machine with ``debootstrap`` from Debian's packages (``$AMQP_LOCKS_ROOTS``,
 default ``/var/cache/amqp-locks``) and entered with ``chroot`` in a private mount namespace
 (``unshare``) that binds /dev, /proc and the node's own directory; each line's Erlang
-nodes use their own epmd port (Erlang's distribution protocol differs between releases far
-apart, and one epmd per line keeps two lines' nodes from ever meeting). Needs root.
+nodes register with an epmd of their own Erlang, on the line's own port. Needs root.
 
 CLI: ``python -m amqp_locks_dev.devbroker start|stop|status|restart|url [--name NAME]
 [--version 3.10|4.0|4.3]``.
@@ -95,8 +94,8 @@ _DEFAULTS_OF_4_3 = (
     "deprecated_features.permit.transient_nonexcl_queues = false\n"
     "deprecated_features.permit.global_qos = false\n"
 )
-#: The roots' /etc/hosts: debootstrap writes none, and without ``localhost`` in it 4.3.6
-#: does not boot (nodes are named ``NAME@localhost``; issue 21).
+#: The roots' /etc/hosts: debootstrap writes none, and 4.3.6 does not boot in a root
+#: without ``localhost`` in it (issue 21).
 _ROOT_HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
 
 
@@ -170,20 +169,35 @@ class NodeInfo(ServerInfo):
     base_dir: Path
     #: The RabbitMQ line (``3.10``, ``4.0`` or ``4.3``; see the module docstring).
     version: str = HOST_VERSION
+    #: An IP address the node listens on besides loopback (AMQP and Erlang distribution),
+    #: and then the host part of its (long) node name: nodes on both sides of a veth pair
+    #: (:mod:`~amqp_locks_dev.partition`) reach each other by address, with no name service.
+    address: str = HOST
+    #: The network namespace the node (and its ``rabbitmqctl``) runs in; None: the host's.
+    netns: str | None = None
+    #: The epmd port of the node and its CLI, instead of the line's shared one.
+    epmd_port: int | None = None
 
     @property
     def chrooted(self) -> bool:
         return self.version != HOST_VERSION
 
     @property
+    def long_name(self) -> bool:
+        """Whether the node is named by its :attr:`address` (Erlang long names)."""
+        return self.address != HOST
+
+    @property
     def node(self) -> str:
-        """Erlang node name; ``localhost`` keeps distribution independent of DNS."""
-        return f"{self.name}@localhost"
+        """Erlang node name; ``localhost`` (or the address) keeps distribution independent
+        of DNS."""
+        return f"{self.name}@{self.address if self.long_name else 'localhost'}"
 
     @property
     def url(self) -> str:
-        """AMQP URL for the default vhost; guest is allowed because we use loopback."""
-        return f"amqp://guest:guest@{HOST}:{self.amqp_port}/%2F"
+        """AMQP URL for the default vhost; guest is allowed on loopback (and, for a node
+        with its own address, on that private address: see :func:`_write_config`)."""
+        return f"amqp://guest:guest@{self.address}:{self.amqp_port}/%2F"
 
     @property
     def pid_file(self) -> Path:
@@ -245,7 +259,7 @@ _ROOT_READY = ".amqp-locks-root-ready"
 
 def ensure_root(version: str) -> Path:
     """Build the Debian root holding the 4.x line `version` unless it is ready (once per
-    machine: about a minute for trixie, three for forky): ``debootstrap --variant=minbase
+    machine, a minute or so: forky took 40 s here): ``debootstrap --variant=minbase
     --include=rabbitmq-server SUITE ROOT MIRROR [SCRIPT]`` from Debian's mirror
     (``$AMQP_LOCKS_DEBIAN_MIRROR``), then an ``/etc/hosts`` naming ``localhost``. Needs root.
 
@@ -357,10 +371,10 @@ def node_dir(
 
 # -------------------------------------------------------------------------- liveness
 
-def _amqp_ping(port: int, timeout: float = 2.0) -> bool:
+def _amqp_ping(port: int, timeout: float = 2.0, host: str = HOST) -> bool:
     """True if something on ``port`` answers the AMQP 0-9-1 header with Connection.Start."""
     try:
-        with socket.create_connection((HOST, port), timeout=timeout) as sock:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.sendall(_AMQP_HEADER)
             data = b""
             while len(data) < 11:
@@ -387,16 +401,22 @@ def _env(info: NodeInfo) -> dict[str, str]:
     if info.chrooted:
         env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
         env["ERL_EPMD_PORT"] = str(root_line(info.version).epmd_port)
+    if info.epmd_port is not None:
+        env["ERL_EPMD_PORT"] = str(info.epmd_port)
+    if info.long_name:
+        env["RABBITMQ_USE_LONGNAME"] = "true"
+    dist_ip = "{" + info.address.replace(".", ",") + "}"
     env.update(
         {
             # The Erlang cookie is read from $HOME: server and CLI share base_dir's.
             "HOME": str(d),
-            "ERL_EPMD_ADDRESS": HOST,
+            # An epmd this node starts serves its other address too (peers look it up).
+            "ERL_EPMD_ADDRESS": HOST if not info.long_name else f"{HOST},{info.address}",
             "RABBITMQ_NODENAME": info.node,
             "RABBITMQ_NODE_IP_ADDRESS": HOST,
             "RABBITMQ_NODE_PORT": str(info.amqp_port),
             "RABBITMQ_DIST_PORT": str(info.dist_port),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"-kernel inet_dist_use_interface {dist_ip}",
             "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
             "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
@@ -413,10 +433,16 @@ def _write_config(info: NodeInfo) -> None:
     d = info.base_dir
     for sub in ("mnesia", "log"):
         (d / sub).mkdir(parents=True, exist_ok=True)
+    listeners = f"listeners.tcp.1 = {HOST}:{info.amqp_port}\n"
+    if info.long_name:
+        # guest over the node's own address too: a private address of a test network (a
+        # veth pair to a namespace the tests made), never one of the host's interfaces.
+        listeners += f"listeners.tcp.2 = {info.address}:{info.amqp_port}\n"
+        listeners += "loopback_users.guest = false\n"
     (d / "rabbitmq.conf").write_text(
         "# Generated by amqp_locks_dev.devbroker; rewritten on every start.\n"
-        f"listeners.tcp.1 = {HOST}:{info.amqp_port}\n"
-        f"consumer_timeout = {CONSUMER_TIMEOUT_MS}\n"
+        + listeners
+        + f"consumer_timeout = {CONSUMER_TIMEOUT_MS}\n"
         "log.console = false\n"
         "log.file.level = warning\n"
         + (root_line(info.version).config if info.chrooted else "")
@@ -455,10 +481,12 @@ _CHROOT_SCRIPT = (
 
 def _command(info: NodeInfo, program: str, *args: str) -> list[str]:
     """The argv running RabbitMQ's `program` for this node's line."""
+    netns = ["ip", "netns", "exec", info.netns] if info.netns else []
     if not info.chrooted:
-        return [str(_require_sbin() / program), *args]
+        return [*netns, str(_require_sbin() / program), *args]
     root = ensure_root(info.version)
     return [
+        *netns,
         "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _CHROOT_SCRIPT,
         "sh", str(root), str(info.base_dir), str(_CHROOT_SBIN / program), *args,
     ]
@@ -505,12 +533,16 @@ class _Nodes(LocalServer[NodeInfo]):
     )
 
     def decode(self, base_dir: Path, raw: dict[str, Any]) -> NodeInfo:
+        epmd = raw.get("epmd_port")
         return NodeInfo(
             raw["name"],
             int(raw["amqp_port"]),
             int(raw["dist_port"]),
             base_dir,
             str(raw.get("version", HOST_VERSION)),
+            str(raw.get("address", HOST)),
+            raw.get("netns"),
+            int(epmd) if epmd is not None else None,
         )
 
     def encode(self, info: NodeInfo) -> dict[str, Any]:
@@ -520,6 +552,9 @@ class _Nodes(LocalServer[NodeInfo]):
             "amqp_port": info.amqp_port,
             "dist_port": info.dist_port,
             "version": info.version,
+            "address": info.address,
+            "netns": info.netns,
+            "epmd_port": info.epmd_port,
         }
 
     def ports(self, info: NodeInfo) -> tuple[int, ...]:
@@ -535,7 +570,7 @@ class _Nodes(LocalServer[NodeInfo]):
         return (info.node, str(info.base_dir))
 
     def answers(self, info: NodeInfo) -> bool:
-        return _amqp_ping(info.amqp_port)
+        return _amqp_ping(info.amqp_port, host=info.address)
 
     def same(self, prev: NodeInfo, template: NodeInfo) -> bool:
         if prev.name != template.name:
@@ -560,7 +595,7 @@ class _Nodes(LocalServer[NodeInfo]):
                 ["await_startup", "--timeout", str(max(1, int(remaining)))],
                 timeout=remaining + 10,
             )
-            return ctl.returncode == 0 and _amqp_ping(info.amqp_port)
+            return ctl.returncode == 0 and _amqp_ping(info.amqp_port, host=info.address)
 
         return Launch(_command(info, "rabbitmq-server"), _env(info), ready)
 

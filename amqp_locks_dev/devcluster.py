@@ -120,7 +120,7 @@ def _version(base: Path, version: str | None = None) -> str:
 
 
 def _prepare(base: Path, name: str, size: int, version: str) -> None:
-    """Cookie shared by every node, the cluster settings, and the recorded size."""
+    """Cookie shared by every node, the cluster settings, and the recorded size and line."""
     base.mkdir(parents=True, exist_ok=True)
     cookie_file = base / "erlang.cookie"
     if not cookie_file.exists():

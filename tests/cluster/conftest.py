@@ -6,6 +6,7 @@ runs again (a failed test may have left one down).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from amqp_locks import Broker, TokenSemaphore
-from amqp_locks_dev import devcluster
+from amqp_locks_dev import devcluster, partition
 
 from ..nodes import node_name, test_home
 
@@ -112,3 +113,36 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+#: Makes a partition harness: ``make_partition(net_ticktime=10)``; see the fixture.
+MakePartition = Callable[..., partition.PartitionCluster]
+
+
+@pytest.fixture
+def make_partition() -> Iterator[MakePartition]:
+    """Start a :class:`~amqp_locks_dev.partition.PartitionCluster` (node 1 in a network
+    namespace of its own, the link cut by the test) on the line under test; every harness
+    it made is torn down after the test, whatever happened (namespace, veth pair, nodes).
+
+    One cluster at a time on this machine: the shared test cluster is stopped while a
+    harness runs and started again afterwards if it ran before."""
+    base = _base_dir()
+    was_running = any(devcluster.status(CLUSTER, base).values())
+    if was_running:
+        devcluster.stop(CLUSTER, base)
+    home = test_home()
+    stack = contextlib.ExitStack()
+
+    def make(**kwargs: object) -> partition.PartitionCluster:
+        kwargs.setdefault("base_dir", home / "partition" if home else None)
+        return stack.enter_context(partition.partition_cluster(**kwargs))  # type: ignore[arg-type]
+
+    try:
+        yield make
+    finally:
+        try:
+            stack.close()
+        finally:
+            if was_running:
+                devcluster.start(CLUSTER, 3, base)

@@ -29,7 +29,6 @@ LOSS_BOUND = 5.0
 #: How long a waiter on a surviving node may take to get the freed lock.
 REGRANT_BOUND = 15.0
 
-
 def _background(acquire: Callable[[], Lease | None]) -> tuple[threading.Thread, list[Lease | None]]:
     box: list[Lease | None] = []
     t = threading.Thread(target=lambda: box.append(acquire()), daemon=True)

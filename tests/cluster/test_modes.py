@@ -63,3 +63,43 @@ def test_status_and_holders_in_cluster_mode(nodes: Nodes, name: str) -> None:
         assert [r.holder_id for r in found["semaphore"].records] == ["worker-7"]
     assert not Mutex(b2, name).locked()
     b1.close()
+
+
+def test_cluster_mode_permissions(nodes: Nodes, name: str) -> None:
+    """docs/operations.md's cluster-mode permissions are enough; without the quorum probe
+    queue's, connecting in cluster mode says which permission is missing."""
+    import uuid
+
+    from amqp_locks import AccessRefused, TokenSemaphore
+    from amqp_locks_dev import devbroker
+
+    node = nodes.info.node(1)
+    user, vhost = f"u{uuid.uuid4().hex[:8]}", f"v{uuid.uuid4().hex[:8]}"
+    locks = r"(images|reindex)(\.(mutex|slots))?(\.semaphore(-ledger)?|-fence)?"
+    extra = r"|amqp-locks\.quorum-probe\..*|amqp-locks\.holder(s|\.[0-9a-f]{32})"
+    full = f"^({locks}{extra})$"
+    write = r"^(amq\.default|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
+    devbroker.rabbitmqctl(node, "add_vhost", vhost)
+    devbroker.rabbitmqctl(node, "add_user", user, "pw")
+    try:
+        urls = [
+            u.replace("guest:guest@", f"{user}:pw@").replace("/%2F", f"/{vhost}")
+            for u in nodes.urls_from(1)
+        ]
+        devbroker.rabbitmqctl(node, "set_permissions", "-p", vhost, user, f"^({locks})$",
+                              write, f"^({locks})$")
+        with pytest.raises(AccessRefused, match="quorum-probe"):
+            Broker(urls).connect()
+        devbroker.rabbitmqctl(node, "set_permissions", "-p", vhost, user, full, write, full)
+        with Broker(urls) as b, Broker(urls) as other:
+            with Mutex(b, "reindex", timeout=10) as lease:
+                assert lease.fencing_token >= 1 and Mutex(other, "reindex").locked()
+            SemaphoreAdmin(b, "images").create(2)
+            with PersistentSemaphore(other, "images", timeout=10) as slot:
+                assert slot.number in (1, 2)
+            TokenSemaphore(b, "images").setup(1)
+            with TokenSemaphore(other, "images", timeout=10):
+                pass
+    finally:
+        devbroker.rabbitmqctl(node, "delete_user", user)
+        devbroker.rabbitmqctl(node, "delete_vhost", vhost)

@@ -208,6 +208,8 @@ class _Waiter:
         if self.state is None:
             if not self.delivered.done():
                 self.delivered.cancel()
+            elif not self.delivered.cancelled():
+                self.delivered.exception()  # seen: the channel closed before we gave up
             self.session.spawn(close_quietly(self.channel))
 
 

@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 from aiormq.abc import AbstractChannel
 from pamqp.commands import Basic
 
-from ..errors import ConfigurationError
+from ..errors import AccessRefused, BrokerUnreachable, ConfigurationError
+from .errors import censor, channel_error
 
 if TYPE_CHECKING:
     from .session import Session
@@ -195,6 +196,25 @@ class QuorumGuard:
         finally:
             self.in_flight -= 1
 
+    async def prepare(self, timeout: float) -> None:
+        """Open the probe channel and declare the probe queue, as part of connecting: a
+        user without permission on it gets :class:`AccessRefused` naming it at once (the
+        guard could never prove anything), and a node that cannot declare it in time (cut
+        off from the majority) is reported unreachable, so the Broker tries the next one."""
+        try:
+            await asyncio.wait_for(self._probe_channel(), timeout)
+        except TimeoutError:
+            raise BrokerUnreachable(
+                f"node {censor(self.session.url)} did not declare the quorum probe queue "
+                f"{self._queue!r} within {timeout:g} s: it may be cut off from the "
+                "cluster's majority"
+            ) from None
+        except AccessRefused as exc:
+            raise AccessRefused(
+                f"cluster mode needs configure and write permission on queue {self._queue!r}"
+                f" (its quorum guard; docs/operations.md): {exc}"
+            ) from None
+
     async def _probe_channel(self) -> AbstractChannel:
         """A confirm channel of our own, the probe queue declared on it (once)."""
         async with self._opening:
@@ -207,6 +227,12 @@ class QuorumGuard:
             return ch
 
     async def _declare(self, ch: AbstractChannel) -> None:
+        try:
+            await self._declare_on(ch)
+        except Exception as exc:
+            raise channel_error(exc, self._queue) from exc
+
+    async def _declare_on(self, ch: AbstractChannel) -> None:
         await ch.queue_declare(
             self._queue,
             durable=True,

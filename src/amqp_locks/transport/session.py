@@ -221,11 +221,17 @@ class Session:
         self.last_rx = self.heard_at = time.monotonic()
         self.conn.closing.add_done_callback(self._on_connection_closed)
         loop = asyncio.get_running_loop()
-        self._watchdog_task = loop.create_task(self._watchdog())
-        self._ping_task = loop.create_task(self._pinger())
         if self.cluster:
             self.guard = QuorumGuard(self, self.timing, self.drop)
+            try:
+                await self.guard.prepare(timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.conn.close()
+                raise
             self._guard_task = loop.create_task(self.guard.run())
+        self._watchdog_task = loop.create_task(self._watchdog())
+        self._ping_task = loop.create_task(self._pinger())
         log.debug("connected to %s as %r", censor(self.url), self.connection_name)
 
     @property

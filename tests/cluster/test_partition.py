@@ -1,0 +1,165 @@
+"""Issue 21 point 3: a partition cuts node 1 (and a holder beside it) off the cluster.
+
+The harness (amqp_locks_dev.partition) runs node 1 of a 3-node RabbitMQ 4.3.6 cluster in a
+network namespace; the holder (tests/cluster/partition_holder.py) runs there too, connected
+to node 1 only; a waiter on the host is connected to nodes 2 and 3. The link is cut. For
+each primitive and placement (the lock's quorum leaders on node 1, the minority side, or on
+node 2, the majority side) the test asserts:
+
+- the holder is told (``lease.lost``) **strictly before** the majority-side waiter is
+  granted: never two holders at once;
+- the waiter **is** granted during the cut, within ``GRANT_BOUND`` of its start: 40 s with
+  ``net_ticktime = 10``, 1.5 x net_ticktime + 10 s with the default 60 s;
+- the waiter's fencing token is above the cut-off holder's.
+
+CI runs one primitive of each mechanism (quorum token: ``token``; reader tokens and turn:
+``write``) with ``net_ticktime = 10``; the whole matrix (every primitive, both placements,
+``net_ticktime`` 10 and 60) is ``-m slow``:
+
+    AMQP_LOCKS_RABBITMQ=4.3 .venv/bin/pytest -s -m slow tests/cluster/test_partition.py
+
+Every scenario's figures are printed (``-s``) as a table row.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqp_locks import Broker
+from amqp_locks_dev import devbroker
+from amqp_locks_dev.partition import PartitionCluster
+
+from .conftest import MakePartition
+from .locks import KINDS, set_up, take
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(
+        devbroker.default_version() != "4.3",
+        reason="partitions of a Khepri cluster: AMQP_LOCKS_RABBITMQ=4.3 (4.3.6)",
+    ),
+]
+
+HEADER = (
+    "\n| primitive | quorum leaders | net_ticktime | holder told (s) | majority granted (s) |"
+)
+
+
+def grant_bound(net_ticktime: int) -> float:
+    """Issue 21: within a 40 s cut with net_ticktime 10; 1.5 x net_ticktime + 10 s else."""
+    return 40.0 if net_ticktime <= 10 else 1.5 * net_ticktime + 10
+
+
+@pytest.fixture(autouse=True)
+def all_nodes_up() -> None:
+    """Not the shared test cluster: these tests make their own (one cluster at a time)."""
+
+
+@dataclass
+class Row:
+    kind: str
+    leaders: str
+    net_ticktime: int
+    told: float
+    granted: float
+
+    def __str__(self) -> str:
+        return (
+            f"| {self.kind} | {self.leaders} | {self.net_ticktime} | {self.told:.2f} | "
+            f"{self.granted:.2f} |"
+        )
+
+
+def _waiter(broker: Broker, kind: str, name: str, timeout: float, box: dict[str, Any]) -> None:
+    try:
+        held = take(broker, kind, name, timeout, waiter=True)
+        box["lease"], box["stop"] = held.lease, held.release
+        box["at"] = time.monotonic()
+    except BaseException as exc:  # reported by the test
+        box["error"] = exc
+
+
+def scenario(pc: PartitionCluster, kind: str, leaders: str, name: str) -> Row:
+    """One cut: see the module docstring. Heals before returning (also on failure)."""
+    ntt = pc.net_ticktime or 60
+    bound = grant_bound(ntt)
+    majority = Broker([pc.node_url(2), pc.node_url(3)], heartbeat=5, net_ticktime=ntt)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    holder: subprocess.Popen[str] | None = None
+    try:
+        if leaders == "majority":
+            set_up(majority, kind, name)
+        holder = pc.run_in_namespace(
+            [sys.executable, "-m", "tests.cluster.partition_holder", pc.node_url(1), name,
+             kind, str(ntt), "1" if leaders == "minority" else "0"],
+            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        )
+        assert holder.stdout is not None
+        held = holder.stdout.readline().split()
+        assert held[:1] == ["HELD"], held
+        token = int(held[1])
+        box: dict[str, Any] = {}
+        waiter = threading.Thread(
+            target=_waiter, args=(majority, kind, name, bound + 30, box), daemon=True
+        )
+        waiter.start()
+        cut_at = time.monotonic()
+        pc.cut()
+        lost = holder.stdout.readline().split(maxsplit=2)
+        assert lost[:1] == ["LOST"], f"the holder was never told: {lost}"
+        told_at = float(lost[1])
+        waiter.join(bound + 30)
+        assert "error" not in box, f"the majority waiter failed: {box['error']!r}"
+        assert box.get("lease") is not None, "the majority side was never granted the lock"
+        granted_at = box["at"]
+        row = Row(kind, leaders, ntt, told_at - cut_at, granted_at - cut_at)
+        print(f"\n{row}   ({lost[2] if len(lost) > 2 else ''})")
+        assert told_at < granted_at, f"two holders at once: {row}"
+        assert granted_at - cut_at <= bound, f"the majority waited too long: {row}"
+        assert pc.is_cut, "the link came back before the grant"
+        assert box["lease"].fencing_token > token
+        box["stop"]()
+        return row
+    finally:
+        if pc.is_cut:
+            pc.heal()
+        if holder is not None:
+            holder.kill()
+            holder.wait(30)
+        majority.close()
+        # the next scenario starts with node 1 back in the cluster
+        deadline = time.monotonic() + 120
+        while pc.node(1).node not in pc.running_nodes(2):
+            assert time.monotonic() < deadline, "node 1 did not rejoin after the heal"
+            time.sleep(0.5)
+
+
+def _matrix(make: MakePartition, ntt: int, cases: list[tuple[str, str]], name: str) -> None:
+    pc = make(version="4.3", net_ticktime=ntt)
+    rows = [scenario(pc, kind, leaders, f"{name}-{i}") for i, (kind, leaders) in enumerate(cases)]
+    print(HEADER)
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(row)
+
+
+def test_partition_one_primitive_per_mechanism(make_partition: MakePartition, name: str) -> None:
+    _matrix(make_partition, 10, [("token", "minority"), ("write", "majority")], name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ntt", [10, 60])
+def test_partition_matrix(make_partition: MakePartition, name: str, ntt: int) -> None:
+    cases = [(kind, leaders) for kind in KINDS for leaders in ("minority", "majority")]
+    _matrix(make_partition, ntt, cases, name)

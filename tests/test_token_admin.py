@@ -118,3 +118,45 @@ def test_token_admin_bad_input(broker: Broker, name: str) -> None:
     with pytest.raises(TokenSemaphoreNotFound, match="setup"):
         admin.add_permits(1)
     assert repr(admin) == f"TokenAdmin({name!r})"
+
+
+def test_setup_behind_a_ledger_reader_never_doubles_the_permits(
+    amqp_url: str, broker: Broker, name: str
+) -> None:
+    """A reader (status, locked) takes the ledger record off its queue for a moment; a
+    setup that read right then once found no ledger and published a second set of tokens
+    (found by the Celery integration). Hold the record as a reader does, on a raw
+    connection, and hand it back while setup waits: still one permit."""
+    import asyncio
+    import threading
+
+    import aiormq
+
+    from amqp_locks.tokens.ledger import ledger_queue
+
+    admin = TokenAdmin(broker, name)
+    admin.setup(1)
+    taken, give_back = threading.Event(), threading.Event()
+
+    async def reader() -> None:
+        conn = await aiormq.connect(amqp_url)
+        ch = await conn.channel()
+        got = await ch.basic_get(ledger_queue(name), no_ack=False)
+        assert isinstance(got.delivery, Basic.GetOk)
+        taken.set()
+        await asyncio.get_running_loop().run_in_executor(None, give_back.wait)
+        await conn.close()  # the record goes back, as a reader's channel close does
+
+    t = threading.Thread(target=lambda: asyncio.run(reader()), daemon=True)
+    t.start()
+    assert taken.wait(10)
+    timer = threading.Timer(0.5, give_back.set)
+    timer.start()
+    started = time.monotonic()
+    assert admin.setup(1) == 1  # waited for the record instead of publishing again
+    assert time.monotonic() - started >= 0.4
+    t.join(10)
+    _wait_ready(admin, 1)
+    status = admin.status()
+    assert (status.permits, status.ready) == (1, 1)
+    assert admin.audit().ok

@@ -43,6 +43,8 @@ log = logging.getLogger("amqp_locks.tokens")
 
 #: How long an admin call waits for the administration mutex by default (seconds).
 MUTEX_TIMEOUT = 30.0
+#: How long `setup` waits for a ledger record that a reader holds (seconds).
+LEDGER_WAIT = 5.0
 
 
 def token_arguments(session: Session, quorum: bool) -> dict[str, Any]:
@@ -130,7 +132,7 @@ class TokenAdminCore:
         permits = _positive(permits, "permits")
         async with self._mutex() as session:
             await declare_queues(session, self.name, self.quorum)
-            ledger = await read_ledger(session, self.name)
+            ledger = await self._existing_ledger(session)
             if ledger is not None:
                 if ledger.permits != permits:
                     raise LockError(
@@ -143,6 +145,33 @@ class TokenAdminCore:
             await write_ledger(session, self.name, Ledger(0, [], self.quorum).with_ids(ids))
             log.info("set up token semaphore %r with %d permits", self.name, permits)
             return permits
+
+    async def _existing_ledger(self, session: Session) -> Ledger | None:
+        """The ledger, or None for a semaphore that has no tokens yet.
+
+        A reader (``status``, ``locked``) takes the ledger record off its queue for a
+        moment, so a read that finds none proves nothing while tokens exist: publishing
+        again then would double the permits. Tokens exist when the token queue has ready
+        ones or consumers (every held token has its holder's consumer); then the ledger is
+        read again until the reader has put it back."""
+        queue = token_queue(self.name)
+        deadline = asyncio.get_running_loop().time() + LEDGER_WAIT
+        pause = 0.01
+        while True:
+            ledger = await read_ledger(session, self.name)
+            if ledger is not None:
+                return ledger
+            ready, consumers = await session.declare_passive_counts(queue)
+            if ready == 0 and consumers == 0:
+                return None
+            if asyncio.get_running_loop().time() >= deadline:
+                raise LockError(
+                    f"token semaphore {self.name!r} has tokens ({ready} ready, {consumers} "
+                    f"consumers) but its ledger {ledger_queue(self.name)!r} stayed empty for "
+                    f"{LEDGER_WAIT:g} s; run repair() or destroy() and set it up again"
+                )
+            await asyncio.sleep(pause)  # a reader puts the record back within a round trip
+            pause = min(0.2, pause * 2)
 
     async def add_permits(self, count: int) -> list[int]:
         """See :meth:`TokenAdmin.add_permits`."""

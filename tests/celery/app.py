@@ -129,6 +129,13 @@ def once(self: Singleton, key: str, seconds: float, fail: bool = False) -> dict[
     return result
 
 
+@signals.task_prerun.connect
+def _called(task: Any = None, args: Any = None, **_: Any) -> None:
+    """A call began in the worker (before its lock is taken): "called" in the events."""
+    if args:
+        note("called", str(args[0]), id=getattr(task.request, "id", None))
+
+
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:
     path = os.environ.get("CELERY_TEST_READY")

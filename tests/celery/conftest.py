@@ -36,14 +36,17 @@ class Event:
     fields: dict[str, str] = field(default_factory=dict)
 
 
-def read_events(path: Path, key: str | None = None) -> list[Event]:
-    """The events file in order (the order the tasks wrote them), of `key` if given."""
+def read_events(
+    path: Path, key: str | None = None, kinds: tuple[str, ...] = ("start", "end")
+) -> list[Event]:
+    """The events file in order (the order the tasks wrote them), of `key` if given:
+    "start" and "end" by default, "called" (before the lock is taken) if asked."""
     out: list[Event] = []
     with contextlib.suppress(FileNotFoundError):
         for line in path.read_text().splitlines():
             t, kind, k, *rest = line.split()
             fields = dict(item.split("=", 1) for item in rest)
-            if key is None or k == key:
+            if (key is None or k == key) and kind in kinds:
                 out.append(Event(float(t), kind, k, int(fields.pop("pid")), fields))
     return out
 
@@ -73,11 +76,15 @@ def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 60.0) -
 class Worker:
     """One `celery worker` subprocess with its own queue, events file and log."""
 
-    def __init__(self, url: str, home: Path, pool: str, concurrency: int) -> None:
-        self.queue = f"celery-test-{uuid.uuid4().hex[:10]}"
+    def __init__(
+        self, url: str, home: Path, pool: str, concurrency: int, queue: str | None = None
+    ) -> None:
+        self.pool = pool
+        self.queue = queue or f"celery-test-{uuid.uuid4().hex[:10]}"
+        tag = uuid.uuid4().hex[:6]
         self.events = home / f"{self.queue}.events"
-        self.log = home / f"{self.queue}.log"
-        self.ready = home / f"{self.queue}.ready"
+        self.log = home / f"{self.queue}-{tag}.log"
+        self.ready = home / f"{self.queue}-{tag}.ready"
         self.env = {
             **os.environ,
             "CELERY_TEST_BROKER": url,
@@ -89,7 +96,7 @@ class Worker:
         argv = [
             sys.executable, "-m", "celery", "-A", "tests.celery.app", "worker",
             "--pool", pool, "--concurrency", str(concurrency), "--queues", self.queue,
-            "--hostname", f"{self.queue}@%h", "--loglevel", "INFO",
+            "--hostname", f"{self.queue}-{tag}@%h", "--loglevel", "INFO",
             "--logfile", str(self.log), "--without-gossip", "--without-mingle",
             "--without-heartbeat",
         ]  # fmt: skip
@@ -111,6 +118,14 @@ class Worker:
     def events_of(self, key: str) -> list[Event]:
         return read_events(self.events, key)
 
+    def wait_called(self, key: str, count: int, timeout: float = 60.0) -> None:
+        """Wait until `count` calls of `key` began in the worker (before their lock)."""
+        wait_until(
+            f"{count} calls of {key}",
+            lambda: len(read_events(self.events, key, ("called",))) >= count,
+            timeout,
+        )
+
     def wait_events(self, key: str, kind: str, count: int, timeout: float = 60.0) -> list[Event]:
         """Wait until `count` events of `kind` for `key` were written; all of `key`'s."""
         wait_until(
@@ -125,10 +140,15 @@ class Worker:
             return self.log.read_text(errors="replace")
         return ""
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def stop(self) -> None:
-        """Warm shutdown; after 30 s, SIGKILL to the worker's process group (ours)."""
+        """Warm shutdown (cold for the threads pool, whose warm one takes Celery 10 s);
+        after 30 s, SIGKILL to the worker's process group (ours)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGQUIT if self.pool == "threads" else signal.SIGTERM)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:

@@ -12,8 +12,8 @@ running   the worker holds the ticket as a permit: freed by the broker when the
           worker releases it *or its connection dies* (a killed worker)
 ========  =====================================================================
 
-A producer claims the key by removing the ticket (atomic under the semaphore's own
-administration mutex); finding none, the key is queued or running (``AlreadyQueued``).
+A producer claims the key by taking the ticket (a non-blocking acquire) and removing it
+from circulation; finding none ready, the key is queued or running (``AlreadyQueued``).
 The worker puts the ticket back and takes it as a permit before the task runs. Those two
 steps, and the producer's claim, run under a *guard* mutex per key (``<lock>.once-guard``)
 so no producer can take the ticket back between them, and two workers never both put one
@@ -38,12 +38,10 @@ from ..transport import Broker
 
 log = logging.getLogger("amqp_locks.celery")
 
-#: How long a claim waits for a ticket it saw ready a moment before (another producer
-#: or a starting worker may have taken it: then the key is busy after all).
-CLAIM_WAIT = 0.2
 #: How long the guard is waited for (it is held for a few round trips at a time).
 GUARD_TIMEOUT = 30.0
-#: How long a retry's hand-over waits for its own ticket to come back to be removed.
+#: How long a claim or a retry's hand-over waits for the ticket it just released to come
+#: back to be removed (milliseconds, unless a second copy of the task waits for it).
 HANDOVER_WAIT = 5.0
 
 
@@ -58,7 +56,12 @@ class Ticket:
 
     @contextmanager
     def guarded(self) -> Iterator[None]:
-        """Hold the key's guard; set the ticket semaphore up (one permit) on first use."""
+        """Hold the key's guard; set the ticket semaphore up (one permit) on first use.
+
+        Every read or write of the ticket semaphore's ledger (``status``, ``setup``,
+        ``add_permits``, ``remove_permits``) happens under the guard: a ledger read holds
+        the ledger's message for a moment, and a second reader at that moment would
+        find no ledger at all."""
         with self.guard:
             if not self._ready:
                 try:
@@ -68,19 +71,24 @@ class Ticket:
                 self._ready = True
             yield
 
-    def busy(self) -> bool:
-        """No ticket ready: the key is queued or running (one read, no guard)."""
-        try:
-            return self.semaphore.status().ready == 0
-        except TokenSemaphoreNotFound:
-            return False
-
     def claim(self) -> bool:
-        """Take the ticket out of circulation: True if this producer now owns "queued"."""
-        if self.busy():
+        """Free -> queued: True if this producer took the ticket out of circulation.
+
+        The first step reads no ledger and takes no guard: a non-blocking acquire of the
+        ticket, None at once when it is out (queued) or held (running), which is what
+        every refused enqueue costs. Holding it, the producer releases it and removes it
+        under the guard, where no other producer or starting worker can come between."""
+        try:
+            lease = self.semaphore.acquire(blocking=False)
+        except TokenSemaphoreNotFound:
+            with self.guarded():  # first use of the key: set up, then as usual
+                pass
+            lease = self.semaphore.acquire(blocking=False)
+        if lease is None:
             return False
         with self.guarded():
-            return bool(self.semaphore.remove_permits(1, timeout=CLAIM_WAIT))
+            lease.release()
+            return bool(self.semaphore.remove_permits(1, timeout=HANDOVER_WAIT))
 
     def restore(self) -> bool:
         """Put the ticket back if it is out of circulation (queued): True if it was.

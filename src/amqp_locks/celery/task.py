@@ -239,15 +239,14 @@ class Singleton(Task[..., Any]):
             assert isinstance(lock, TokenSemaphore)
             try:
                 lock.setup(self.lock_limit)
-            except LockError:
-                permits = lock.status().permits
-                if permits == self.lock_limit:
+            except LockError as exc:
+                if type(exc) is not LockError:  # AdminLockTimeout & co.
                     raise
+                # Set up with another count (its message says which).
                 raise ConfigurationError(
-                    f"{self.name}: {lock.name} has {permits} permits but lock_limit is "
-                    f"{self.lock_limit}; change it with `amqp-locks token add|remove` "
-                    f"{lock.name} (every worker must agree)"
-                ) from None
+                    f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker "
+                    f"must agree (`amqp-locks token add|remove {lock.name} N` changes it)"
+                ) from exc
             return self._acquire_once(lock, wait)
 
     def _acquire_once(self, lock: LockObject, wait: bool) -> Lease | None:

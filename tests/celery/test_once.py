@@ -1,0 +1,111 @@
+"""Enqueue-time deduplication (``once=True``) across two producer processes: one call per
+key queued or running; the key is freed when the call finishes, fails, is revoked or its
+worker is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from amqp_locks import Broker, TokenSemaphore
+from amqp_locks.celery import AlreadyQueued
+
+from .app import app, once
+from .conftest import ROOT, Worker, key, wait_until
+
+
+def ticket_free(broker: Broker, k: str, seconds: float) -> Callable[[], bool]:
+    """Whether the key's ticket is back in its queue: a non-blocking acquire through the
+    public API, released at once (no ledger read: see amqp_locks.celery.once)."""
+    sem = TokenSemaphore(broker, once.lock_name((k, seconds)) + ".once")
+
+    def free() -> bool:
+        lease = sem.acquire(blocking=False)
+        if lease is None:
+            return False
+        lease.release()
+        return True
+
+    return free
+
+
+def enqueue_when_free(worker: Worker, k: str, seconds: float, timeout: float = 20) -> Any:
+    """Enqueue `once(k, seconds)` as soon as the key is free (graceful tries, polled);
+    the result of the call."""
+    sent = wait_until(
+        f"{k} to be free",
+        lambda: once.apply_async((k, seconds), queue=worker.queue, once_graceful=True),
+        timeout,
+    )
+    return sent.get(timeout=30)
+
+
+def produce(worker: Worker, k: str, seconds: float, tries: int) -> list[dict[str, object]]:
+    """Two producer processes try `tries` enqueues each, starting at the same moment."""
+    start_at = time.time() + 2.0
+    argv = [sys.executable, "-m", "tests.celery.produce", k, str(seconds), str(tries)]
+    procs = [
+        subprocess.Popen([*argv, str(start_at)], cwd=ROOT, env=worker.env, text=True,
+                         stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def test_two_producers_one_call_queued_or_running(prefork: Worker, broker: Broker) -> None:
+    k = key()
+    for _round in range(2):
+        out = produce(prefork, k, 1.0, 5)
+        sent = [i for o in out for i in o["sent"]]  # type: ignore[attr-defined]
+        assert len(sent) == 1, out
+        assert sum(int(o["refused"]) for o in out) == 9  # type: ignore[call-overload]
+        prefork.wait_events(k, "end", _round + 1)
+        wait_until("the key to be free", ticket_free(broker, k, 1.0), 10)
+    assert len(prefork.events_of(k)) == 4  # two calls, one after the other
+
+
+def test_failure_frees_the_key(prefork: Worker, broker: Broker) -> None:
+    k = key()
+    first = once.apply_async((k, 0.0, True), queue=prefork.queue)
+    with pytest.raises(RuntimeError):
+        first.get(timeout=30)
+    # Released in the task's `finally`; the broker has it back within milliseconds.
+    enqueue_when_free(prefork, k, 0.0)
+
+
+def test_revoked_call_frees_the_key(prefork: Worker, broker: Broker) -> None:
+    k = key()
+    queued = once.apply_async((k, 0.0), queue=prefork.queue, countdown=2)
+    with pytest.raises(AlreadyQueued):
+        once.apply_async((k, 0.0), queue=prefork.queue)
+    app.control.revoke(queued.id)
+    # The worker discards it when it comes due, and puts the ticket back.
+    enqueue_when_free(prefork, k, 0.0)
+    events = prefork.events_of(k)
+    assert len(events) == 2 and events[0].fields["id"] != queued.id  # the revoked never ran
+
+
+def test_killed_worker_frees_the_key(prefork: Worker, broker: Broker) -> None:
+    k = key()
+    once.apply_async((k, 60.0), queue=prefork.queue)
+    victim = prefork.wait_events(k, "start", 1)[0].pid
+    assert once.apply_async((k, 60.0), queue=prefork.queue, once_graceful=True) is None
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    sent = wait_until(
+        "the killed call's key to be free",
+        lambda: once.apply_async((k, 0.0), queue=prefork.queue, once_graceful=True),
+        10,
+    )
+    print(f"\nonce: SIGKILL -> key free again: {(time.monotonic() - killed_at) * 1000:.0f} ms")
+    sent.get(timeout=30)

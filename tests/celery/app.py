@@ -25,6 +25,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=True,
     result_expires=600,
+    worker_lost_wait=1.0,  # a killed child's WorkerLostError reaches the caller sooner
 )
 
 

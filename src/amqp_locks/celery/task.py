@@ -22,7 +22,6 @@ from celery import Task
 from celery.result import AsyncResult
 
 from ..errors import AmqpLocksError, ConfigurationError, LockError, LockTimeout
-from ..errors import TokenSemaphoreNotFound as _NotSetUp
 from ..lease import Lease
 from ..lockobject import LockObject
 from ..mutex import Mutex
@@ -74,6 +73,7 @@ class _Locks:
         self._size = size
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[int, str, int, bool], LockObject] = OrderedDict()
+        self._set_up: set[int] = set()
 
     def get(self, broker: Broker, name: str, limit: int, fencing: bool, quorum: Any) -> LockObject:
         key = (id(broker), name, limit, fencing)
@@ -87,8 +87,15 @@ class _Locks:
                 self._items[key] = lock
             self._items.move_to_end(key)
             while len(self._items) > self._size:
-                self._items.popitem(last=False)
+                self._set_up.discard(id(self._items.popitem(last=False)[1]))
             return lock
+
+    def first_use(self, lock: LockObject) -> bool:
+        """Whether this process has not set `lock` up yet."""
+        return id(lock) not in self._set_up
+
+    def set_up(self, lock: LockObject) -> None:
+        self._set_up.add(id(lock))
 
 
 _locks = _Locks()
@@ -232,11 +239,10 @@ class Singleton(Task[..., Any]):
         raise TaskLockTimeout(f"{name} was not obtained within {self.lock_timeout:g} s")
 
     def _acquire(self, lock: LockObject, wait: bool) -> Lease | None:
-        """Acquire the run lock; a semaphore not set up yet is set up (lock_limit permits)."""
-        try:
-            return self._acquire_once(lock, wait)
-        except _NotSetUp:
-            assert isinstance(lock, TokenSemaphore)
+        """Acquire the run lock. A semaphore is set up with ``lock_limit`` permits once per
+        process and key (idempotent under its admin mutex, so concurrent first users are
+        safe), which also refuses a limit other workers set up differently."""
+        if isinstance(lock, TokenSemaphore) and _locks.first_use(lock):
             try:
                 lock.setup(self.lock_limit)
             except LockError as exc:
@@ -247,7 +253,8 @@ class Singleton(Task[..., Any]):
                     f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker "
                     f"must agree (`amqp-locks token add|remove {lock.name} N` changes it)"
                 ) from exc
-            return self._acquire_once(lock, wait)
+            _locks.set_up(lock)
+        return self._acquire_once(lock, wait)
 
     def _acquire_once(self, lock: LockObject, wait: bool) -> Lease | None:
         if wait:

@@ -11,7 +11,7 @@ export AMQP_URL="$(scripts/broker start)"
 export PYTHONPATH="$here"
 log="$(mktemp -d)/worker.log"
 .venv/bin/celery -A examples.celery.tasks worker --pool prefork --concurrency 4 \
-  --loglevel INFO --logfile "$log" --without-gossip --without-mingle &
+  --loglevel INFO --logfile "$log" --without-gossip --without-mingle >"$log.out" 2>&1 &
 worker=$!
 finish() {
   kill -TERM "$worker" 2>/dev/null && wait "$worker" 2>/dev/null || true

@@ -130,6 +130,26 @@ def once(self: Singleton, key: str, seconds: float, fail: bool = False) -> dict[
     return result
 
 
+try:  # the comparison with celery-once on Redis (tests/celery/test_celery_once.py)
+    from celery_once import QueueOnce
+except ImportError:  # only the bench/dev groups install it
+    QueueOnce = None
+
+if QueueOnce is not None:
+    app.conf.ONCE = {
+        "backend": "celery_once.backends.Redis",
+        "settings": {"url": os.environ.get("CELERY_TEST_REDIS", ""), "default_timeout": 3600},
+    }
+
+    @app.task(base=QueueOnce, bind=True, once={"keys": ["key"]})
+    def with_celery_once(self: Any, key: str, seconds: float) -> int:
+        """celery-once's QueueOnce: locked from apply_async to after_return."""
+        note("start", key, id=self.request.id)
+        time.sleep(seconds)
+        note("end", key, id=self.request.id)
+        return os.getpid()
+
+
 @signals.task_prerun.connect
 def _called(task: Any = None, args: Any = None, **_: Any) -> None:
     """A call began in the worker (before its lock is taken): "called" in the events."""

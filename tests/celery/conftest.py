@@ -77,7 +77,13 @@ class Worker:
     """One `celery worker` subprocess with its own queue, events file and log."""
 
     def __init__(
-        self, url: str, home: Path, pool: str, concurrency: int, queue: str | None = None
+        self,
+        url: str,
+        home: Path,
+        pool: str,
+        concurrency: int,
+        queue: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.pool = pool
         self.queue = queue or f"celery-test-{uuid.uuid4().hex[:10]}"
@@ -92,6 +98,7 @@ class Worker:
             "CELERY_TEST_EVENTS": str(self.events),
             "CELERY_TEST_READY": str(self.ready),
             "PYTHONPATH": str(ROOT),
+            **(env or {}),
         }
         argv = [
             sys.executable,

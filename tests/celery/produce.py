@@ -27,14 +27,14 @@ def main() -> None:
     with app.producer_or_acquire():
         pass
     time.sleep(max(0.0, start_at - time.time()))
-    sent: list[str] = []
+    sent: list[tuple[str, float]] = []  # (task id, wall-clock time its claim had returned)
     refused = 0
     for _ in range(tries):
         result = once.apply_async((key, seconds), once_graceful=True)
         if result is None:
             refused += 1
         else:
-            sent.append(result.id)
+            sent.append((result.id, time.time()))
     print(json.dumps({"sent": sent, "refused": refused}))
 
 

@@ -130,6 +130,16 @@ def once(self: Singleton, key: str, seconds: float, fail: bool = False) -> dict[
     return result
 
 
+@app.task(base=Singleton, bind=True, once=True, lock_key=["key"], max_retries=1)
+def once_retrying(self: Singleton, key: str, countdown: float) -> int:
+    """Retries itself once after `countdown` s: the key stays queued meanwhile."""
+    note("start", key, id=self.request.id, retries=self.request.retries)
+    note("end", key, id=self.request.id)
+    if self.request.retries == 0:
+        raise self.retry(countdown=countdown)
+    return int(self.request.retries)
+
+
 try:  # the comparison with celery-once on Redis (tests/celery/test_celery_once.py)
     from celery_once import QueueOnce
 except ImportError:  # only the bench/dev groups install it

@@ -19,7 +19,7 @@ import pytest
 from amqp_locks import Broker, TokenSemaphore
 from amqp_locks.celery import AlreadyQueued
 
-from .app import app, once
+from .app import app, once, once_retrying
 from .conftest import ROOT, Worker, key, max_running, wait_until
 
 
@@ -126,3 +126,31 @@ def test_killed_worker_frees_the_key(prefork: Worker, broker: Broker) -> None:
     )
     print(f"\nonce: SIGKILL -> key free again: {(time.monotonic() - killed_at) * 1000:.0f} ms")
     sent.get(timeout=30)
+
+
+def test_a_retry_keeps_the_key_queued(prefork: Worker, broker: Broker) -> None:
+    from amqp_locks.celery.once import Ticket
+
+    k = key()
+    first = once_retrying.apply_async((k, 2.0), queue=prefork.queue)
+    prefork.wait_events(k, "end", 1)
+    ticket = Ticket(broker, once_retrying.lock_name((k, 2.0)), None)
+
+    def handed_over() -> bool:
+        with ticket.guarded():  # ledger reads only under the guard
+            return ticket.semaphore.status().permits == 0
+
+    # The first run released its ticket and took it out of circulation for the retry.
+    wait_until("the hand-over to the retry", handed_over, 10)
+    with pytest.raises(AlreadyQueued):
+        once_retrying.apply_async((k, 2.0), queue=prefork.queue)
+    assert first.get(timeout=30) == 1  # the retry ran, then freed the key:
+    wait_until(
+        "the key to be free after the retry",
+        lambda: once_retrying.apply_async((k, 0.0), queue=prefork.queue, once_graceful=True),
+        10,
+    )
+    assert [e.fields.get("retries") for e in prefork.events_of(k) if e.kind == "start"] == [
+        "0",
+        "1",
+    ]

@@ -87,3 +87,16 @@ def test_lock_limit_other_than_the_semaphore_is_refused(celery_app: Any, broker:
     TokenSemaphore(broker, limited.lock_name((k, 0.0))).setup(2)
     with pytest.raises(ConfigurationError, match=r"lock_limit is 3, but .*already has 2 permits"):
         limited(k, 0.0)
+
+
+def test_without_celery_the_error_names_the_extra() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['celery'] = None\n"
+        "try:\n    import amqp_locks.celery\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("FeatureUnavailable") and "amqp-locks[celery]" in out.stdout

@@ -22,7 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import signals
+from ..errors import FeatureUnavailable
+
+try:
+    from celery import signals
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise FeatureUnavailable(
+        "amqp_locks.celery needs Celery: pip install 'amqp-locks[celery]'"
+    ) from exc
 
 from . import config
 from .config import broker_for, lock_urls

@@ -236,7 +236,7 @@ class Singleton(Task[..., Any]):
                 countdown=self.lock_retry_countdown,
                 exc=TaskLockTimeout(f"{name} was held in every try ({self.request.retries + 1})"),
             )
-        raise TaskLockTimeout(f"{name} was not obtained within {self.lock_timeout:g} s")
+        raise TaskLockTimeout(f"{name} was not obtained within {self.lock_timeout} s")
 
     def _acquire(self, lock: LockObject, wait: bool) -> Lease | None:
         """Acquire the run lock. A semaphore is set up with ``lock_limit`` permits once per
@@ -254,9 +254,10 @@ class Singleton(Task[..., Any]):
                     f"must agree (`amqp-locks token add|remove {lock.name} N` changes it)"
                 ) from exc
             _locks.set_up(lock)
-        return self._acquire_once(lock, wait)
+        return self._wait_or_try(lock, wait)
 
-    def _acquire_once(self, lock: LockObject, wait: bool) -> Lease | None:
+    def _wait_or_try(self, lock: LockObject, wait: bool) -> Lease | None:
+        """Wait up to ``lock_timeout`` ("wait"), or try once (skip, retry)."""
         if wait:
             return lock.acquire(timeout=self.lock_timeout)
         return lock.acquire(blocking=False)

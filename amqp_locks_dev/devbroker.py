@@ -23,8 +23,7 @@ The host's Erlang is too old for 4.x, so each 4.x line runs inside a minimal Deb
 built once per machine with ``debootstrap`` from Debian's packages (``$AMQP_LOCKS_ROOTS``,
 default ``/var/cache/amqp-locks``) and entered with ``chroot`` in a private mount namespace
 (``unshare``) that binds /dev, /proc and the node's own directory; each line's Erlang
-nodes use their own epmd port (Erlang's distribution protocol differs between releases far
-apart, and one epmd per line keeps two lines' nodes from ever meeting). Needs root.
+nodes register with an epmd of their own Erlang, on the line's own port. Needs root.
 
 CLI: ``python -m amqp_locks_dev.devbroker start|stop|status|restart|url [--name NAME]
 [--version 3.10|4.0|4.3]``.
@@ -95,8 +94,8 @@ _DEFAULTS_OF_4_3 = (
     "deprecated_features.permit.transient_nonexcl_queues = false\n"
     "deprecated_features.permit.global_qos = false\n"
 )
-#: The roots' /etc/hosts: debootstrap writes none, and without ``localhost`` in it 4.3.6
-#: does not boot (nodes are named ``NAME@localhost``; issue 21).
+#: The roots' /etc/hosts: debootstrap writes none, and 4.3.6 does not boot in a root
+#: without ``localhost`` in it (issue 21).
 _ROOT_HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
 
 
@@ -260,7 +259,7 @@ _ROOT_READY = ".amqp-locks-root-ready"
 
 def ensure_root(version: str) -> Path:
     """Build the Debian root holding the 4.x line `version` unless it is ready (once per
-    machine: about a minute for trixie, three for forky): ``debootstrap --variant=minbase
+    machine, a minute or so: forky took 40 s here): ``debootstrap --variant=minbase
     --include=rabbitmq-server SUITE ROOT MIRROR [SCRIPT]`` from Debian's mirror
     (``$AMQP_LOCKS_DEBIAN_MIRROR``), then an ``/etc/hosts`` naming ``localhost``. Needs root.
 
@@ -612,6 +611,11 @@ class _Nodes(LocalServer[NodeInfo]):
 
 #: The private nodes' lifecycle (:mod:`~amqp_locks_dev.devcluster` uses it too).
 NODES = _Nodes()
+
+
+def ledger_server(kind: str | None = None) -> _Nodes:
+    """The lifecycle the server ledger's ``amqp_locks_dev.devbroker`` entries name."""
+    return NODES
 
 
 # ------------------------------------------------------------------------------- API

@@ -536,6 +536,9 @@ class _Servers(LocalServer[DbInfo]):
         # back sessions, checkpoint.  SIGTERM is MariaDB's normal shutdown.
         self.stop_signal = signal.SIGINT if kind == "postgresql" else signal.SIGTERM
 
+    def ledger_id(self) -> str:
+        return f"{type(self).__module__}:{self.kind}"
+
     def decode(self, base_dir: Path, raw: dict[str, Any]) -> DbInfo | None:
         return DbInfo(self.kind, int(raw["port"]), base_dir) if raw["kind"] == self.kind else None
 
@@ -569,6 +572,13 @@ class _Servers(LocalServer[DbInfo]):
 def _server(kind: str) -> _Servers:
     _check_kind(kind)
     return _Servers(kind)
+
+
+def ledger_server(kind: str | None) -> _Servers:
+    """The lifecycle the server ledger's ``amqp_locks_dev.devdb:KIND`` entries name."""
+    if kind is None:
+        raise DevDbError("a devdb ledger entry names its kind (postgresql, mariadb)")
+    return _server(kind)
 
 
 # ------------------------------------------------------------------------------- API

@@ -193,6 +193,50 @@ def apt_install(package: str, error: type[Exception], who: str) -> None:
             policy.unlink(missing_ok=True)
 
 
+# ----------------------------------------------------------------------------- ledger
+
+#: A file where every server this process (and its children) starts or finds running is
+#: noted, once per server directory: what ``scripts/test`` stops at the end of a run
+#: (:mod:`~amqp_locks_dev.servers`), leaving alone the servers that ran before it.
+LEDGER_ENV = "AMQP_LOCKS_SERVER_LEDGER"
+#: A server this run launched (stopped at the end), or one it found running (left alone).
+STARTED, FOUND = "started", "found"
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    """The ledger's entries, in order (a torn last line is skipped)."""
+    entries: list[dict[str, Any]] = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                entries.append(json.loads(line))
+    return entries
+
+
+def note(entry: dict[str, Any], key: str, ledger: Path | None = None) -> None:
+    """Append `entry` to `ledger` (default: the one ``$AMQP_LOCKS_SERVER_LEDGER`` names)
+    unless an entry with the same `key` field value is there already: the first sighting
+    of a server decides whether the run started it. No ledger, no note."""
+    named = ledger or os.environ.get(LEDGER_ENV)
+    if not named:
+        return
+    path = Path(named)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # several processes of one run note at once
+        try:
+            fh.seek(0)
+            for line in fh.read().splitlines():
+                with contextlib.suppress(ValueError):
+                    if json.loads(line).get(key) == entry[key]:
+                        return
+            fh.seek(0, os.SEEK_END)
+            fh.write(json.dumps(entry) + "\n")
+            fh.flush()
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 # -------------------------------------------------------------------------- lifecycle
 
 
@@ -316,6 +360,14 @@ class LocalServer(ABC, Generic[InfoT]):
         """Ask the server to stop; True once it is gone."""
         return signal_and_wait(pid, self.stop_signal, self.stop_grace)
 
+    def ledger_id(self) -> str:
+        """How the ledger names this kind: ``module`` or ``module:kind``, whose
+        ``ledger_server(kind)`` gives this object back in another process."""
+        return type(self).__module__
+
+    def _note(self, base_dir: Path, how: str) -> None:
+        note({"server": self.ledger_id(), "base_dir": str(base_dir), "how": how}, "base_dir")
+
     # ---- shared
 
     def pid_from_file(self, info: InfoT) -> int | None:
@@ -420,6 +472,7 @@ class LocalServer(ABC, Generic[InfoT]):
         state = self.read_state(base_dir)
         prev = state[0] if state is not None and self.same(state[0], template) else None
         if state is not None and prev is not None and self.running(prev, state[1]):
+            self._note(base_dir, FOUND)
             ports = self.ports(prev)
             if any(p is not None and p != q for p, q in zip(explicit, ports, strict=True)):
                 raise self.error(
@@ -429,8 +482,10 @@ class LocalServer(ABC, Generic[InfoT]):
         if state is not None:
             # A server we started earlier that no longer answers (hung or half-booted).
             if self.is_ours(*state):
+                self._note(base_dir, FOUND)  # it ran before: the run leaves it running
                 self.hard_stop(*state)
             reap(base_dir)
+        self._note(base_dir, STARTED)
         info = self.with_ports(template, self.pick_ports(prev, explicit, strict))
         self.write_state(info, None)
         pid = self.launch(info, wait)
@@ -450,6 +505,7 @@ class LocalServer(ABC, Generic[InfoT]):
         if pid is None or not self.is_ours(info, pid):
             reap(base_dir)
             return False
+        self._note(base_dir, FOUND)  # first seen running: not this run's to stop at the end
         if not self.graceful_stop(info, pid):
             self.hard_stop(info, pid)
         reap(base_dir)
@@ -486,6 +542,7 @@ class LocalServer(ABC, Generic[InfoT]):
                 return False
             info, pid = state
             assert pid is not None
+            self._note(base_dir, FOUND)
             signal_and_wait(pid, signal.SIGKILL, grace, tree=self.kill_tree)
             reap(base_dir)
             self.write_state(info, None)

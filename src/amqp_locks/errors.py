@@ -119,6 +119,12 @@ class LeaseReleased(LockError):
     """The lease was already released; it can no longer be used."""
 
 
+class ReleaseUnconfirmed(LockError):
+    """``release(wait=True)`` could not get the broker's word that the release was done: the
+    connection (or the channel holding the lock) failed first. The broker still frees the
+    lock when it sees that connection end, which may take up to its heartbeat timeout."""
+
+
 class WrongProcess(LockError):
     """A lease used in a process forked from the one it was granted to: a child never holds
     its parent's locks (they stay the parent's, tied to the parent's connection)."""

@@ -32,6 +32,7 @@ from .errors import (
     ConnectionLost,
     LeaseReleased,
     QueueNotFound,
+    ReleaseUnconfirmed,
     ResourceLocked,
     WrongProcess,
 )
@@ -78,6 +79,17 @@ class HeldState:
     _async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(
         default_factory=list
     )
+    #: ``release(wait=True)`` asked for the broker's word: a kind whose release only writes
+    #: (a token's reject) then ends it with one round trip on the same channel
+    #: (:func:`release_barrier`); the default release stays a write.
+    confirm_wanted: bool = False
+    #: What the release left running after ``release()`` returned (a token's give-back,
+    #: spawned so the caller does not wait for it): ``release(wait=True)`` and
+    #: ``Broker.close()`` wait for it.
+    release_job: asyncio.Future[Any] | None = None
+    #: Why the release could not be confirmed (the connection, or the channel holding the
+    #: lock, failed first); None while it could be, or was.
+    release_failure: str | None = None
 
     def _on_session_lost(self, reason: str) -> None:
         self.lose(reason)
@@ -135,7 +147,35 @@ class HeldState:
         raise NotImplementedError
 
     async def release(self) -> None:
+        """Give the lock back: returns once the release is written to the connection (or,
+        for kinds that need one round trip anyway, answered); the broker completes it.
+        Whatever is left running goes in :attr:`release_job`."""
         raise NotImplementedError
+
+    async def settled(self) -> None:
+        """Wait for what the release left running (:attr:`release_job`), if anything."""
+        job = self.release_job
+        if job is not None and not job.done():
+            await asyncio.shield(job)
+
+    async def release_confirmed(self) -> None:
+        """``release(wait=True)``: release, then return once the broker has confirmed it;
+        raise :class:`ReleaseUnconfirmed` when it could not. What counts as the broker's
+        word: the held queue's delete-ok (mutex, persistent semaphore), the commit-ok of a
+        token's transaction (fencing on), else the answer to a method sent after the
+        release on the channel that held the lock (:func:`release_barrier`).
+
+        Called again after a plain ``release()``, it waits for that release's work and
+        reports its failure, but adds no round trip."""
+        if not self.released:
+            self.confirm_wanted = True
+        await self.release()
+        await self.settled()
+        if self.release_failure is not None:
+            raise ReleaseUnconfirmed(
+                f"release of {self.kind} {self.number} of {self.name!r} not confirmed: "
+                f"{self.release_failure}; the broker frees it when it sees the connection end"
+            )
 
 
 @dataclass(eq=False, kw_only=True)
@@ -302,6 +342,7 @@ class LeaseState(HeldState):
         watch, self._watch = self._watch, None
         if not session.alive:
             session.held.discard(self.held_queue)
+            self.release_failure = f"the connection had ended ({session.lost_reason})"
             return
         try:
             await session.delete(self.held_queue)
@@ -311,6 +352,7 @@ class LeaseState(HeldState):
                 # The connection died under the release: the broker deletes the exclusive
                 # queue with it, so the lock is free all the same. No waiter notice.
                 log.debug("connection lost releasing %r: released by the broker", self.name)
+                self.release_failure = f"the connection ended during it ({exc})"
                 return
             raise
         if self.kind == "semaphore":
@@ -450,6 +492,15 @@ async def grant(
         raise
 
 
+async def release_barrier(ch: AbstractChannel) -> None:
+    """One round trip on `ch` after a release written to it (a reject, a cancel): the
+    broker handles a channel's methods in order, so its answer means it has taken the
+    release, and nothing that happens to us afterwards (exit, crash, lost connection)
+    can keep the lock held. ``basic.qos`` with the prefetch every holder channel already
+    has (1) changes nothing else."""
+    await ch.basic_qos(prefetch_count=1)
+
+
 async def _ack_quietly(ch: AbstractChannel, tag: int) -> None:
     with contextlib.suppress(Exception):
         await ch.basic_ack(tag)
@@ -525,12 +576,20 @@ class Lease:
         self._state.check_process()
         return self._state.core.run(self._state.verify())
 
-    def release(self) -> None:
-        """Give the lock back. Idempotent; safe after the lease was lost.
+    def release(self, wait: bool = False) -> None:
+        """Give the lock back. Idempotent; safe after the lease was lost, and after its
+        Broker was closed (the close released it).
+
+        By default it returns once the release is handed to the connection (for the token
+        semaphore, the read-write lock and cluster mode, before the broker answers): the
+        broker completes it, and ``Broker.close()`` waits for releases in flight. With
+        ``wait=True`` it returns only once the broker has confirmed the release, and
+        raises :class:`~amqp_locks.errors.ReleaseUnconfirmed` when the connection failed
+        first; use it before telling another process the lock is free.
 
         Raises :class:`~amqp_locks.errors.WrongProcess` in a fork child of the holder."""
         self._state.check_process()
-        self._state.core.run(self._state.release())
+        self._state.core.release(self._state, wait)
 
     def __enter__(self) -> Lease:
         return self

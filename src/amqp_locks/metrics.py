@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events
+from .extras import unavailable
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _unsubscribe: Callable[[], None] | None = None
@@ -177,8 +178,8 @@ def enable(registry: Any = None, *, name_label: bool = True) -> None:
     global _unsubscribe
     try:
         from prometheus_client import REGISTRY
-    except ImportError as exc:  # pragma: no cover - depends on the extra
-        raise ImportError("amqp_locks.metrics needs: pip install 'amqp-locks[metrics]'") from exc
+    except ImportError:  # the extra is not installed
+        raise unavailable("amqp_locks.metrics (Prometheus)", "metrics") from None
     with _state_lock:
         if _unsubscribe is not None:
             return

@@ -54,7 +54,7 @@ from .errors import (
 )
 from .fencing import ensure_fence, take_token
 from .holders import HolderQueries
-from .lease import HeldState, Lease
+from .lease import HeldState, Lease, release_barrier
 from .lockobject import LockObject
 from .names import MAX_QUEUE_NAME_BYTES, validate_name
 from .replication import choose_quorum
@@ -291,18 +291,26 @@ async def _close(ch: AbstractChannel) -> None:
         await ch.close()
 
 
-async def _give_back(session: Session, box: _Inbox) -> None:
+async def _give_back(session: Session, box: _Inbox, confirm: bool = False) -> str | None:
     """Cancel the consumer (nothing comes back to us), then requeue what it holds; the
-    channel goes back to the holder pool. If anything fails, closing it returns them."""
+    channel goes back to the holder pool. If anything fails, closing it returns them.
+    With `confirm` (release(wait=True)) it ends with the broker's answer on that channel
+    (or the close's); returns why it could not be confirmed, if the connection failed."""
     ch = box.ch
     try:
         await ch.basic_cancel(box.tag, nowait=True)
         for message in box.messages:
             await ch.basic_reject(_tag(message), requeue=True)
-    except Exception:
-        session.spawn(_close(ch))
-    else:
-        session.return_holder_channel(ch, transactional=False)
+        if confirm:
+            await release_barrier(ch)
+    except Exception as exc:
+        if confirm:
+            await _close(ch)
+        else:
+            session.spawn(_close(ch))
+        return None if session.alive else f"the connection ended during it ({exc})"
+    session.return_holder_channel(ch, transactional=False)
+    return None
 
 
 async def _no_undo(_: int) -> None:
@@ -369,10 +377,11 @@ class HoldState(HeldState):
         for box in self.inboxes:
             box.detach()
         if not session.alive:
+            self.release_failure = f"the connection had ended ({session.lost_reason})"
             return
         if not self.shared:
             await _close(self.inboxes[1].ch)
-        await _give_back(session, self.inboxes[0])
+        self.release_failure = await _give_back(session, self.inboxes[0], self.confirm_wanted)
         log.debug("released %s of %r", "read" if self.shared else "write", self.name)
 
     def _what(self) -> str:

@@ -47,12 +47,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar, cast
 
-import tooz
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
-from tooz import coordination, locking, utils
 
 from . import Broker, Lease, Mutex, ReadWriteLock
+from .extras import unavailable
+
+try:
+    import tooz
+    from tooz import coordination, locking, utils
+except ImportError:  # the extra is not installed
+    raise unavailable("the tooz driver (amqp_locks.tooz_driver)", "tooz") from None
 from .errors import (
     AmqpLocksError,
     BrokerUnreachable,

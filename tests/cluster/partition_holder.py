@@ -12,55 +12,17 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
 
-from amqp_locks import (
-    Broker,
-    Lease,
-    Mutex,
-    PersistentSemaphore,
-    ReadWriteLock,
-    SemaphoreAdmin,
-    TokenSemaphore,
-)
-from amqp_locks.lockers.amqp import AmqpLocker
+from amqp_locks import Broker
 
-
-def set_up(broker: Broker, kind: str, name: str) -> None:
-    """Create the lock through `broker` (its queues' leaders: the node it is connected to)."""
-    if kind == "token":
-        TokenSemaphore(broker, name).setup(permits=1)
-    elif kind == "semaphore":
-        SemaphoreAdmin(broker, name).create(1)
-    elif kind in ("mutex", "election"):
-        Mutex(broker, name).acquire(timeout=30).release()  # type: ignore[union-attr]
-    elif kind in ("read", "write"):
-        ReadWriteLock(broker, name).setup()
-
-
-def lock_of(broker: Broker, kind: str, name: str) -> Any:
-    if kind == "token":
-        return TokenSemaphore(broker, name)
-    if kind == "semaphore":
-        return PersistentSemaphore(broker, name)
-    if kind == "mutex":
-        return Mutex(broker, name)
-    rw = ReadWriteLock(broker, name)
-    return rw.read_lock if kind == "read" else rw.write_lock
+from .locks import set_up, take
 
 
 def main(url: str, name: str, kind: str, net_ticktime: str, setup: str) -> None:
     broker = Broker(url, cluster=True, heartbeat=5, net_ticktime=float(net_ticktime))
     if setup == "1":
         set_up(broker, kind, name)
-    lease: Lease | None
-    if kind == "election":
-        locker = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
-        locker.start()
-        lease = locker.lease
-    else:
-        lease = lock_of(broker, kind, name).acquire(timeout=60)
-    assert lease is not None
+    lease = take(broker, kind, name, 60).lease
     told = threading.Event()
     lease.on_lost(lambda _l: told.set())
     print(f"HELD {lease.fencing_token}", flush=True)

@@ -16,98 +16,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 
-from amqp_locks import (
-    Broker,
-    Lease,
-    Mutex,
-    PersistentSemaphore,
-    ReadWriteLock,
-    SemaphoreAdmin,
-    TokenSemaphore,
-)
-from amqp_locks.lockers.amqp import AmqpLocker
 from amqp_locks_dev import devbroker
 
 from .conftest import Nodes
+from .locks import KINDS, Held, set_up, take
 
 pytestmark = pytest.mark.timeout(240)
 
 GRANT_BOUND = 5.0  # issue 21: a waiter on a surviving node is granted within 5 s
 WAIT = 60.0  # the waiter's own timeout
-
-
-@dataclass
-class Held:
-    """A granted lock: its lease (whose loss we time), and how to give it back."""
-
-    lease: Lease
-    release: Callable[[], None]
-
-
-Acquire = Callable[[Broker], Held]
-
-
-def _lease(lease: Lease | None) -> Held:
-    assert lease is not None
-    return Held(lease, lease.release)
-
-
-def _election(name: str) -> Acquire:
-    def go(b: Broker) -> Held:
-        locker = AmqpLocker(b, name, lock_acquire_sleep_interval=1.0)
-        locker.start()
-        assert locker.lease is not None
-        return Held(locker.lease, locker.stop)
-
-    return go
-
-
-def _kinds(name: str, b1: Broker) -> dict[str, tuple[Acquire, Acquire]]:
-    """Per primitive: (the holder's acquire, the waiter's acquire)."""
-    return {
-        "mutex": (
-            lambda b: _lease(Mutex(b, name).acquire(timeout=20)),
-            lambda b: _lease(Mutex(b, name).acquire(timeout=WAIT)),
-        ),
-        "token": (
-            lambda b: _lease(TokenSemaphore(b, name).acquire(timeout=20)),
-            lambda b: _lease(TokenSemaphore(b, name).acquire(timeout=WAIT)),
-        ),
-        "semaphore": (
-            lambda b: _lease(PersistentSemaphore(b, name).acquire(timeout=20)),
-            lambda b: _lease(PersistentSemaphore(b, name).acquire(timeout=WAIT)),
-        ),
-        "read": (
-            lambda b: _lease(ReadWriteLock(b, name).read_lock.acquire(timeout=20)),
-            lambda b: _lease(ReadWriteLock(b, name).write_lock.acquire(timeout=WAIT)),
-        ),
-        "write": (
-            lambda b: _lease(ReadWriteLock(b, name).write_lock.acquire(timeout=20)),
-            lambda b: _lease(ReadWriteLock(b, name).read_lock.acquire(timeout=WAIT)),
-        ),
-        "election": (_election(name), _election(name)),
-    }
-
-
-def _set_up(kind: str, b: Broker, name: str) -> None:
-    """Create the lock through `b`: its quorum queues' leaders start on b's node."""
-    if kind == "token":
-        TokenSemaphore(b, name).setup(permits=1)
-    elif kind == "semaphore":
-        SemaphoreAdmin(b, name).create(1)
-    elif kind in ("mutex", "election"):
-        Mutex(b, name).acquire(timeout=20).release()  # type: ignore[union-attr]
-    else:
-        ReadWriteLock(b, name).setup()
-
-
-KINDS = ["mutex", "token", "semaphore", "read", "write", "election"]
-
 
 #: Where the lock's quorum leaders are: on the node that dies, or on a survivor (node 3;
 #: 4.3 only, the Khepri line this is about, to keep CI's other lines short).
@@ -120,9 +40,8 @@ def test_waiter_granted_while_the_holders_node_stays_down(
     nodes: Nodes, name: str, kind: str, leaders: str
 ) -> None:
     b1, b2 = nodes.broker(1), nodes.broker(2)
-    _set_up(kind, b1 if leaders == "dead" else nodes.broker(3), name)
-    hold, wait = _kinds(name, b1)[kind]
-    held = hold(b1)
+    set_up(b1 if leaders == "dead" else nodes.broker(3), kind, name)
+    held = take(b1, kind, name, 20)
     told_at: list[float] = []
     held.lease.on_lost(lambda _lease: told_at.append(time.monotonic()))
 
@@ -131,7 +50,7 @@ def test_waiter_granted_while_the_holders_node_stays_down(
 
     def waiter() -> None:
         try:
-            new = wait(b2)
+            new = take(b2, kind, name, WAIT, waiter=True)
             got.append((time.monotonic(), new))
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
@@ -165,15 +84,14 @@ def test_waiter_on_the_dead_node_moves_on(nodes: Nodes, name: str, kind: str) ->
     """Issue 21 point 4: a waiter whose node dies reconnects to another node and waits out
     its remaining time; the holder's release (elsewhere) then reaches it."""
     b1, b2 = nodes.broker(1), nodes.broker(2)
-    _set_up(kind, b2, name)
-    hold, wait = _kinds(name, b2)[kind]
-    held = hold(b2)
+    set_up(b2, kind, name)
+    held = take(b2, kind, name, 20)
     got: list[Held] = []
     errors: list[BaseException] = []
 
     def waiter() -> None:
         try:
-            got.append(wait(b1))
+            got.append(take(b1, kind, name, WAIT, waiter=True))
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 

@@ -34,13 +34,12 @@ from typing import Any
 
 import pytest
 
-from amqp_locks import Broker, Lease
-from amqp_locks.lockers.amqp import AmqpLocker
+from amqp_locks import Broker
 from amqp_locks_dev import devbroker
 from amqp_locks_dev.partition import PartitionCluster
 
 from .conftest import MakePartition
-from .partition_holder import lock_of, set_up
+from .locks import KINDS, set_up, take
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,12 +51,9 @@ pytestmark = [
     ),
 ]
 
-#: What the majority-side waiter asks for, per holder kind.
-WAITS = {"read": "write", "write": "read"}
 HEADER = (
     "\n| primitive | quorum leaders | net_ticktime | holder told (s) | majority granted (s) |"
 )
-KINDS = ["mutex", "semaphore", "token", "read", "write", "election"]
 
 
 def grant_bound(net_ticktime: int) -> float:
@@ -87,15 +83,8 @@ class Row:
 
 def _waiter(broker: Broker, kind: str, name: str, timeout: float, box: dict[str, Any]) -> None:
     try:
-        if kind == "election":
-            locker = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
-            locker.start()
-            box["lease"], box["stop"] = locker.lease, locker.stop
-        else:
-            lease: Lease | None = lock_of(broker, WAITS.get(kind, kind), name).acquire(
-                timeout=timeout
-            )
-            box["lease"], box["stop"] = lease, (lease.release if lease else None)
+        held = take(broker, kind, name, timeout, waiter=True)
+        box["lease"], box["stop"] = held.lease, held.release
         box["at"] = time.monotonic()
     except BaseException as exc:  # reported by the test
         box["error"] = exc

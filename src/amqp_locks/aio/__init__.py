@@ -11,6 +11,7 @@ cancelling a call cancels it on the I/O loop (which lets the admin mutex go).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
@@ -26,7 +27,7 @@ from ..lease import HeldState
 from ..lockobject import LockObject, timeout_error
 from ..semaphore import admin as _admin
 from ..semaphore import client as _client
-from ..transport.broker import BrokerBase
+from ..transport.broker import CLOSE_TIMEOUT, BrokerBase
 
 T = TypeVar("T")
 
@@ -47,17 +48,33 @@ class Broker(BrokerBase):
     """asyncio twin of :class:`amqp_locks.Broker` (same arguments)."""
 
     async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wrap_future(self._core.submit(coro))
+        return await self._await(self._core.submit(coro))
+
+    async def _await(self, fut: concurrent.futures.Future[T]) -> T:
+        """Await an operation on the I/O loop. One that ``close()`` ended raises
+        BrokerClosed; a cancellation of our own task stays a CancelledError (and cancels
+        the operation on the I/O loop)."""
+        try:
+            return await asyncio.wrap_future(fut)
+        except (asyncio.CancelledError, Exception) as exc:
+            task = asyncio.current_task()
+            ours = task is not None and task.cancelling() > 0
+            closed = None if ours else self._core.closed_error(exc)
+            if closed is not None:
+                raise closed from None
+            raise
 
     async def connect(self) -> Broker:
         await self._run(self._core.session())
         return self
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """See :meth:`amqp_locks.Broker.close`: tasks awaiting this Broker get BrokerClosed,
+        releases in flight and held leases are released first (within `timeout`)."""
         # Closing ends with joining the I/O thread (IOThread.stop): a blocking join that
         # cannot run on that thread's own loop and would stall the caller's, so it waits
         # on a worker thread. Only close does; every lock and admin call awaits the loop.
-        await asyncio.get_running_loop().run_in_executor(None, self._core.close)
+        await asyncio.get_running_loop().run_in_executor(None, self._core.close, timeout)
 
     async def __aenter__(self) -> Broker:
         return self
@@ -115,9 +132,15 @@ class Lease:
         self._state.check_process()
         return await self._broker._run(self._state.verify())
 
-    async def release(self) -> None:
+    async def release(self, wait: bool = False) -> None:
+        """See :meth:`amqp_locks.Lease.release`: ``await lease.release(wait=True)`` returns
+        once the broker has confirmed the release (ReleaseUnconfirmed if it could not)."""
         self._state.check_process()
-        await self._broker._run(self._state.release())
+        core = self._broker._core
+        if core.closed:
+            core.release(self._state, wait)  # nothing to do but report (no I/O)
+            return
+        await self._broker._await(core.submit_release(self._state, wait))
 
     async def __aenter__(self) -> Lease:
         return self

@@ -20,6 +20,7 @@ from ..errors import (
     BrokerUnreachable,
     ConfigurationError,
     ConnectionLost,
+    FeatureUnavailable,
     LockError,
     PreconditionFailed,
     SemaphoreNotFound,
@@ -229,6 +230,8 @@ def lock_name(name: str) -> str:
 def exit_code_for(exc: BaseException) -> tuple[int, str]:
     """Map a library error to (exit code, one-line message)."""
     text = str(exc) or type(exc).__name__
+    if isinstance(exc, FeatureUnavailable):
+        return Exit.FEATURE, text
     if isinstance(exc, (SemaphoreNotFound, TokenSemaphoreNotFound)):
         return Exit.DATAERR, text
     if isinstance(exc, AdminLockTimeout):

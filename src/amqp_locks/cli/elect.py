@@ -15,13 +15,9 @@ from typing import Any
 import click
 
 from ..errors import ConfigurationError
-from ..lockers import (
-    AmqpLocker,
-    DatabaseLocker,
-    LeaseDatabaseLocker,
-    Locker,
-    SharedFileLocker,
-)
+from ..extras import require_database
+from ..lockers.amqp import AmqpLocker
+from ..lockers.base import Locker
 from ..lockers.config import build_locker
 from ..service import LockableService, State
 from ..transport.broker import Broker
@@ -31,11 +27,13 @@ from .run import Supervisor, exit_status, holders_probe, own_group, spawn
 from .waitline import WaitLine, wanted
 
 STOPPING = (signal.SIGTERM, signal.SIGINT)
-LOCKER_NAMES: dict[type, str] = {
-    AmqpLocker: "amqp",
-    SharedFileLocker: "file",
-    DatabaseLocker: "database",
-    LeaseDatabaseLocker: "lease-database",
+#: The --locker word of each locker class, by class name: the file and database lockers are
+#: imported only when asked for (they need fcntl, or a database extra), never to name one.
+LOCKER_NAMES: dict[str, str] = {
+    "AmqpLocker": "amqp",
+    "SharedFileLocker": "file",
+    "DatabaseLocker": "database",
+    "LeaseDatabaseLocker": "lease-database",
 }
 FORWARDED = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 
@@ -89,7 +87,7 @@ class Election:
         probe = None
         if isinstance(locker, AmqpLocker) and broker is not None:
             probe = holders_probe(broker, "mutex", name)
-        kind = LOCKER_NAMES.get(type(locker), type(locker).__name__)
+        kind = LOCKER_NAMES.get(type(locker).__name__, type(locker).__name__)
         #: "standby for ..., 12s" on a terminal while this process waits as standby.
         self.line = WaitLine(
             f"{kind} lock {name!r}", None, probe, enabled=wanted(g.quiet), verb="standby for"
@@ -278,13 +276,20 @@ def elect(
         elif kind == "file":
             if directory is None:
                 raise click.UsageError("--locker file needs --directory")
+            from ..lockers.file import SharedFileLocker
+
             the_locker = SharedFileLocker(directory, name, **opts)
         else:
             if db_url is None:
                 raise click.UsageError(f"--locker {kind} needs --db-url")
+            require_database(db_url)  # names the URL's extra before SQLAlchemy is imported
             if kind == "database":
+                from ..lockers.database import DatabaseLocker
+
                 the_locker = DatabaseLocker(db_url, name, **opts)
             else:
+                from ..lockers.lease_database import LeaseDatabaseLocker
+
                 the_locker = LeaseDatabaseLocker(
                     db_url,
                     name,

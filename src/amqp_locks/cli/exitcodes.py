@@ -13,6 +13,9 @@ class Exit(enum.IntEnum):
     OK = 0
     #: `run`: the lock was not obtained (`--nonblock`, `-w` timeout); `-E` changes it.
     NOT_OBTAINED = 1
+    #: A feature of this command needs an extra that is not installed (the message names
+    #: it: ``pip install 'amqp-locks[postgresql]'``), or an OS facility this system lacks.
+    FEATURE = 2
     #: EX_USAGE: bad option or argument, invalid lock name, SLOTS < 1.
     USAGE = 64
     #: EX_DATAERR: the lock does not exist (unknown semaphore or token semaphore), or its

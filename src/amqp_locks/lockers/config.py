@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
+from ..extras import require_database
 from .base import Locker
 
 _COMMON = {"type", "name", "lock_acquire_sleep_interval", "fail_if_locked"}
@@ -46,12 +47,8 @@ class ServiceConfig:
 
 
 def build_locker(section: dict[str, Any]) -> Locker:
-    """A locker from a `[locker]` table."""
-    from .amqp import AmqpLocker
-    from .database import DatabaseLocker
-    from .file import SharedFileLocker
-    from .lease_database import LeaseDatabaseLocker
-
+    """A locker from a `[locker]` table. Each type's module is imported only when that
+    type is asked for: an `amqp` locker needs no database extra."""
     kind = section.get("type")
     if kind not in _KEYS:
         raise ConfigurationError(
@@ -69,10 +66,18 @@ def build_locker(section: dict[str, Any]) -> Locker:
         return section[key]
 
     if kind == "file":
+        from .file import SharedFileLocker
+
         return SharedFileLocker(need("directory"), name, **opts)
+    if kind in ("database", "lease-database"):
+        require_database(str(need("url")))
     if kind == "database":
+        from .database import DatabaseLocker
+
         return DatabaseLocker(need("url"), name, **opts)
     if kind == "lease-database":
+        from .lease_database import LeaseDatabaseLocker
+
         extra = {
             k: section[k]
             for k in ("lease_holder_id", "max_allowable_diff_from_db_time", "lease_duration")
@@ -80,6 +85,7 @@ def build_locker(section: dict[str, Any]) -> Locker:
         }
         return LeaseDatabaseLocker(need("url"), name, **extra, **opts)
     from ..transport.broker import Broker
+    from .amqp import AmqpLocker
 
     broker = Broker(section.get("amqp_url"), heartbeat=float(section.get("heartbeat", 10.0)))
     return AmqpLocker(broker, name, **opts)

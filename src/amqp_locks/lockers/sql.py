@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigurationError, FeatureUnavailable
+from ..extras import missing_driver
 from ..transport.errors import censor_text
 
 try:
@@ -95,6 +96,8 @@ def make_engine(
         options["connect_args"] = {"timeout": 5.0, "check_same_thread": False}
     try:
         return create_engine(url, **options)
+    except ImportError as exc:  # the URL's DBAPI driver: another extra, or another driver
+        raise missing_driver(url, exc) from None
     except Exception as exc:
         raise ConfigurationError(
             f"cannot use database URL {censor_text(url)!r}: {censor_text(str(exc), url)}"

@@ -13,7 +13,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from ..errors import LeaseReleased
-from ..lease import HeldState
+from ..lease import HeldState, release_barrier
 from ..names import token_queue
 from ..transport.aiormq_compat import forget_consumer, publish_frames, send_together
 from .fencing import Carry
@@ -99,11 +99,15 @@ class PermitState(HeldState):
         self.session.leases.discard(self)
         ch = self.channel
         self._detach()
-        if ch.is_closed or not self.session.alive:
+        if not self.session.alive:
+            self.release_failure = f"the connection had ended ({self.session.lost_reason})"
+            return
+        if ch.is_closed:  # the channel's close gave the token back
             return
         # The caller does not wait for the commit: the broker hands the token on at the
-        # commit whoever waits for its reply (Session.close lets it finish).
-        self.session.spawn(self._give_back(ch))
+        # commit whoever waits for its reply (release(wait=True) and Broker.close() wait
+        # for this job).
+        self.release_job = self.session.spawn(self._give_back(ch))
 
     async def _give_back(self, ch: AbstractChannel) -> None:
         try:
@@ -124,9 +128,16 @@ class PermitState(HeldState):
             await send_together(ch, frames)
             if self.transactional:
                 await ch.tx_commit()
+            elif self.confirm_wanted:  # release(wait=True): the broker's answer, after it
+                await release_barrier(ch)
         except Exception as exc:
             log.debug("polite release failed (%s); closing the channel returns the token", exc)
-            self.session.spawn(close_quietly(ch))
+            if self.confirm_wanted:  # the close is the release: its close-ok confirms it
+                await close_quietly(ch)
+            else:
+                self.session.spawn(close_quietly(ch))
+            if not self.session.alive:
+                self.release_failure = f"the connection ended during it ({exc})"
         else:
             # Without a commit nothing is awaited: the broker handles the cancel and the
             # reject before anything the next holder of this channel sends.

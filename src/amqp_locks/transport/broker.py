@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import Coroutine, Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from yarl import URL
 
@@ -30,6 +30,8 @@ from ..errors import (
     BrokerClosed,
     ClusterUnreachable,
     ConfigurationError,
+    ConnectionLost,
+    ReleaseUnconfirmed,
 )
 from .errors import censor, censor_text
 from .holders import check_holder_id, default_holder_id
@@ -37,9 +39,19 @@ from .iothread import IOThread
 from .quorum_guard import ClusterTiming
 from .session import Session
 
+if TYPE_CHECKING:
+    from ..lease import HeldState
+
 log = logging.getLogger("amqp_locks.transport")
 
 T = TypeVar("T")
+
+#: Seconds ``Broker.close()`` gives releases in flight and held leases before it closes the
+#: connection anyway (which frees whatever is still held).
+CLOSE_TIMEOUT = 5.0
+#: What the session's own close may take after that (its bounded waits: background tasks,
+#: connection.close-ok).
+SESSION_CLOSE_BOUND = 10.0
 
 #: Where ``Broker()`` connects with no `url` and no ``$AMQP_URL``: what other AMQP clients
 #: (pika, aio-pika, kombu) default to. Never a server of our own: the library starts none.
@@ -173,6 +185,15 @@ class BrokerCore:
         self._session: Session | None = None
         self._lock: asyncio.Lock | None = None
         self._closed = False
+        #: close() has begun: new operations are refused, waiting ones end in BrokerClosed.
+        self._closing = False
+        #: Callers' operations on the I/O loop (acquires, admin calls, queries): close()
+        #: cancels them first, so nothing is granted while it closes and every caller
+        #: waiting on one gets BrokerClosed at once. Touched on the I/O loop only.
+        self._ops: set[asyncio.Task[Any]] = set()
+        #: Releases in flight (their coroutines and what they left running): close()
+        #: lets them finish before it closes the connection. Touched on the I/O loop only.
+        self._releases: set[asyncio.Future[Any]] = set()
         _cores.add(self)
 
     @property
@@ -189,18 +210,20 @@ class BrokerCore:
     def _forked(self) -> None:
         """In a fork child: forget the parent's thread and connection without any I/O on
         them (a frame written from here would corrupt the parent's stream)."""
-        _inherited.append((self._io, self._session, self._lock))
+        _inherited.append((self._io, self._session, self._lock, self._ops, self._releases))
         self._io = None
         self._io_lock = threading.Lock()
         self._session = None
         self._lock = None
+        self._ops = set()
+        self._releases = set()
         if not self._named:
             self.connection_name = default_connection_name()
 
     async def session(self) -> Session:
         """The live session, connecting (again) when there is none."""
-        if self._closed:
-            raise BrokerClosed("the Broker is closed; open a new Broker")
+        if self._closed or self._closing:
+            raise self._closed_error()
         current = self._session
         if current is not None and current.alive:
             return current
@@ -254,39 +277,153 @@ class BrokerCore:
             [(censor(u), e) for u, e in failures],
         )
 
+    def _closed_error(self) -> BrokerClosed:
+        what = "closed" if self._closed else "being closed"
+        return BrokerClosed(f"the Broker is {what}; open a new Broker")
+
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        if self._closed:
+        """Run a caller's operation on the I/O loop (thread-safe future); ``close()``
+        cancels it, and :meth:`closed_error` turns that into BrokerClosed for the caller."""
+        if self._closed or self._closing:
             coro.close()
-            raise BrokerClosed("the Broker is closed; open a new Broker")
-        return self.io.submit(coro)
+            raise self._closed_error()
+        return self.io.submit(self._op(coro))
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` on the I/O loop and wait for it (the sync facade's one entry point).
+    async def _op(self, coro: Coroutine[Any, Any, T]) -> T:
+        """`coro`, registered as a caller's operation while it runs (see ``_ops``)."""
+        if self._closing:  # close() began between the submit and this first step
+            coro.close()
+            raise self._closed_error()
+        task = asyncio.current_task()
+        assert task is not None
+        self._ops.add(task)
+        try:
+            return await coro
+        finally:
+            self._ops.discard(task)
 
-        An interrupt (KeyboardInterrupt) in the caller cancels the coroutine, which undoes
-        any half-made grant before it finishes.
-        """
-        fut = self.submit(coro)
+    def closed_error(self, exc: BaseException) -> BrokerClosed | None:
+        """The BrokerClosed a caller gets instead of `exc`, when `exc` is how close() ended
+        its operation (cancelled, or the connection closed under it); None otherwise."""
+        if not (self._closing or self._closed):
+            return None
+        if isinstance(exc, concurrent.futures.CancelledError | asyncio.CancelledError):
+            return self._closed_error()
+        if isinstance(exc, ConnectionLost):
+            return self._closed_error()
+        return None
+
+    def _wait(self, fut: concurrent.futures.Future[T]) -> T:
+        """Wait for `fut` in the calling thread. An interrupt (KeyboardInterrupt) cancels
+        the coroutine, which undoes any half-made grant before it finishes; an operation
+        that close() ended raises BrokerClosed (never an internal CancelledError)."""
         try:
             return fut.result()
-        except BaseException:
+        except BaseException as exc:
             if not fut.done():
                 fut.cancel()
                 concurrent.futures.wait([fut], timeout=5.0)
+            closed = self.closed_error(exc)
+            if closed is not None:
+                raise closed from None
             raise
 
-    async def _close(self) -> None:
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the I/O loop and wait for it (the sync facade's one entry point)."""
+        return self._wait(self.submit(coro))
+
+    # --- releases -----------------------------------------------------------------------
+
+    def _track(self, fut: asyncio.Future[Any]) -> None:
+        self._releases.add(fut)
+        fut.add_done_callback(self._releases.discard)
+
+    async def release_state(self, state: HeldState, wait: bool) -> None:
+        """Release `state` on the I/O loop: the release (and, with `wait`, the broker's
+        confirmation of it). Tracked, with whatever it leaves running, so that close()
+        completes it before closing the connection; never cancelled by close()."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._track(task)
+        try:
+            if wait:
+                await state.release_confirmed()
+            else:
+                await state.release()
+        finally:
+            job = state.release_job
+            if job is not None and not job.done():
+                self._track(job)
+
+    def submit_release(self, state: HeldState, wait: bool) -> concurrent.futures.Future[None]:
+        """Start releasing `state` (allowed while close() runs: it is what close() waits
+        for)."""
+        return self.io.submit(self.release_state(state, wait))
+
+    def release(self, state: HeldState, wait: bool) -> None:
+        """The sync facade's release (see :meth:`amqp_locks.Lease.release`). After close()
+        there is nothing left to do: the close released every lease (or closed the
+        connection, which frees them); only an unconfirmed release is still reported."""
+        if self._closed:
+            if wait and state.release_failure is not None:
+                raise ReleaseUnconfirmed(
+                    f"release of {state.kind} {state.number} of {state.name!r} not "
+                    f"confirmed: {state.release_failure}"
+                )
+            return
+        self._wait(self.submit_release(state, wait))
+
+    # --- closing ------------------------------------------------------------------------
+
+    async def _shutdown(self, timeout: float) -> None:
+        """close() on the I/O loop, in order, within `timeout` seconds for steps 1-2:
+
+        1. cancel every caller's operation (their callers get BrokerClosed; a waiter is
+           not granted what step 2 frees);
+        2. complete the releases in flight and release the leases still held, each as its
+           kind does (its notice or give-back sent, a token's commit answered);
+        3. close the session: what is still held (a release that did not finish in time)
+           is freed by the broker with the connection.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        ops = [t for t in self._ops if not t.done()]
+        for task in ops:
+            task.cancel()
+        if ops:
+            await asyncio.wait(ops, timeout=max(0.0, deadline - loop.time()))
+        session = self._session
+        held = list(session.leases) if session is not None and session.alive else []
+        pending = {f for f in self._releases if not f.done()}
+        pending.update(loop.create_task(self.release_state(state, wait=False)) for state in held)
+        if pending:
+            await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()))
+            # What those releases left running (a token's give-back) counts too.
+            jobs = {f for f in self._releases if not f.done()}
+            if jobs:
+                await asyncio.wait(jobs, timeout=max(0.0, deadline - loop.time()))
+            late = sum(1 for f in self._releases if not f.done())
+            if late:
+                log.info(
+                    "%d release(s) unfinished after %.1fs: the connection's close frees them",
+                    late,
+                    timeout,
+                )
         if self._session is not None:
             await self._session.close()
 
-    def close(self) -> None:
-        """Close the connection (every lease through it is released by the broker)."""
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close the connection: waiting operations end in BrokerClosed, releases in flight
+        and the leases still held are released (within `timeout` seconds; then the
+        connection's close frees the rest), then the connection is closed."""
         if self._closed:
             return
+        self._closing = True
         io = self._io
         if io is not None and io.alive:
             try:
-                io.submit(self._close()).result(10.0)
+                # The session's own close has bounded steps of its own after ours.
+                io.submit(self._shutdown(timeout)).result(timeout + SESSION_CLOSE_BOUND)
             except Exception:
                 log.debug("error while closing the connection", exc_info=True)
         self._closed = True
@@ -420,8 +557,13 @@ class Broker(BrokerBase):
 
         self._core.run(rt())
 
-    def close(self) -> None:
-        self._core.close()
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close the connection. Every thread waiting on this Broker (an acquire, an admin
+        call) gets :class:`~amqp_locks.errors.BrokerClosed` at once; releases in flight
+        and the leases still held are released first, within `timeout` seconds (then the
+        connection's close frees whatever is left). Using the Broker afterwards raises
+        BrokerClosed."""
+        self._core.close(timeout)
 
     def __enter__(self) -> Broker:
         return self

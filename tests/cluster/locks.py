@@ -1,0 +1,69 @@
+"""Every primitive the cluster tests exercise, by kind: set it up, take it as a holder or
+as the waiter behind one (shared by test_node_loss, test_partition and the partition
+holder process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from amqp_locks import (
+    Broker,
+    Lease,
+    Mutex,
+    PersistentSemaphore,
+    ReadWriteLock,
+    SemaphoreAdmin,
+    TokenSemaphore,
+)
+from amqp_locks.lockers.amqp import AmqpLocker
+
+KINDS = ["mutex", "semaphore", "token", "read", "write", "election"]
+#: What the waiter behind a holder of `kind` asks for (a reader waits behind a writer...).
+WAITS = {"read": "write", "write": "read"}
+
+
+def set_up(broker: Broker, kind: str, name: str) -> None:
+    """Create the lock through `broker`: its quorum queues' leaders start on its node."""
+    if kind == "token":
+        TokenSemaphore(broker, name).setup(permits=1)
+    elif kind == "semaphore":
+        SemaphoreAdmin(broker, name).create(1)
+    elif kind in ("mutex", "election"):
+        Mutex(broker, name).acquire(timeout=30).release()  # type: ignore[union-attr]
+    else:
+        ReadWriteLock(broker, name).setup()
+
+
+def lock_of(broker: Broker, kind: str, name: str) -> Any:
+    if kind == "token":
+        return TokenSemaphore(broker, name)
+    if kind == "semaphore":
+        return PersistentSemaphore(broker, name)
+    if kind == "mutex":
+        return Mutex(broker, name)
+    rw = ReadWriteLock(broker, name)
+    return rw.read_lock if kind == "read" else rw.write_lock
+
+
+@dataclass
+class Held:
+    """A granted lock: its lease (whose loss the tests time), and how to give it back."""
+
+    lease: Lease
+    release: Callable[[], None]
+
+
+def take(broker: Broker, kind: str, name: str, timeout: float, waiter: bool = False) -> Held:
+    """Hold the lock (`waiter`: what waits behind a holder of `kind`), or fail the test."""
+    if kind == "election":
+        locker = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
+        locker.start()
+        assert locker.lease is not None
+        return Held(locker.lease, locker.stop)
+    lease = lock_of(broker, WAITS.get(kind, kind) if waiter else kind, name).acquire(
+        timeout=timeout
+    )
+    assert lease is not None, f"{kind} not granted within {timeout} s"
+    return Held(lease, lease.release)

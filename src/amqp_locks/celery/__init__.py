@@ -22,14 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import FeatureUnavailable
+from ..extras import unavailable
 
 try:
     from celery import signals
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise FeatureUnavailable(
-        "amqp_locks.celery needs Celery: pip install 'amqp-locks[celery]'"
-    ) from exc
+    raise unavailable("amqp_locks.celery (Celery tasks with locks)", "celery") from exc
 
 from . import config
 from .config import broker_for, lock_urls

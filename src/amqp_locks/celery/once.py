@@ -87,7 +87,7 @@ class Ticket:
         if lease is None:
             return False
         with self.guarded():
-            lease.release()
+            lease.release(wait=True)
             return bool(self.semaphore.remove_permits(1, timeout=HANDOVER_WAIT))
 
     def restore(self) -> bool:
@@ -118,7 +118,7 @@ class Ticket:
         """Running -> queued (a retry was sent): release the ticket and take it out of
         circulation again, under the guard so no producer claims it in between."""
         with self.guarded():
-            lease.release()
+            lease.release(wait=True)
             if not self.semaphore.remove_permits(1, timeout=HANDOVER_WAIT):
                 log.warning(
                     "%s: the retry's ticket was not back within %.0f s; the key is free "

@@ -270,7 +270,9 @@ class Singleton(Task[..., Any]):
             if run.ticket is not None and run.hand_over:
                 run.ticket.hand_over(run.lease)
             else:
-                run.lease.release()
+                # Confirmed before Celery stores the result: whoever reads the result can
+                # count on the lock (or the once key) being free.
+                run.lease.release(wait=True)
         except AmqpLocksError as exc:
             log.warning(
                 "%s: releasing %s failed (%s); the broker frees it with the connection",

@@ -41,6 +41,7 @@ __all__ = [
     "RedisInfo",
     "ensure_installed",
     "kill",
+    "ledger_server",
     "main",
     "start",
     "status",
@@ -133,6 +134,10 @@ class _Redis(LocalServer[RedisInfo]):
     def answers(self, info: RedisInfo) -> bool:
         return ping(info.port)
 
+    def ledger_id(self) -> str:
+        """This module's name even when it runs as ``python -m`` (``__main__``)."""
+        return "amqp_locks_dev.devredis"
+
     def needles(self, info: RedisInfo) -> tuple[str, ...]:
         """Redis retitles itself ``redis-server HOST:PORT`` (its argv no longer names the
         config file in ``base_dir``)."""
@@ -166,6 +171,12 @@ class _Redis(LocalServer[RedisInfo]):
 @functools.cache
 def _server() -> _Redis:
     return _Redis()
+
+
+def ledger_server(kind: str | None) -> _Redis:
+    """The lifecycle the server ledger's ``amqp_locks_dev.devredis`` entries name
+    (``scripts/test`` stops the Redis servers a run started)."""
+    return _server()
 
 
 def _resolve(name: str, base_dir: Path | None) -> Path:

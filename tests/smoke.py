@@ -9,6 +9,7 @@ directory outside the repository, so it imports what a user's ``pip install`` ga
     python smoke.py mysql DB_URL            # extra `mysql` against a dev MariaDB
     python smoke.py metrics AMQP_URL        # extra `metrics`: Prometheus series of a grant
     python smoke.py tooz AMQP_URL           # extra `tooz`: a lock through tooz's API
+    python smoke.py celery AMQP_URL         # extra `celery`: a Singleton task holding its lock
 
 Each check prints one line; any failure raises (a traceback, exit status 1).
 """
@@ -32,6 +33,7 @@ OPTIONAL = {
     "mysql": ["sqlalchemy", "pymysql"],
     "metrics": ["prometheus_client"],
     "tooz": ["tooz"],
+    "celery": ["celery"],
 }
 
 
@@ -186,6 +188,25 @@ def tooz_driver(url: str) -> None:
         coordinator.stop()
 
 
+def celery_tasks(url: str) -> None:
+    from celery import Celery
+
+    from amqp_locks.celery import Singleton
+    from amqp_locks.celery.config import close_all
+
+    only_extra("celery")
+    app = Celery("smoke", broker=url, set_as_current=False)
+
+    @app.task(base=Singleton, bind=True, shared=False)
+    def task(self: Singleton, x: int) -> int:
+        return self.lock.fencing_token if self.lock is not None else -1
+
+    try:  # called in-process: the lock is taken and released through the broker
+        check("celery: a Singleton task ran holding its lock", task(1) > 0)
+    finally:
+        close_all()
+
+
 def main(argv: list[str]) -> None:
     what, *args = argv
     runs: dict[str, Callable[[], None]] = {
@@ -195,6 +216,7 @@ def main(argv: list[str]) -> None:
         "mysql": lambda: database("mysql", args[0]),
         "metrics": lambda: metrics(args[0]),
         "tooz": lambda: tooz_driver(args[0]),
+        "celery": lambda: celery_tasks(args[0]),
     }
     runs[what]()
 

@@ -21,6 +21,7 @@ EXTRAS = {
     "mysql": "the database lockers on MariaDB/MySQL (SQLAlchemy, PyMySQL)",
     "metrics": "Prometheus metrics (prometheus-client)",
     "tooz": "the tooz driver (tooz)",
+    "celery": "Celery tasks that hold a lock while they run, amqp_locks.celery (celery)",
 }
 
 #: Database dialect -> (the extra for it, the driver that extra installs, its module).

@@ -1,0 +1,344 @@
+"""The :class:`Singleton` base task: hold a lock (or a permit) of the call's key while the
+task runs, and, with ``once=True``, refuse to enqueue a key already queued or running.
+
+The lock is taken in ``__call__``, which runs in the process that executes the task (the
+prefork child, the thread of the threads pool, the solo worker), through that process's
+own Broker (:mod:`.config`), and released in its ``finally``. Nothing is released from
+``after_return``/``on_failure``: Celery calls neither when a child is SIGKILLed, and
+nothing needs them here, because a killed child's connection dies with it and the broker
+frees everything it held.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.result import AsyncResult
+
+from ..errors import AmqpLocksError, ConfigurationError, LockError, LockTimeout
+from ..lease import Lease
+from ..lockobject import LockObject
+from ..mutex import Mutex
+from ..tokens import TokenSemaphore
+from ..transport import Broker
+from . import config
+from .keys import LockKey, check_key, lock_name
+from .once import Ticket, Tickets
+
+log = logging.getLogger("amqp_locks.celery")
+
+ON_CONFLICT = ("wait", "skip", "retry")
+
+
+class TaskLockTimeout(LockTimeout):
+    """The task's lock was not obtained: within ``lock_timeout`` (``on_conflict="wait"``),
+    or in any of its retries (``on_conflict="retry"``, ``max_retries`` exhausted)."""
+
+
+class AlreadyQueued(LockError):
+    """``apply_async`` of a ``once`` task whose key is already queued or running."""
+
+
+def skipped(name: str) -> dict[str, Any]:
+    """The result of a call skipped by ``on_conflict="skip"`` (JSON-serialisable)."""
+    return {"skipped": True, "lock": name}
+
+
+def is_skipped(result: Any) -> bool:
+    """Whether a task's result says it was skipped (see :func:`skipped`)."""
+    return isinstance(result, dict) and result.get("skipped") is True and "lock" in result
+
+
+@dataclass
+class _Run:
+    """One call holding its lock, on the thread that runs it."""
+
+    name: str
+    lease: Lease
+    ticket: Ticket | None = None
+    #: A retry of this very key was sent: keep the key queued after the run.
+    hand_over: bool = False
+
+
+class _Locks:
+    """Lock objects per (Broker, kind, name): a semaphore's setup is checked once."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[int, str, int, bool], LockObject] = OrderedDict()
+        self._set_up: set[int] = set()
+
+    def get(self, broker: Broker, name: str, limit: int, fencing: bool, quorum: Any) -> LockObject:
+        key = (id(broker), name, limit, fencing)
+        with self._lock:
+            lock = self._items.get(key)
+            if lock is None or lock.broker is not broker:
+                if limit == 1:
+                    lock = Mutex(broker, name, fencing=fencing)
+                else:
+                    lock = TokenSemaphore(broker, name, fencing=fencing, quorum=quorum)
+                self._items[key] = lock
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._set_up.discard(id(self._items.popitem(last=False)[1]))
+            return lock
+
+    def first_use(self, lock: LockObject) -> bool:
+        """Whether this process has not set `lock` up yet."""
+        return id(lock) not in self._set_up
+
+    def set_up(self, lock: LockObject) -> None:
+        self._set_up.add(id(lock))
+
+
+_locks = _Locks()
+_tickets = Tickets()
+
+
+class Singleton(Task[..., Any]):
+    """Base task that holds the lock of the call's key while the task runs.
+
+    ``@app.task(base=Singleton, lock_limit=1, lock_key=None, on_conflict="wait",
+    lock_timeout=60)``:
+
+    - ``lock_key``: which calls are "the same": None, the task's name and all its
+      arguments; a list of argument names, those; a callable of the task's arguments,
+      its result (then tasks returning the same key share one lock).
+    - ``lock_limit``: 1 is a mutex; N lets N calls of one key run at once (a token
+      semaphore of N permits, set up on first use).
+    - ``on_conflict``: ``"wait"`` up to ``lock_timeout`` seconds (None: for ever), then
+      :class:`TaskLockTimeout`; ``"skip"``: return :func:`skipped` without running;
+      ``"retry"``: ``self.retry(countdown=lock_retry_countdown)``, and
+      :class:`TaskLockTimeout` once ``max_retries`` are used up.
+    - ``once=True``: ``apply_async`` raises :class:`AlreadyQueued` (returns None with
+      ``once_graceful``) while a call of the key is queued or running (:mod:`.once`).
+    - ``lock_fencing``: give each grant a fencing token (``self.lock.fencing_token``);
+      False saves a durable fence queue per key.
+
+    While the task runs, ``self.lock`` is its :class:`~amqp_locks.Lease`.
+    """
+
+    lock_limit: ClassVar[int] = 1
+    lock_key: ClassVar[LockKey] = None
+    on_conflict: ClassVar[str] = "wait"
+    lock_timeout: ClassVar[float | None] = 60.0
+    lock_retry_countdown: ClassVar[float] = 5.0
+    lock_fencing: ClassVar[bool] = True
+    once: ClassVar[bool] = False
+    once_graceful: ClassVar[bool] = False
+
+    _runs: ClassVar[threading.local] = threading.local()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check the lock options where the task is defined (a mistake fails the import,
+        not the first call), and keep a callable ``lock_key`` from becoming a method."""
+        super().__init_subclass__(**kwargs)
+        key = cls.__dict__.get("lock_key")
+        if callable(key) and not isinstance(key, staticmethod):
+            cls.lock_key = staticmethod(key)
+        run = cls.__dict__.get("run")
+        bound_run: Callable[..., Any] | None = None
+        if isinstance(run, staticmethod):
+            bound_run = run.__func__
+        elif callable(run):
+            bound_run = run.__get__(object())  # drop `self` (bind=True or a method)
+        check_key(cls.__dict__.get("lock_key", cls.lock_key), bound_run)
+        limit = cls.lock_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(
+                f"{cls.__name__}: lock_limit must be an int >= 1, got {limit!r}"
+            )
+        if cls.on_conflict not in ON_CONFLICT:
+            raise ConfigurationError(
+                f"{cls.__name__}: on_conflict must be one of {ON_CONFLICT}, got {cls.on_conflict!r}"
+            )
+        if cls.lock_timeout is not None and cls.lock_timeout < 0:
+            raise ConfigurationError(f"{cls.__name__}: lock_timeout must be >= 0 or None")
+        if cls.once and limit != 1:
+            raise ConfigurationError(
+                f"{cls.__name__}: once=True allows one call of a key queued or running, "
+                f"so lock_limit={limit} could never be reached; leave lock_limit at 1"
+            )
+        cls._runs = threading.local()
+
+    # --- what a running task sees ---------------------------------------------------------
+
+    def _stack(self) -> list[_Run]:
+        stack: list[_Run] | None = getattr(self._runs, "stack", None)
+        if stack is None:
+            stack = self._runs.stack = []
+        return stack
+
+    @property
+    def lock(self) -> Lease | None:
+        """The lease the running call holds (None outside a run): ``fencing_token`` for
+        what the task writes, ``lost`` if its connection died meanwhile."""
+        stack = self._stack()
+        return stack[-1].lease if stack else None
+
+    @property
+    def broker(self) -> Broker:
+        """This process's Broker for the app's locks."""
+        return config.broker_for(self.app)
+
+    def lock_name(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> str:
+        """The lock name of the call ``task(*args, **kwargs)`` (see ``amqp-locks status``)."""
+        return lock_name(self.name, type(self).lock_key, self.run, args, kwargs or {})
+
+    # --- running: take the lock, run, give it back ----------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name = self.lock_name(args, kwargs)
+        run = self._take(name)
+        if run is None:
+            log.info("%s[%s] skipped: %s is held", self.name, self.request.id, name)
+            return skipped(name)
+        stack = self._stack()
+        stack.append(run)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            stack.pop()
+            self._give_back(run)
+
+    def _take(self, name: str) -> _Run | None:
+        """The held lock, None to skip; raises Retry or TaskLockTimeout."""
+        broker = self.broker
+        wait = self.on_conflict == "wait"
+        ticket: Ticket | None = None
+        if self.once:
+            ticket = _tickets.get(broker, name, config.setting(self.app, "amqp_locks_quorum"))
+            lease = ticket.start()
+            if lease is None and wait:
+                lease = ticket.wait(self.lock_timeout)
+        else:
+            lock = _locks.get(
+                broker,
+                name,
+                self.lock_limit,
+                self.lock_fencing,
+                config.setting(self.app, "amqp_locks_quorum"),
+            )
+            lease = self._acquire(lock, wait)
+        if lease is not None:
+            return _Run(name, lease, ticket)
+        if self.on_conflict == "skip":
+            return None
+        if self.on_conflict == "retry":
+            raise self.retry(
+                countdown=self.lock_retry_countdown,
+                exc=TaskLockTimeout(f"{name} was held in every try ({self.request.retries + 1})"),
+            )
+        raise TaskLockTimeout(f"{name} was not obtained within {self.lock_timeout} s")
+
+    def _acquire(self, lock: LockObject, wait: bool) -> Lease | None:
+        """Acquire the run lock. A semaphore is set up with ``lock_limit`` permits once per
+        process and key (idempotent under its admin mutex, so concurrent first users are
+        safe), which also refuses a limit other workers set up differently."""
+        if isinstance(lock, TokenSemaphore) and _locks.first_use(lock):
+            try:
+                lock.setup(self.lock_limit)
+            except LockError as exc:
+                if type(exc) is not LockError:  # AdminLockTimeout & co.
+                    raise
+                # Set up with another count (its message says which).
+                raise ConfigurationError(
+                    f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker "
+                    f"must agree (`amqp-locks token add|remove {lock.name} N` changes it)"
+                ) from exc
+            _locks.set_up(lock)
+        return self._wait_or_try(lock, wait)
+
+    def _wait_or_try(self, lock: LockObject, wait: bool) -> Lease | None:
+        """Wait up to ``lock_timeout`` ("wait"), or try once (skip, retry)."""
+        if wait:
+            return lock.acquire(timeout=self.lock_timeout)
+        return lock.acquire(blocking=False)
+
+    def _give_back(self, run: _Run) -> None:
+        """Release (or, after a retry of the same key was sent, hand the key over to it).
+        A failure is logged, not raised: the task's own outcome stands, and a lock
+        whose connection failed is freed by the broker anyway."""
+        try:
+            if run.ticket is not None and run.hand_over:
+                run.ticket.hand_over(run.lease)
+            else:
+                # Confirmed before Celery stores the result: whoever reads the result can
+                # count on the lock (or the once key) being free.
+                run.lease.release(wait=True)
+        except AmqpLocksError as exc:
+            log.warning(
+                "%s: releasing %s failed (%s); the broker frees it with the connection",
+                self.name,
+                run.name,
+                exc,
+            )
+        if run.lease.lost_reason is not None:
+            log.error(
+                "%s: %s was lost while the task ran (%s): another call may have run meanwhile",
+                self.name,
+                run.name,
+                run.lease.lost_reason,
+            )
+
+    # --- enqueueing: once ---------------------------------------------------------------
+
+    def apply_async(  # type: ignore[override]
+        self,
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> AsyncResult | None:  # type: ignore[type-arg]
+        """Enqueue; with ``once``, first claim the key (raise :class:`AlreadyQueued`, or
+        return None with ``once_graceful=True`` here or on the task, when it is taken)."""
+        graceful = bool(options.pop("once_graceful", self.once_graceful))
+        if not self.once:
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        name = self.lock_name(args or (), kwargs or {})
+        if options.get("retries"):
+            # A retry continues a call that was queued already: no claim. If this thread
+            # holds that key's ticket, the key stays queued for the retry (hand-over).
+            stack = self._stack()
+            if stack and stack[-1].name == name and stack[-1].ticket is not None:
+                stack[-1].hand_over = True
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        ticket = _tickets.get(self.broker, name, config.setting(self.app, "amqp_locks_quorum"))
+        if not ticket.claim():
+            if graceful:
+                log.info("%s: %s is already queued or running; not sent", self.name, name)
+                return None
+            raise AlreadyQueued(f"{self.name}: a call with key {name} is already queued or running")
+        try:
+            return super().apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        except BaseException:
+            ticket.unclaim()
+            raise
+
+    def forget_once(
+        self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Free a ``once`` key whose queued call will never run (its message was purged or
+        lost): put its ticket back unless a call holds it. True if it was out."""
+        ticket = _tickets.get(
+            self.broker, self.lock_name(args, kwargs), config.setting(self.app, "amqp_locks_quorum")
+        )
+        with ticket.guarded():
+            return ticket.restore()

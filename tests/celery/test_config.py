@@ -1,0 +1,102 @@
+"""Without a worker: the lock broker's URL from Celery's settings, call keys, option checks
+at definition, a lock_limit that disagrees with the semaphore already set up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from amqp_locks import Broker, ConfigurationError, TokenSemaphore
+from amqp_locks.celery import Singleton, lock_urls
+
+from .conftest import key
+
+
+def urls(**conf: Any) -> list[str]:
+    app = Celery("t", set_as_current=False)
+    app.conf.update(conf)
+    return lock_urls(app)
+
+
+def test_lock_urls_follow_the_celery_broker() -> None:
+    assert urls(broker_url="amqp://guest@localhost//") == ["amqp://guest:guest@localhost:5672/%2F"]
+    assert urls(broker_url="pyamqp://u:p%40x@h:1234/vh") == ["amqp://u:p%40x@h:1234/vh"]
+    assert urls(broker_url="amqp://a//;amqp://b//") == [
+        "amqp://guest:guest@a:5672/%2F",
+        "amqp://guest:guest@b:5672/%2F",
+    ]
+    assert urls(broker_url="amqp://h//", broker_use_ssl={"ca_certs": "/ca.pem"}) == [
+        "amqps://guest:guest@h:5671/%2F?cafile=%2Fca.pem"
+    ]
+    assert urls(broker_url="redis://r//", amqp_locks_url="amqp://x/,amqp://y/") == [
+        "amqp://x/",
+        "amqp://y/",
+    ]
+
+
+def test_a_broker_that_is_not_amqp_needs_amqp_locks_url() -> None:
+    with pytest.raises(ConfigurationError, match="amqp_locks_url"):
+        urls(broker_url="redis://localhost:6379/0")
+
+
+def test_keys_bind_arguments_and_select_them() -> None:
+    app = Celery("t", set_as_current=False)
+
+    @app.task(base=Singleton, shared=False)
+    def every(a: int, b: int = 2) -> None: ...
+
+    @app.task(base=Singleton, lock_key=["a"], shared=False)
+    def some(a: int, b: int = 2) -> None: ...
+
+    @app.task(base=Singleton, lock_key=lambda a, b=2: f"x{a}", shared=False)
+    def shared(a: int, b: int = 2) -> None: ...
+
+    assert every.lock_name((1,)) == every.lock_name((), {"a": 1}) == every.lock_name((1, 2))
+    assert every.lock_name((1, 3)) != every.lock_name((1, 2))
+    assert some.lock_name((1, 3)) == some.lock_name((1, 4)) != some.lock_name((2, 3))
+    assert shared.lock_name((1,)).startswith("celery.key.")
+    assert every.lock_name((1,)).startswith(f"celery.{every.name}.")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lock_key": ["nope"]}, "does not take"),
+        ({"lock_key": "a"}, "list of argument names"),
+        ({"lock_limit": 0}, "lock_limit"),
+        ({"on_conflict": "queue"}, "on_conflict"),
+        ({"once": True, "lock_limit": 2}, "once=True"),
+    ],
+)
+def test_bad_options_fail_where_the_task_is_defined(options: dict[str, Any], message: str) -> None:
+    app = Celery("t", set_as_current=False)
+    with pytest.raises(ConfigurationError, match=message):
+
+        @app.task(base=Singleton, shared=False, **options)
+        def task(a: int) -> None: ...
+
+        _ = task.name  # a lazy task is made on first use
+
+
+def test_lock_limit_other_than_the_semaphore_is_refused(celery_app: Any, broker: Broker) -> None:
+    from .app import limited
+
+    k = key()
+    TokenSemaphore(broker, limited.lock_name((k, 0.0))).setup(2)
+    with pytest.raises(ConfigurationError, match=r"lock_limit is 3, but .*already has 2 permits"):
+        limited(k, 0.0)
+
+
+def test_without_celery_the_error_names_the_extra() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['celery'] = None\n"
+        "try:\n    import amqp_locks.celery\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("FeatureUnavailable") and "amqp-locks[celery]" in out.stdout

@@ -1,0 +1,156 @@
+"""Enqueue-time deduplication (``once=True``) across two producer processes: one call per
+key queued or running; the key is freed when the call finishes, fails, is revoked or its
+worker is killed."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from amqp_locks import Broker, TokenSemaphore
+from amqp_locks.celery import AlreadyQueued
+
+from .app import app, once, once_retrying
+from .conftest import ROOT, Worker, key, max_running, wait_until
+
+
+def ticket_free(broker: Broker, k: str, seconds: float) -> Callable[[], bool]:
+    """Whether the key's ticket is back in its queue: a non-blocking acquire through the
+    public API, released at once (no ledger read: see amqp_locks.celery.once)."""
+    sem = TokenSemaphore(broker, once.lock_name((k, seconds)) + ".once")
+
+    def free() -> bool:
+        lease = sem.acquire(blocking=False)
+        if lease is None:
+            return False
+        lease.release()
+        return True
+
+    return free
+
+
+def enqueue_when_free(worker: Worker, k: str, seconds: float, timeout: float = 20) -> Any:
+    """Enqueue `once(k, seconds)` as soon as the key is free (graceful tries, polled);
+    the result of the call."""
+    sent = wait_until(
+        f"{k} to be free",
+        lambda: once.apply_async((k, seconds), queue=worker.queue, once_graceful=True),
+        timeout,
+    )
+    return sent.get(timeout=30)
+
+
+def produce(worker: Worker, k: str, seconds: float, tries: int) -> list[dict[str, object]]:
+    """Two producer processes try `tries` enqueues each, starting at the same moment."""
+    start_at = time.time() + 2.0
+    argv = [sys.executable, "-m", "tests.celery.produce", k, str(seconds), str(tries)]
+    procs = [
+        subprocess.Popen([*argv, str(start_at)], cwd=ROOT, env=worker.env, text=True,
+                         stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def test_two_producers_one_call_queued_or_running(prefork: Worker, broker: Broker) -> None:
+    """Two producer processes try at the same moment, 5 times each, twice. Whatever the
+    timing, no call may be claimed while another call of the key is queued or running:
+    every claim after the first returns after the previous call's end (its events). (A
+    refused try is usually a millisecond, but may take up to the library's one-second
+    non-blocking grace when the broker's ready count lags: the rounds need not all fall
+    in one call's run.)"""
+    k = key()
+    claims: list[tuple[str, float]] = []
+    refused = 0
+    for _round in range(2):
+        out = produce(prefork, k, 1.0, 5)
+        claims += [(i, float(t)) for o in out for i, t in o["sent"]]  # type: ignore[attr-defined]
+        refused += sum(int(o["refused"]) for o in out)  # type: ignore[call-overload]
+        prefork.wait_events(k, "end", len(claims))
+        wait_until("the key to be free", ticket_free(broker, k, 1.0), 10)
+    assert refused > 0 and len(claims) >= 2  # at least one per round
+    claims.sort(key=lambda c: c[1])
+    events = prefork.events_of(k)
+    end_of = {e.fields["id"]: e.t for e in events if e.kind == "end"}
+    for (earlier, _), (_, claimed_by) in itertools.pairwise(claims):
+        # The claim returned at `claimed_by`: had it come before the earlier call's end,
+        # it would have been granted while that call was queued or running.
+        assert claimed_by > end_of[earlier], "claimed while a call of the key was running"
+    assert len(events) == 2 * len(claims)  # every claimed call ran, one at a time
+    assert max_running(events) == 1
+
+
+def test_failure_frees_the_key(prefork: Worker, broker: Broker) -> None:
+    k = key()
+    first = once.apply_async((k, 0.0, True), queue=prefork.queue)
+    with pytest.raises(RuntimeError):
+        first.get(timeout=30)
+    # Released in the task's `finally`; the broker has it back within milliseconds.
+    enqueue_when_free(prefork, k, 0.0)
+
+
+def test_revoked_call_frees_the_key(prefork: Worker, broker: Broker) -> None:
+    k = key()
+    queued = once.apply_async((k, 0.0), queue=prefork.queue, countdown=2)
+    with pytest.raises(AlreadyQueued):
+        once.apply_async((k, 0.0), queue=prefork.queue)
+    app.control.revoke(queued.id)
+    # The worker discards it when it comes due, and puts the ticket back.
+    enqueue_when_free(prefork, k, 0.0)
+    events = prefork.events_of(k)
+    assert len(events) == 2 and events[0].fields["id"] != queued.id  # the revoked never ran
+
+
+def test_killed_worker_frees_the_key(prefork: Worker, broker: Broker) -> None:
+    k = key()
+    once.apply_async((k, 60.0), queue=prefork.queue)
+    victim = prefork.wait_events(k, "start", 1)[0].pid
+    assert once.apply_async((k, 60.0), queue=prefork.queue, once_graceful=True) is None
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    sent = wait_until(
+        "the killed call's key to be free",
+        lambda: once.apply_async((k, 0.0), queue=prefork.queue, once_graceful=True),
+        10,
+    )
+    print(f"\nonce: SIGKILL -> key free again: {(time.monotonic() - killed_at) * 1000:.0f} ms")
+    sent.get(timeout=30)
+
+
+def test_a_retry_keeps_the_key_queued(prefork: Worker, broker: Broker) -> None:
+    from amqp_locks.celery.once import Ticket
+
+    k = key()
+    first = once_retrying.apply_async((k, 2.0), queue=prefork.queue)
+    prefork.wait_events(k, "end", 1)
+    ticket = Ticket(broker, once_retrying.lock_name((k, 2.0)), None)
+
+    def handed_over() -> bool:
+        with ticket.guarded():  # ledger reads only under the guard
+            return ticket.semaphore.status().permits == 0
+
+    # The first run released its ticket and took it out of circulation for the retry.
+    wait_until("the hand-over to the retry", handed_over, 10)
+    with pytest.raises(AlreadyQueued):
+        once_retrying.apply_async((k, 2.0), queue=prefork.queue)
+    assert first.get(timeout=30) == 1  # the retry ran, then freed the key:
+    wait_until(
+        "the key to be free after the retry",
+        lambda: once_retrying.apply_async((k, 0.0), queue=prefork.queue, once_graceful=True),
+        10,
+    )
+    assert [e.fields.get("retries") for e in prefork.events_of(k) if e.kind == "start"] == [
+        "0",
+        "1",
+    ]

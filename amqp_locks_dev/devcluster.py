@@ -183,7 +183,7 @@ def _join(seed: NodeInfo, info: NodeInfo) -> None:
 
 
 #: Boots of a 4.0.5 node that fails its deprecated-feature check (see `_join`).
-BOOT_ATTEMPTS = 5
+BOOT_ATTEMPTS = devbroker.BOOT_ATTEMPTS
 
 
 def _ephemeral_range() -> range:

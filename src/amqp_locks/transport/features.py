@@ -2,9 +2,10 @@
 
 One place for every version rule (docs/compatibility.md has the table and the sources):
 
-- RabbitMQ 4.x (and 4.0 configured like 4.3) refuses transient non-exclusive queues with a
-  connection-level 541: every queue we share between connections is durable (classic with
-  ``x-expires`` on one node, quorum in cluster mode) or exclusive.
+- RabbitMQ 4.x can deny transient non-exclusive queues (4.3.6 permits them by default;
+  a node with ``deprecated_features.permit.transient_nonexcl_queues = false`` refuses them
+  with a connection-level 541): every queue we share between connections is durable
+  (classic with ``x-expires`` on one node, quorum in cluster mode) or exclusive.
 - Quorum queues on 4.x get a default delivery limit of 20 and would drop a never-acked
   token or fence message after 20 returns: we set ``x-delivery-limit: -1`` (unlimited on
   4.x; on 3.x ``-1`` means "drop at the first return", so the argument is left out there).

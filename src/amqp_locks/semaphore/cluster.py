@@ -127,10 +127,12 @@ class ClusterSlots:
         self, slots: Sequence[int], timeout: float | None, interval: float
     ) -> list[int]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        held = [k for k in slots if k in await self.holders()]
+        now = set(await self.holders())  # one holder query per round, not one per slot
+        held = [k for k in slots if k in now]
         while held and (deadline is None or time.monotonic() < deadline):
             await asyncio.sleep(interval)
-            held = [k for k in held if k in await self.holders()]
+            now = set(await self.holders())
+            held = [k for k in held if k in now]
         return held
 
     @staticmethod

@@ -16,13 +16,27 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from .errors import AdminLockTimeout, PreconditionFailed, ResourceLocked
+from .errors import AdminLockTimeout, PreconditionFailed, QueueNotFound, ResourceLocked
 from .fencing import ensure_fence, take_token
 from .lease import LeaseState, grant
 from .names import fence_queue, sentinel_queue, wakeup_queue
 from .transport.broker import BrokerCore
 from .transport.session import Session
 from .waiting import Backoff, acquire_loop
+
+
+async def mutex_held(session: Session, name: str) -> bool | None:
+    """True: the exclusive queue `name` is held by a connection; False: it exists unheld
+    (a queue that is not a mutex); None: no such queue (the mutex is free)."""
+    if name in session.held:  # held through this very connection (the declare would pass)
+        return True
+    try:
+        await session.call(name, lambda ch: ch.queue_declare(name, passive=True))
+    except ResourceLocked:
+        return True
+    except QueueNotFound:
+        return None
+    return False
 
 
 async def mutex_fence(state: LeaseState) -> int:
@@ -108,5 +122,3 @@ async def held_mutex(
         yield state
     finally:
         await asyncio.shield(state.release())
-
-

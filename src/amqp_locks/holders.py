@@ -12,79 +12,27 @@ record with ``holder_id=None``: known to be held, holder unknown. Nothing is inv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar
 
+from .records import HOLDER_TIMEOUT, HolderRecord, LockStatus
+from .transport.broker import BrokerCore, BrokerLike
 from .transport.holders import QueryResult
+from .transport.session import Session
 
-if TYPE_CHECKING:
-    from .status import Kind, LockStatus
-    from .transport.broker import BrokerCore, BrokerLike
-    from .transport.session import Session
-
-#: How long a reader waits for silent holders (seconds).
-HOLDER_TIMEOUT = 1.0
-
-
-@dataclass(frozen=True)
-class HolderRecord:
-    """One held slot, permit or mutex, and who holds it.
-
-    ``number`` is the slot or permit id (1 for a mutex; None for a permit whose holder did
-    not answer: the broker says how many permits are held, not which). ``holder_id``,
-    ``host``, ``pid``, ``since`` (UTC) and ``fencing_token`` are None when the holder did
-    not answer (:attr:`known` is False).
-    """
-
-    name: str
-    kind: str
-    number: int | None
-    holder_id: str | None = None
-    host: str | None = None
-    pid: int | None = None
-    since: datetime | None = None
-    fencing_token: int | None = None
-
-    @property
-    def known(self) -> bool:
-        """The holder answered; False: held by a holder that did not say who it is."""
-        return self.holder_id is not None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "number": self.number,
-            "holder_id": self.holder_id,
-            "host": self.host,
-            "pid": self.pid,
-            "since": None if self.since is None else self.since.isoformat(),
-            "fencing_token": self.fencing_token,
-        }
-
-    @classmethod
-    def from_dict(cls, name: str, d: dict[str, Any]) -> HolderRecord:
-        """The record :meth:`as_dict` wrote (``amqp-locks status --json`` rows)."""
-        since = d.get("since")
-        return cls(
-            name,
-            d["kind"],
-            d.get("number"),
-            d.get("holder_id"),
-            d.get("host"),
-            d.get("pid"),
-            datetime.fromisoformat(since) if since else None,
-            d.get("fencing_token"),
-        )
-
-    def describe(self) -> str:
-        """``worker-7 (host a, pid 123)``, or ``a:123`` for the default id, or ``unknown``."""
-        if not self.known:
-            return "an unknown holder (it did not answer)"
-        if self.holder_id == f"{self.host}:{self.pid}":
-            return str(self.holder_id)
-        return f"{self.holder_id} (host {self.host}, pid {self.pid})"
+__all__ = [
+    "HOLDER_TIMEOUT",
+    "HolderQueries",
+    "HolderRecord",
+    "Reading",
+    "ask_holders",
+    "pick_holder",
+    "read_holders",
+    "read_locked",
+    "with_records",
+]
 
 
 def _records(name: str, result: QueryResult) -> list[HolderRecord]:
@@ -192,12 +140,81 @@ def pick_holder(records: Sequence[HolderRecord]) -> HolderRecord | None:
     return records[0] if records else None
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One kind's status of a lock, as that kind read it. ``wire``: in cluster mode a
+    mutex or persistent semaphore is the token semaphore ``wire`` on the broker, so its
+    holders answer for that name as tokens (docs/protocol.md section 11)."""
+
+    status: LockStatus
+    wire: str | None = None
+
+
+#: A lock kind's own read: its :class:`Reading` of `name`, None when it does not exist.
+StatusReader = Callable[[BrokerCore, str], Awaitable[Reading | None]]
+
+
+async def with_records(
+    session: Session, readings: Sequence[Reading], timeout: float
+) -> list[LockStatus]:
+    """The statuses of `readings` (one name), each with the records of its holders,
+    waiting up to `timeout` seconds for silent ones."""
+    direct = [r.status for r in readings if r.wire is None]
+    by_kind: dict[str, tuple[HolderRecord, ...]] = {}
+    note = None
+    if direct:
+        by_kind, note = await ask_holders(session, direct[0].name, direct, timeout)
+    out: list[LockStatus] = []
+    for reading in readings:
+        st = reading.status
+        if reading.wire is None:
+            got = by_kind.get(st.kind, ())
+            out.append(replace(st, records=got, records_note=note if st.held else None))
+            continue
+        as_token = replace(st, name=reading.wire, kind="token")
+        tokens, wire_note = await ask_holders(session, reading.wire, [as_token], timeout)
+        got = tuple(replace(r, name=st.name, kind=st.kind) for r in tokens.get("token", ()))
+        numbers = tuple(sorted(r.number for r in got if r.number is not None))
+        out.append(
+            replace(
+                st,
+                holders=numbers if st.kind == "semaphore" else st.holders,
+                records=got,
+                records_note=wire_note if st.held else None,
+            )
+        )
+    return out
+
+
+async def read_locked(core: BrokerCore, read: StatusReader, name: str) -> bool:
+    """Whether anyone holds `name` by the kind's own read (no holder queries)."""
+    reading = await read(core, name)
+    return reading is not None and reading.status.held > 0
+
+
+async def read_holders(
+    core: BrokerCore, read: StatusReader, name: str, timeout: float = HOLDER_TIMEOUT
+) -> list[HolderRecord]:
+    """The records of `name`'s holders by the kind's own read (empty when free)."""
+    reading = await read(core, name)
+    if reading is None:
+        return []
+    [st] = await with_records(await core.session(), [reading], timeout)
+    return list(st.records)
+
+
 class HolderQueries:
-    """``locked()`` and ``holders()`` of the three lock kinds (sync; aio has twins)."""
+    """``locked()`` and ``holders()`` of the lock kinds (sync; aio has twins). A kind
+    gives its own read as :meth:`_own_status`."""
 
     kind: ClassVar[str]
     broker: BrokerLike
     name: str
+
+    @staticmethod
+    async def _own_status(core: BrokerCore, name: str) -> Reading | None:
+        """This kind's read of `name`; a kind that must exist raises when it does not."""
+        raise NotImplementedError
 
     def locked(self) -> bool:
         """True when at least one slot (semaphore), permit (token semaphore), the mutex or
@@ -207,43 +224,11 @@ class HolderQueries:
         Raises :class:`SemaphoreNotFound` / :class:`TokenSemaphoreNotFound` for a
         semaphore that does not exist."""
         core = self.broker._core
-        return core.run(read_locked(core, self.kind, self.name))
+        return core.run(read_locked(core, self._own_status, self.name))
 
     def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[HolderRecord]:
         """A record per held slot, permit or mutex (empty when none is held), waiting up to
         `timeout` seconds for the holders' answers; a holder that did not answer is a
         record with ``holder_id=None`` (see :class:`HolderRecord`)."""
         core = self.broker._core
-        return core.run(read_holders(core, self.kind, self.name, timeout))
-
-
-async def read_kind(
-    core: BrokerCore, kind: str, name: str, *, records: bool, timeout: float = HOLDER_TIMEOUT
-) -> LockStatus:
-    """The status of the `kind` lock `name` (with its records if asked), raising for a
-    semaphore that does not exist."""
-    from .errors import SemaphoreNotFound, TokenSemaphoreNotFound
-    from .status import LockStatus, read_lock_status
-
-    kinds = cast("tuple[Kind]", (kind,))
-    found = await read_lock_status(core, name, kinds, records=records, timeout=timeout)
-    for st in found:
-        if st.kind == kind:
-            return st
-    if kind == "semaphore":
-        raise SemaphoreNotFound(f"semaphore {name!r} does not exist (no slots)")
-    if kind == "token":
-        raise TokenSemaphoreNotFound(f"token semaphore {name!r} is not set up")
-    if kind == "rwlock":
-        return LockStatus(name, "rwlock", 0, 0, 0)  # not set up yet: nobody holds it
-    return LockStatus(name, "mutex", 1, 0, 1)  # no queue `name`: a free mutex
-
-
-async def read_locked(core: BrokerCore, kind: str, name: str) -> bool:
-    return (await read_kind(core, kind, name, records=False)).held > 0
-
-
-async def read_holders(
-    core: BrokerCore, kind: str, name: str, timeout: float = HOLDER_TIMEOUT
-) -> list[HolderRecord]:
-    return list((await read_kind(core, kind, name, records=True, timeout=timeout)).records)
+        return core.run(read_holders(core, self._own_status, self.name, timeout))

@@ -16,16 +16,29 @@ holder cut off from the majority before the majority can grant the token again.
 
 from __future__ import annotations
 
-from .admin_mutex import acquire_mutex
+from .admin_mutex import acquire_mutex, mutex_held
 from .errors import AccessRefused, ModeMismatch, TokenSemaphoreNotFound
-from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, pick_holder
+from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, Reading, pick_holder
 from .lease import HeldState
 from .lockobject import LockObject
 from .names import quorum_mutex_name, token_queue, validate_name
+from .records import LockStatus
 from .tokens.admin import TokenAdminCore
 from .tokens.client import TokenSemaphore
-from .transport.broker import BrokerLike
+from .tokens.ledger import read_token_as
+from .transport.broker import BrokerCore, BrokerLike
 from .waiting import Backoff
+
+
+async def read_mutex(core: BrokerCore, name: str) -> Reading | None:
+    """Mutex `name` as a lock status (None: no such queue, a free mutex). On one node an
+    existing but unheld queue `name` reads as a free mutex: it is not one."""
+    if core.cluster:
+        return await read_token_as(core, name, "mutex", quorum_mutex_name(name))
+    held = await mutex_held(await core.session(), name)
+    if held is None:
+        return None
+    return Reading(LockStatus(name, "mutex", 1, int(held), 1 - int(held)))
 
 
 class Mutex(LockObject, HolderQueries):
@@ -42,6 +55,10 @@ class Mutex(LockObject, HolderQueries):
 
     kind = "mutex"
     reentrant_with = False
+
+    @staticmethod
+    async def _own_status(core: BrokerCore, name: str) -> Reading:
+        return await read_mutex(core, name) or Reading(LockStatus(name, "mutex", 1, 0, 1))
 
     def __init__(
         self,

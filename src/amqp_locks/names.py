@@ -70,6 +70,12 @@ def fence_queue(name: str) -> str:
     return f"{name}-fence"
 
 
+def slots_name(name: str) -> str:
+    """The token semaphore that holds semaphore `name`'s slots in cluster mode
+    (semaphore/cluster.py)."""
+    return f"{name}.slots"
+
+
 def quorum_mutex_name(name: str) -> str:
     """The token semaphore that is mutex `name` in cluster mode (mutex.py)."""
     return f"{name}.mutex"

@@ -53,10 +53,11 @@ from .errors import (
     QueueNotFound,
 )
 from .fencing import ensure_fence, take_token
-from .holders import HolderQueries
+from .holders import HolderQueries, Reading
 from .lease import HeldState, Lease, release_barrier
 from .lockobject import LockObject
 from .names import MAX_QUEUE_NAME_BYTES, validate_name
+from .records import LockStatus
 from .replication import choose_quorum
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.errors import channel_error
@@ -548,6 +549,18 @@ async def read_status(session: Session, name: str) -> RWLockStatus | None:
     return RWLockStatus(readers, free, writer, max(0, writers - int(writer)), consumers)
 
 
+async def read_rwlock(core: BrokerCore, name: str) -> Reading | None:
+    """The read-write lock `name` as a lock status (None: not set up)."""
+    rw = await read_status(await core.session(), name)
+    if rw is None:
+        return None
+    return Reading(
+        LockStatus(
+            name, "rwlock", rw.readers, rw.held, rw.free, (), rw.consumers, rw.writers_waiting
+        )
+    )
+
+
 class _Half(LockObject):
     """The read or the write side of a :class:`ReadWriteLock`."""
 
@@ -623,6 +636,11 @@ class ReadWriteLock(HolderQueries):
     """
 
     kind = "rwlock"
+
+    @staticmethod
+    async def _own_status(core: BrokerCore, name: str) -> Reading:
+        reading = await read_rwlock(core, name)
+        return reading or Reading(LockStatus(name, "rwlock", 0, 0, 0))  # not set up: free
 
     def __init__(
         self,

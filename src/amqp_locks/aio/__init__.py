@@ -249,7 +249,9 @@ class _HolderQueries:
     async def locked(self) -> bool:
         """See :meth:`amqp_locks.Mutex.locked`."""
         core = self._broker._core
-        return await self._broker._run(_holders.read_locked(core, self._sync.kind, self.name))
+        return await self._broker._run(
+            _holders.read_locked(core, self._sync._own_status, self.name)
+        )
 
     async def holders(
         self, timeout: float = _holders.HOLDER_TIMEOUT
@@ -257,7 +259,7 @@ class _HolderQueries:
         """See :meth:`amqp_locks.Mutex.holders`."""
         core = self._broker._core
         return await self._broker._run(
-            _holders.read_holders(core, self._sync.kind, self.name, timeout)
+            _holders.read_holders(core, self._sync._own_status, self.name, timeout)
         )
 
     @property

@@ -31,7 +31,6 @@ from ..names import (
     MAX_SLOT_DIGITS,
     check_slot_number,
     fence_queue,
-    holder_queue,
     slot_queue,
     validate_name,
     wakeup_queue,
@@ -40,8 +39,8 @@ from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, check_timeout
-from .client import first_window, windows
 from .cluster import ClusterSlots
+from .slots import find_max, held_slots, held_slots_among
 
 log = logging.getLogger("amqp_locks.semaphore.admin")
 
@@ -62,23 +61,6 @@ def _count(x: int, what: str, minimum: int = 0) -> int:
     if x > MAX_SLOTS:
         raise ConfigurationError(f"{what} must be <= {MAX_SLOTS}, got {x}")
     return x
-
-
-async def find_max(session: Session, name: str) -> int:
-    """The highest k such that `A[1..k]` all route (0: no semaphore)."""
-    for window in windows(first_window(session, name)):
-        ks = list(window)
-        found = await session.probe([slot_queue(name, k) for k in ks])
-        for k, exists in zip(ks, found, strict=True):
-            if not exists:
-                session.size_hints[name] = k - 1
-                return k - 1
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def held_slots(session: Session, name: str, upto: int) -> list[int]:
-    """Slot numbers in 1..upto whose `B` queue exists."""
-    return await held_slots_among(session, name, range(1, upto + 1))
 
 
 @dataclass(frozen=True)
@@ -369,8 +351,3 @@ class SemaphoreAdmin:
 
     def __repr__(self) -> str:
         return f"SemaphoreAdmin({self.name!r})"
-
-
-async def held_slots_among(session: Session, name: str, ks: Sequence[int]) -> list[int]:
-    found = await session.probe([holder_queue(name, k) for k in ks])
-    return [k for k, exists in zip(ks, found, strict=True) if exists]

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterator
 
 from ..admin_mutex import held_mutex
 from ..errors import (
@@ -34,13 +33,14 @@ from ..errors import (
     SemaphoreNotFound,
 )
 from ..fencing import ensure_fence, take_token
-from ..holders import HolderQueries
+from ..holders import HolderQueries, Reading
 from ..lease import HeldState, Lease, LeaseState, grant
 from ..lockobject import LockObject
 from ..names import (
     holder_queue,
     sentinel_queue,
     slot_queue,
+    slots_name,
     token_queue,
     validate_name,
     wakeup_queue,
@@ -48,35 +48,13 @@ from ..names import (
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, acquire_loop
-from .cluster import acquire_slot, slots_name
+from .cluster import acquire_slot
+from .slots import first_window, read_semaphore, windows
 
 log = logging.getLogger("amqp_locks.semaphore")
 
 #: `B` queues drop every probe message, like `A` queues.
 HOLDER_ARGS = {"x-max-length": 0}
-FIRST_WINDOW = 8
-MAX_WINDOW = 2048
-
-
-def windows(first: int = FIRST_WINDOW) -> Iterator[range]:
-    """Slot ranges probed per round trip: [1..first], then windows doubling in size.
-
-    Doubling keeps the probes sent past the semaphore's end below the number needed
-    (a window of 8x growth probed 4,680 slots to find the end of a 1,000-slot semaphore).
-    ``first`` comes from the session's hint of the semaphore's size, so a client that has
-    seen the semaphore before covers it in one round trip.
-    """
-    start, size = 1, max(1, min(first, MAX_WINDOW))
-    while True:
-        yield range(start, start + size)
-        start += size
-        size = min(size * 2, MAX_WINDOW)
-
-
-def first_window(session: Session, name: str) -> int:
-    """Probe up to one past the last size seen (so the end shows in the same round trip)."""
-    hint = session.size_hints.get(name)
-    return FIRST_WINDOW if hint is None else max(FIRST_WINDOW, hint + 1)
 
 
 #: How long a holder waits for the admin mutex to create a missing fence queue.
@@ -218,6 +196,13 @@ class PersistentSemaphore(LockObject, HolderQueries):
     """
 
     kind = "semaphore"
+
+    @staticmethod
+    async def _own_status(core: BrokerCore, name: str) -> Reading:
+        reading = await read_semaphore(core, name)
+        if reading is None:
+            raise SemaphoreNotFound(f"semaphore {name!r} does not exist (no slots)")
+        return reading
 
     def __init__(
         self,

@@ -31,18 +31,16 @@ from ..errors import (
     SemaphoreNotFound,
     TokenSemaphoreNotFound,
 )
-from ..holders import HOLDER_TIMEOUT, read_holders
+from ..holders import read_holders
 from ..lease import HeldState
-from ..names import slot_queue, token_queue
+from ..names import slot_queue, slots_name, token_queue
+from ..records import HOLDER_TIMEOUT
 from ..tokens.admin import TokenAdminCore
 from ..tokens.client import TokenSemaphore
-from ..tokens.ledger import read_ledger
+from ..tokens.ledger import read_ledger, read_token
 from ..transport.broker import BrokerLike
 
-
-def slots_name(name: str) -> str:
-    """The token semaphore that holds semaphore `name`'s slots in cluster mode."""
-    return f"{name}.slots"
+__all__ = ["ClusterSlots", "acquire_slot", "slots_name"]
 
 
 def _missing(name: str) -> SemaphoreNotFound:
@@ -117,10 +115,7 @@ class ClusterSlots:
     async def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[int]:
         """Held slot numbers, as their holders report them (a holder that does not answer
         within `timeout` is counted by the queue but cannot be named)."""
-        try:
-            records = await read_holders(self.broker._core, "token", self.tokens.name, timeout)
-        except TokenSemaphoreNotFound:
-            return []
+        records = await read_holders(self.broker._core, read_token, self.tokens.name, timeout)
         return sorted({r.number for r in records if r.number is not None})
 
     async def wait_for_holders(

@@ -16,7 +16,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from ..errors import ConfigurationError, ConnectionLost, QueueNotFound, TokenSemaphoreNotFound
-from ..holders import HolderQueries
+from ..holders import HolderQueries, Reading
 from ..lease import Lease
 from ..lockobject import LockObject
 from ..names import token_queue, validate_name
@@ -30,7 +30,7 @@ from ..waiting import check_timeout
 from .admin import MUTEX_TIMEOUT, TokenAdmin
 from .drain import MAX_PRIORITY
 from .fencing import carried_fencing, fencing_for
-from .ledger import Audit, TokenStatus
+from .ledger import Audit, TokenStatus, read_token
 from .message import delivery_tag, token_id
 from .permit import PermitState, close_quietly
 
@@ -234,6 +234,13 @@ class TokenSemaphore(LockObject, HolderQueries):
     """
 
     kind = "token"
+
+    @staticmethod
+    async def _own_status(core: BrokerCore, name: str) -> Reading:
+        reading = await read_token(core, name)
+        if reading is None:
+            raise TokenSemaphoreNotFound(f"token semaphore {name!r} is not set up")
+        return reading
 
     def __init__(
         self,

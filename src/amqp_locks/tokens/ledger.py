@@ -10,12 +10,15 @@ mid-write). Writing publishes the new record confirmed, then acks the older ones
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pamqp.commands import Basic
 
 from ..errors import QueueNotFound, TokenSemaphoreNotFound
+from ..holders import Reading
 from ..names import token_queue
+from ..records import Kind, LockStatus
+from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from .message import delivery_tag
@@ -125,6 +128,28 @@ async def read_status(session: Session, name: str) -> TokenStatus:
     ready, consumers = await session.declare_passive_counts(token_queue(name))
     held = max(0, ledger.permits - ready)
     return TokenStatus(ledger.permits, ready, held, consumers, max(0, consumers - held))
+
+
+async def read_token(core: BrokerCore, name: str) -> Reading | None:
+    """The token semaphore `name` as a lock status (None: not set up)."""
+    session = await core.session()
+    if not await session.exists_passive(token_queue(name)):
+        return None
+    try:
+        st = await read_status(session, name)
+    except TokenSemaphoreNotFound:
+        return None
+    status = LockStatus(name, "token", st.permits, st.held, st.ready, (), st.consumers, st.waiting)
+    return Reading(status)
+
+
+async def read_token_as(core: BrokerCore, name: str, kind: Kind, wire: str) -> Reading | None:
+    """Cluster mode: the mutex or semaphore `name` of `kind`, which is the token semaphore
+    `wire` on the broker (docs/protocol.md section 11)."""
+    reading = await read_token(core, wire)
+    if reading is None:
+        return None
+    return Reading(replace(reading.status, name=name, kind=kind), wire)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import Coroutine, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from yarl import URL
 
@@ -36,11 +36,9 @@ from ..errors import (
 from .errors import censor, censor_text
 from .holders import check_holder_id, default_holder_id
 from .iothread import IOThread
+from .ports import Releasable
 from .quorum_guard import ClusterTiming
 from .session import Session
-
-if TYPE_CHECKING:
-    from ..lease import HeldState
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -338,7 +336,7 @@ class BrokerCore:
         self._releases.add(fut)
         fut.add_done_callback(self._releases.discard)
 
-    async def release_state(self, state: HeldState, wait: bool) -> None:
+    async def release_state(self, state: Releasable, wait: bool) -> None:
         """Release `state` on the I/O loop: the release (and, with `wait`, the broker's
         confirmation of it). Tracked, with whatever it leaves running, so that close()
         completes it before closing the connection; never cancelled by close()."""
@@ -355,12 +353,12 @@ class BrokerCore:
             if job is not None and not job.done():
                 self._track(job)
 
-    def submit_release(self, state: HeldState, wait: bool) -> concurrent.futures.Future[None]:
+    def submit_release(self, state: Releasable, wait: bool) -> concurrent.futures.Future[None]:
         """Start releasing `state` (allowed while close() runs: it is what close() waits
         for)."""
         return self.io.submit(self.release_state(state, wait))
 
-    def release(self, state: HeldState, wait: bool) -> None:
+    def release(self, state: Releasable, wait: bool) -> None:
         """The sync facade's release (see :meth:`amqp_locks.Lease.release`). After close()
         there is nothing left to do: the close released every lease (or closed the
         connection, which frees them); only an unconfirmed release is still reported."""

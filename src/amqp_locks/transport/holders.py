@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiormq.exceptions as ex
 from aiormq.abc import AbstractChannel, DeliveredMessage
@@ -41,9 +41,7 @@ from ..errors import (
     QueueNotFound,
 )
 from .errors import channel_error
-
-if TYPE_CHECKING:
-    from .session import Session
+from .ports import Link
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -95,6 +93,7 @@ class HeldLeases:
         #: Each held state, with the UTC time it was granted (read once: stable answers).
         self._items: dict[Any, datetime] = {}
         self.responder = responder
+        responder.leases = self
 
     def add(self, state: Any) -> None:
         if state not in self._items:
@@ -126,7 +125,7 @@ def _wall(monotonic_at: float) -> datetime:
 class HolderResponder:
     """One session's holder queue: binds held names, answers queries on the I/O loop."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Link) -> None:
         self.session = session
         self.queue = f"amqp-locks.holder.{uuid.uuid4().hex}"
         #: Leases held per name, and the names that should be bound (held, or lingering).
@@ -138,6 +137,8 @@ class HolderResponder:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._channel: AbstractChannel | None = None
         self._kick = asyncio.Event()
+        #: The leases it answers for (set by the :class:`HeldLeases` that owns it).
+        self.leases: HeldLeases | None = None
         self._worker: asyncio.Task[None] | None = None
 
     # --- called by HeldLeases on the I/O loop (never awaits: no cost to the grant) -------
@@ -251,8 +252,10 @@ class HolderResponder:
     def records(self, name: str) -> list[dict[str, Any]]:
         """The leases held through this session on `name` right now (never a released or
         lost one)."""
-        out = []
-        leases = self.session.leases
+        out: list[dict[str, Any]] = []
+        leases = self.leases
+        if leases is None:
+            return out
         for state in leases:
             if state.name != name or state.released or state.lost_reason is not None:
                 continue
@@ -315,7 +318,7 @@ class QueryResult:
 class HolderReader:
     """One channel per session consuming the direct reply-to; queries share it."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Link) -> None:
         self.session = session
         self._channel: AbstractChannel | None = None
         self._opening: asyncio.Lock = asyncio.Lock()

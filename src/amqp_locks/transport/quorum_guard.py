@@ -37,16 +37,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiormq.abc import AbstractChannel
 from pamqp.commands import Basic
 
 from ..errors import AccessRefused, BrokerUnreachable, ConfigurationError
 from .errors import censor, channel_error
-
-if TYPE_CHECKING:
-    from .session import Session
+from .ports import Link
 
 log = logging.getLogger("amqp_locks.cluster")
 
@@ -111,7 +109,7 @@ class QuorumGuard:
 
     def __init__(
         self,
-        session: Session,
+        session: Link,
         timing: ClusterTiming,
         drop: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,

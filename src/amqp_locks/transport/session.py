@@ -31,11 +31,11 @@ from ..errors import AmqpLocksError, ConnectionLost, QueueNotFound, ResourceLock
 from .aiormq_compat import LOGGER_NAMES, TimedTransport, connection_blocked
 from .errors import censor, channel_error, connect_error
 from .holders import HeldLeases, HolderReader, HolderResponder, default_holder_id
+from .ports import LostCallback
 from .quorum_guard import ClusterTiming, QuorumGuard
 
 log = logging.getLogger("amqp_locks.transport")
 
-LostCallback = Callable[[str], None]
 CLOSED_BY_CLIENT = "closed by the client"
 
 _CHANNEL_ERRORS = (ex.AMQPError, ConnectionError, ex.ChannelInvalidStateError, RuntimeError)

@@ -1,0 +1,56 @@
+"""What the transport's parts need of their neighbours, as protocols: they never import up.
+
+The session builds its collaborators (the holder responder and reader, the quorum guard)
+and hands itself to them as a :class:`Link`; the Broker releases what the lock kinds hold
+through :class:`Releasable`. Either side can then be read and tested alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import aiormq
+from aiormq.abc import AbstractChannel
+from yarl import URL
+
+#: Called once with the reason when a connection is lost.
+LostCallback = Callable[[str], None]
+
+
+class Link(Protocol):
+    """One live connection, as the parts the session builds see it."""
+
+    url: URL
+    connection_name: str
+    holder_id: str
+    conn: aiormq.Connection | None
+
+    @property
+    def alive(self) -> bool: ...
+
+    def check(self) -> None:
+        """Raise :class:`~amqp_locks.errors.ConnectionLost` once the connection is gone."""
+
+    async def open_channel(self) -> AbstractChannel: ...
+
+    def add_listener(self, cb: LostCallback) -> int:
+        """Call `cb(reason)` when the connection is lost; returns a handle."""
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run a background task tied to this connection."""
+
+
+class Releasable(Protocol):
+    """A held lock, as the Broker releases it (lease.HeldState is one)."""
+
+    kind: str
+    name: str
+    number: int
+    release_job: asyncio.Future[Any] | None
+    release_failure: str | None
+
+    async def release(self) -> None: ...
+
+    async def release_confirmed(self) -> None: ...

@@ -54,7 +54,7 @@ from .errors import (
 )
 from .fencing import ensure_fence, take_token
 from .holders import HolderQueries, Reading
-from .lease import HeldState, Lease, release_barrier
+from .lease import HeldState, Lease
 from .lockobject import LockObject
 from .names import MAX_QUEUE_NAME_BYTES, validate_name
 from .records import LockStatus
@@ -295,20 +295,25 @@ async def _close(ch: AbstractChannel) -> None:
 async def _give_back(session: Session, box: _Inbox, confirm: bool = False) -> str | None:
     """Cancel the consumer (nothing comes back to us), then requeue what it holds; the
     channel goes back to the holder pool. If anything fails, closing it returns them.
-    With `confirm` (release(wait=True)) it ends with the broker's answer on that channel
-    (or the close's); returns why it could not be confirmed, if the connection failed."""
+    With `confirm` (release(wait=True)) the channel is closed instead and its close-ok is
+    the broker's answer; returns why it could not be confirmed, if the connection failed."""
     ch = box.ch
+    if confirm:
+        # Closing with the consumer still on: the channel asks the queue to take back
+        # what it holds and answers close-ok after it has. A reject and a round trip on
+        # the channel are not enough: the queue may answer another client's passive
+        # declare (prioritised in RabbitMQ's queue process) before it handles the reject.
+        try:
+            await ch.close()
+        except Exception as exc:
+            return None if session.alive else f"the connection ended during it ({exc})"
+        return None
     try:
         await ch.basic_cancel(box.tag, nowait=True)
         for message in box.messages:
             await ch.basic_reject(_tag(message), requeue=True)
-        if confirm:
-            await release_barrier(ch)
     except Exception as exc:
-        if confirm:
-            await _close(ch)
-        else:
-            session.spawn(_close(ch))
+        session.spawn(_close(ch))
         return None if session.alive else f"the connection ended during it ({exc})"
     session.return_holder_channel(ch, transactional=False)
     return None
@@ -449,18 +454,18 @@ async def acquire_write(
     try:
         await shielded(turn.consume(READER_PRIORITY), lambda _: _close(turn_ch))
         if not await turn.wait(deadline):
-            _abandon(session, channels, turn, tokens)
+            await _give_up(channels, turn, tokens)
             return None
         readers = _token_id(turn.messages[0])
         if readers < 1:
             raise LockError(f"the writer's turn of {name!r} holds {turn.messages[0].body!r}")
         if nonblocking and await session.declare_passive_count(readers_queue(name)) < readers:
-            _abandon(session, channels, turn, tokens)  # a reader holds a token
+            await _give_up(channels, turn, tokens)  # a reader holds a token
             return None
         tokens = _Inbox(tokens_ch, readers_queue(name), readers)
         await shielded(tokens.consume(WRITER_PRIORITY), lambda _: _close(tokens_ch))
         if not await tokens.wait(deadline):
-            _abandon(session, channels, turn, tokens)
+            await _give_up(channels, turn, tokens)
             return None
         token = 0 if fence is None else await shielded(_fence(core, session, fence), _no_undo)
         state = HoldState(
@@ -507,11 +512,21 @@ async def _close_pair(pair: tuple[AbstractChannel, AbstractChannel]) -> None:
 def _abandon(
     session: Session, channels: list[AbstractChannel], turn: _Inbox, tokens: _Inbox | None
 ) -> None:
-    """Give up: closing the channels returns the tokens (first), then the turn."""
+    """Give up on an error: closing the channels returns the tokens (first), then the turn."""
     turn.detach()
     if tokens is not None:
         tokens.detach()
     session.spawn(_close_pair((channels[0], channels[1])))
+
+
+async def _give_up(channels: list[AbstractChannel], turn: _Inbox, tokens: _Inbox | None) -> None:
+    """Not granted (timed out, or not blocking and a reader holds): return the tokens and
+    the turn before saying so (close-ok comes after the queues took them back), so that
+    nothing of ours still holds the lock when acquire returns None."""
+    turn.detach()
+    if tokens is not None:
+        tokens.detach()
+    await _close_pair((channels[0], channels[1]))
 
 
 # --- the lock objects ---------------------------------------------------------------------

@@ -38,6 +38,7 @@ from .errors import (
 )
 from .transport.errors import channel_error
 from .transport.features import helper_queue
+from .transport.shield import close_quietly
 from .transport.wakeups import HOLDER_PRIORITY
 
 if TYPE_CHECKING:
@@ -265,12 +266,12 @@ class LeaseState(HeldState):
                 # time we might die, and our own consumer takes it either way.
                 session.spawn(_publish_quietly(ch, queue, str(self.number).encode()))
                 if self.released:  # released meanwhile: do not keep it
-                    session.spawn(_close_quietly(ch))
+                    session.spawn(close_quietly(ch))
                 return
             except Exception as exc:
                 session.sentinels_declared.discard(queue)  # expired? declare next time
                 if ch is not None:
-                    session.spawn(_close_quietly(ch))
+                    session.spawn(close_quietly(ch))
                 if attempt or not session.alive:
                     log.debug("no sentinel for %r (%s): waiters poll after a crash", self.name, exc)
 
@@ -380,7 +381,7 @@ class LeaseState(HeldState):
             if self.session.alive:
                 await self.session.delete(self.held_queue)
         if self._watch is not None:
-            await _close_quietly(self._watch)
+            await close_quietly(self._watch)
         self._drop_sentinel()
         self.session.held.discard(self.held_queue)
 
@@ -422,7 +423,7 @@ class LeaseState(HeldState):
         if ch is None or ch.is_closed:
             return
         if tag is None or consumer is None:  # not delivered yet: closing returns it
-            self.session.spawn(_close_quietly(ch))
+            self.session.spawn(close_quietly(ch))
             return
 
         async def clean() -> None:
@@ -509,11 +510,6 @@ async def _ack_quietly(ch: AbstractChannel, tag: int) -> None:
 async def _publish_quietly(channel: AbstractChannel, queue: str, body: bytes) -> None:
     with contextlib.suppress(Exception):
         await channel.basic_publish(body, routing_key=queue)
-
-
-async def _close_quietly(channel: AbstractChannel) -> None:
-    with contextlib.suppress(Exception):
-        await channel.close()
 
 
 def _run_callbacks(callbacks: list[Callable[[], Any]]) -> None:

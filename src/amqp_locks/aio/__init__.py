@@ -362,7 +362,7 @@ class TokenAdmin:
 class _RWHalf(_Acquirable):
     """asyncio twin of one side of a :class:`amqp_locks.ReadWriteLock`."""
 
-    def __init__(self, broker: Broker, sync: _rwlock._Half) -> None:
+    def __init__(self, broker: Broker, sync: _rwlock.ReadLock | _rwlock.WriteLock) -> None:
         self._broker = broker
         self._sync = sync
         self._held = {}

@@ -25,14 +25,14 @@ from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.errors import channel_error
 from ..transport.features import broker_version
 from ..transport.session import Session
-from ..transport.shield import shielded
+from ..transport.shield import close_quietly, shielded
 from ..waiting import check_timeout
 from .admin import MUTEX_TIMEOUT, TokenAdmin
 from .drain import MAX_PRIORITY
 from .fencing import carried_fencing, fencing_for
 from .ledger import Audit, TokenStatus, read_token
 from .message import delivery_tag, token_id
-from .permit import PermitState, close_quietly
+from .permit import PermitState
 
 #: How long a non-blocking acquire waits for a token the broker reported ready.
 NONBLOCKING_GRACE = 1.0

@@ -12,9 +12,9 @@ from aiormq.abc import DeliveredMessage
 
 from ..names import token_queue
 from ..transport.session import Session
+from ..transport.shield import close_quietly
 from .ledger import Ledger
 from .message import delivery_tag, token_id
-from .permit import close_quietly
 
 #: Consumer priority of the drain consumer used by remove_permits/audit: above any waiter.
 DRAIN_PRIORITY = 2**31 - 1

@@ -21,8 +21,8 @@ from ..records import Kind, LockStatus
 from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
 from ..transport.session import Session
+from ..transport.shield import close_quietly
 from .message import delivery_tag
-from .permit import close_quietly
 
 
 def ledger_queue(name: str) -> str:

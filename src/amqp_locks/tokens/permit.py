@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,16 +15,11 @@ from ..errors import LeaseReleased
 from ..lease import HeldState, release_barrier
 from ..names import token_queue
 from ..transport.aiormq_compat import forget_consumer, publish_frames, send_together
+from ..transport.shield import close_quietly
 from .fencing import Carry
 from .message import carrying
 
 log = logging.getLogger("amqp_locks.tokens")
-
-
-async def close_quietly(ch: AbstractChannel) -> None:
-    """Close a channel, whatever state it is in: what it holds unacked goes back."""
-    with contextlib.suppress(Exception):
-        await ch.close()
 
 
 @dataclass(eq=False, kw_only=True)

@@ -33,6 +33,7 @@ from .errors import censor, channel_error, connect_error
 from .holders import HeldLeases, HolderReader, HolderResponder, default_holder_id
 from .ports import LostCallback
 from .quorum_guard import ClusterTiming, QuorumGuard
+from .shield import close_quietly
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -465,7 +466,7 @@ class Session:
             try:
                 await clean()
             except Exception:
-                await _close_channel(ch)
+                await close_quietly(ch)
             else:
                 self._keep(self._ready, ch, READY_POOL)
 
@@ -480,7 +481,7 @@ class Session:
         if self.alive and not ch.is_closed and len(pool) < size:
             pool.append(ch)
         elif not ch.is_closed and self.alive:
-            self.spawn(_close_channel(ch))
+            self.spawn(close_quietly(ch))
 
     @contextlib.asynccontextmanager
     async def channel(self) -> AsyncIterator[AbstractChannel]:
@@ -494,7 +495,7 @@ class Session:
             # Errors and cancellations may leave replies in flight on this channel
             # (confirms of cancelled probes): never hand it to someone else.
             if not ch.is_closed and self.alive:
-                self.spawn(_close_channel(ch))
+                self.spawn(close_quietly(ch))
             self._refill(self._idle, CALL_SPARES, self.open_channel)
             raise
         if not ch.is_closed and self.alive:
@@ -691,8 +692,3 @@ async def _probe_one_by_one(ch: AbstractChannel, queues: Sequence[str]) -> list[
         return True
 
     return list(await asyncio.gather(*(one(q) for q in queues)))
-
-
-async def _close_channel(ch: AbstractChannel) -> None:
-    with contextlib.suppress(Exception):
-        await ch.close()

@@ -11,6 +11,7 @@ channel, release the grant).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -53,3 +54,10 @@ async def _quietly(aw: Awaitable[Any]) -> None:
         await aw
     except Exception:
         log.debug("undo after cancellation failed", exc_info=True)
+
+
+async def close_quietly(ch: Any) -> None:
+    """Close a channel whatever state it is in (the usual `undo`): what it holds unacked
+    goes back to its queues, and a channel already closed or broken is no error."""
+    with contextlib.suppress(Exception):
+        await ch.close()

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
 from .features import helper_queue
+from .shield import close_quietly
 
 if TYPE_CHECKING:
     from .session import Session
@@ -155,14 +156,9 @@ async def subscribe(
         waiter.ready = False  # our own close below is no breakage
         if waiter._channel is not None and not waiter._channel.is_closed:
             # Closing returns an unanswered notice to the queue, for the next waiter.
-            session.spawn(_close(waiter._channel))
+            session.spawn(close_quietly(waiter._channel))
 
 
 def _watch_channel(ch: AbstractChannel, waiter: Waiter) -> None:
     ch.on_consumer_cancel_callbacks.add(waiter._on_broken)
     ch.closing.add_done_callback(lambda _: waiter._on_broken() if ch is waiter._channel else None)
-
-
-async def _close(ch: AbstractChannel) -> None:
-    with contextlib.suppress(Exception):
-        await ch.close()

@@ -41,6 +41,9 @@ class Link(Protocol):
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run a background task tied to this connection."""
 
+    async def close(self) -> None:
+        """Close the connection (what it holds is released)."""
+
 
 class Releasable(Protocol):
     """A held lock, as the Broker releases it (lease.HeldState is one)."""

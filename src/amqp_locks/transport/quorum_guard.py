@@ -23,6 +23,13 @@ waiters move on to another node.
 A session that has not had its first confirm yet counts from when it connected: any lock
 granted through it was committed by a majority after that moment.
 
+The probes go over a second connection to the same node, the guard's own (its
+:class:`Link` comes from `connect`): a channel the broker crashes on a quorum queue's leader
+change (RabbitMQ 3.10.8 answers a publish whose enqueuer registration meets a restarting
+leader with a channel crash, 541 INTERNAL_ERROR, which closes the whole connection) then
+costs a probe and a reconnect, never the locks held through the session. The probe link
+proves the same node's membership, which is all the guard needs to know.
+
 The probe queue is one quorum queue per node URL, ``amqp-locks.quorum-probe.HOST:PORT``
 (``x-max-length: 1``, dropping the older probe; it expires unused after 10 minutes). Its
 leader is usually the node of the client that declared it first (RabbitMQ's ``client-local``
@@ -35,7 +42,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,11 +119,15 @@ class QuorumGuard:
         session: Link,
         timing: ClusterTiming,
         drop: Callable[[str], None],
+        connect: Callable[[], Awaitable[Link]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
         self.timing = timing
         self._drop = drop
+        #: Opens the guard's own connection to the session's node (the probe link).
+        self._connect = connect
+        self._link: Link | None = None
         self._clock = clock
         #: When the session connected: the proof until the first confirm (module docstring).
         self.since = clock()
@@ -129,6 +140,7 @@ class QuorumGuard:
         self._channel: AbstractChannel | None = None
         self._opening = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing: asyncio.Task[None] | None = None
 
     @property
     def proof(self) -> float:
@@ -157,18 +169,21 @@ class QuorumGuard:
         """Send probes and check the bound until the session ends (a session task)."""
         step = min(self.timing.interval, max(0.05, self.timing.quorum_timeout / 20))
         next_probe = self._clock()
-        while self.session.alive:
-            now = self._clock()
-            reason = self.expired(now)
-            if reason is not None:
-                log.warning("connection %r: %s", self.session.connection_name, reason)
-                self._drop(reason)
-                return
-            if now >= next_probe:
-                next_probe = now + self.timing.interval
-                if self.in_flight < MAX_IN_FLIGHT:
-                    self._spawn(self._probe(now))
-            await asyncio.sleep(step)
+        try:
+            while self.session.alive:
+                now = self._clock()
+                reason = self.expired(now)
+                if reason is not None:
+                    log.warning("connection %r: %s", self.session.connection_name, reason)
+                    self._drop(reason)
+                    return
+                if now >= next_probe:
+                    next_probe = now + self.timing.interval
+                    if self.in_flight < MAX_IN_FLIGHT:
+                        self._spawn(self._probe(now))
+                await asyncio.sleep(step)
+        finally:
+            self.stop()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -185,7 +200,7 @@ class QuorumGuard:
             )
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the bound decides; a broken channel is reopened
+        except Exception as exc:  # the bound decides; a broken link or channel is reopened
             log.debug("quorum probe on %r failed: %s", self.session.connection_name, exc)
             if self._channel is not None and self._channel.is_closed:
                 self._channel = None
@@ -214,12 +229,17 @@ class QuorumGuard:
             ) from None
 
     async def _probe_channel(self) -> AbstractChannel:
-        """A confirm channel of our own, the probe queue declared on it (once)."""
+        """A confirm channel on the probe link (reconnected when it died), the probe queue
+        declared on it (once per channel)."""
         async with self._opening:
             ch = self._channel
-            if ch is not None and not ch.is_closed:
+            link = self._link
+            if ch is not None and not ch.is_closed and link is not None and link.alive:
                 return ch
-            ch = await self.session.open_channel()
+            if link is None or not link.alive:
+                self._link = None
+                link = self._link = await self._connect()
+            ch = await link.open_channel()
             await self._declare(ch)
             self._channel = ch
             return ch
@@ -243,9 +263,23 @@ class QuorumGuard:
         )
 
     def stop(self) -> None:
+        """Stop probing and close the probe link (in the background; see :meth:`aclose`)."""
         for task in list(self._tasks):
             task.cancel()
-        if self._channel is not None:
-            ch, self._channel = self._channel, None
+        self._channel = None
+        link, self._link = self._link, None
+        if link is not None:
+            self._closing = asyncio.get_running_loop().create_task(_close_link(link))
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """:meth:`stop`, then wait (up to `timeout`) for the probe link to close."""
+        self.stop()
+        closing = self._closing
+        if closing is not None and not closing.done():
             with contextlib.suppress(Exception):
-                self.session.spawn(ch.close())
+                await asyncio.wait_for(asyncio.shield(closing), timeout)
+
+
+async def _close_link(link: Link) -> None:
+    with contextlib.suppress(Exception):
+        await link.close()

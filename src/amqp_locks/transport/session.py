@@ -223,7 +223,7 @@ class Session:
         self.conn.closing.add_done_callback(self._on_connection_closed)
         loop = asyncio.get_running_loop()
         if self.cluster:
-            self.guard = QuorumGuard(self, self.timing, self.drop)
+            self.guard = QuorumGuard(self, self.timing, self.drop, self._probe_link)
             try:
                 await self.guard.prepare(timeout)
             except BaseException:
@@ -234,6 +234,19 @@ class Session:
         self._watchdog_task = loop.create_task(self._watchdog())
         self._ping_task = loop.create_task(self._pinger())
         log.debug("connected to %s as %r", censor(self.url), self.connection_name)
+
+    async def _probe_link(self) -> Session:
+        """The quorum guard's own connection to this session's node (quorum_guard.py)."""
+        link = Session(
+            self.url,
+            heartbeat=self.heartbeat,
+            loss_timeout=self.loss_timeout,
+            connection_name=f"{self.connection_name} (quorum probe)",
+            ssl_context=self.ssl_context,
+            holder_id=self.holder_id,
+        )
+        await link.connect(self.loss_timeout)
+        return link
 
     @property
     def alive(self) -> bool:
@@ -344,7 +357,7 @@ class Session:
         for task in list(self._tasks):
             task.cancel()
         if self.guard is not None:
-            self.guard.stop()
+            await self.guard.aclose()
         for job in (self._watchdog_task, self._ping_task, self._guard_task):
             if job is not None:
                 job.cancel()

@@ -10,6 +10,8 @@
   blocked in ``acquire()``; measured from just before ``os.kill`` (in the parent) to the
   waiter's ``acquire()`` returning. The waiter has waited a random 0.1-2.5 s before the
   kill, so a waiter that falls back to polling is caught at a random point of its back-off.
+- Re-ask handoff (``reask``): as the handoff, but the holder asks again at once after its
+  ``release()``; the report counts how often the releaser won its lock back.
 
 Worker processes come from a ``forkserver`` with the library preloaded, so starting one
 costs a fork, not an interpreter start.
@@ -28,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_pipes
 from typing import Any
 
 from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin
@@ -39,13 +42,6 @@ from .stats import ms, summarize_reps
 
 #: Lock kinds compared, in report order.
 KINDS = ("token", "token_nofence", "token_quorum", "mutex", "semaphore")
-LABELS = {
-    "token": "token semaphore (classic token queue)",
-    "token_nofence": "token semaphore (classic token queue, fencing=False)",
-    "token_quorum": "token semaphore (quorum token queue)",
-    "mutex": "mutex",
-    "semaphore": "persistent semaphore, C=1",
-}
 PRELOAD = [
     "amqp_locks",
     "amqp_locks.tokens",
@@ -213,10 +209,14 @@ class _Proc:
 
 
 def _start_procs(ctx: Any, url: str, kind: str, name: str, n: int) -> list[_Proc]:
+    """``n`` workers on lock ``name``, the first of them holding it."""
     procs = [_Proc(ctx, url, kind, name) for _ in range(n)]
     try:
         for p in procs:
             p.expect("ready", 120)
+        procs[0].send("acquire")
+        procs[0].expect("acquiring")
+        procs[0].expect("acquired")
     except BaseException:
         for p in procs:
             p.proc.kill()
@@ -231,9 +231,6 @@ def _handoff_one(ctx: Any, url: str, broker: Broker, kind: str, plan: Plan) -> d
     with _lock(broker, kind) as name:
         procs = _start_procs(ctx, url, kind, name, 2)
         try:
-            procs[0].send("acquire")
-            procs[0].expect("acquiring")
-            procs[0].expect("acquired")
             holder, waiter = procs
             reps: list[list[float]] = []
             release_calls: list[float] = []
@@ -292,9 +289,6 @@ def _crash_one(
     with _lock(broker, kind) as name:
         procs = _start_procs(ctx, url, kind, name, plan.crash_samples + 1)
         try:
-            procs[0].send("acquire")
-            procs[0].expect("acquiring")
-            procs[0].expect("acquired")
             for holder, waiter in itertools.pairwise(procs):
                 waiter.send("acquire")
                 waiter.expect("acquiring")
@@ -331,8 +325,7 @@ def crash(url: str, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with Broker(url) as broker:
         for kind in ("token", "mutex", "semaphore"):
-            s = _crash_one(ctx, url, broker, kind, plan, rng)
-            out[kind] = s
+            out[kind] = s = _crash_one(ctx, url, broker, kind, plan, rng)
             log(
                 f"  crash {kind}: p50={s['p50_ms']:.1f} ms p99={s['p99_ms']:.1f} ms "
                 f"n={s['n']} errors={len(s['errors'])}"
@@ -340,4 +333,76 @@ def crash(url: str, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["KINDS", "LABELS", "Plan", "context", "crash", "handoff", "uncontended_tokens"]
+# -------------------------------------------------------------------- re-ask handoff
+
+
+@dataclass
+class HeadlinePlan:
+    """The re-ask handoff's and the fairness loop's (``contention.fairness``) sizes."""
+
+    reask_reps: int
+    reask_samples: int
+    reask_warmup: int
+    settle: float  # seconds the waiter is blocked before the holder releases
+    fair_processes: int = 4
+    fair_hold: float = 0.005
+    fair_seconds: float = 10.0
+    fair_grace: float = 10.0
+
+
+def _reask_one(ctx: Any, url: str, broker: Broker, kind: str, plan: HeadlinePlan) -> dict[str, Any]:
+    reps: list[list[float]] = []
+    to: dict[bool, list[float]] = {True: [], False: []}  # the releaser won it back / not
+    with _lock(broker, kind) as name:
+        procs = _start_procs(ctx, url, kind, name, 2)
+        try:
+            holder, waiter = procs
+            waiter.send("acquire")
+            waiter.expect("acquiring")
+            for rep in range(plan.reask_reps):
+                samples: list[float] = []
+                for i in range(plan.reask_samples + (plan.reask_warmup if rep == 0 else 0)):
+                    time.sleep(plan.settle)  # the waiter is blocked in acquire()
+                    holder.send("release_acquire")
+                    _, t_rel, _ = holder.expect("released")
+                    ready = wait_pipes([holder.pipe, waiter.pipe], 120)
+                    if not ready:
+                        raise RuntimeError(f"{kind}: nobody acquired within 120 s of a release")
+                    winner = holder if holder.pipe in ready else waiter
+                    _, t_acq, _token = winner.expect("acquired")
+                    if rep > 0 or i >= plan.reask_warmup:
+                        samples.append(t_acq - t_rel)
+                        to[winner is holder].append(t_acq - t_rel)
+                    if winner is waiter:  # the releaser is now the one blocked
+                        holder, waiter = waiter, holder
+                reps.append(samples)
+            holder.send("release")
+            holder.expect("released")
+            waiter.expect("acquired", 120)
+            waiter.send("release")
+            waiter.expect("released")
+        finally:
+            for p in procs:
+                p.stop()
+    s = summarize_reps(reps)
+    s["samples_ms"] = [ms(x) for r in reps for x in r]
+    s["releaser_won"], s["handoffs"] = len(to[True]), len(to[True]) + len(to[False])
+    s["to_waiter"], s["to_releaser"] = summarize_reps([to[False]]), summarize_reps([to[True]])
+    return s
+
+
+def reask(url: str, plan: HeadlinePlan, log: Callable[[str], None]) -> dict[str, Any]:
+    """Two processes, one permit: the holder releases and asks again at once while the
+    other has been blocked in ``acquire()`` for ``settle`` s; timed from just before
+    ``release()`` to whichever ``acquire()`` returns first; counts how often the releaser
+    won its lock back."""
+    ctx = context()
+    out: dict[str, Any] = {}
+    with Broker(url) as broker:
+        for kind in ("token", "token_nofence", "mutex", "semaphore"):
+            out[kind] = s = _reask_one(ctx, url, broker, kind, plan)
+            log(
+                f"  re-ask handoff {kind}: p50={s['p50_ms']:.2f} ms p99={s['p99_ms']:.2f} ms; "
+                f"the releaser won {s['releaser_won']} of {s['handoffs']}"
+            )
+    return out

@@ -74,3 +74,35 @@ def fairness(per_process: Sequence[int]) -> dict[str, Any]:
         "jain": round(total**2 / (len(xs) * sum(x * x for x in xs)), 3),
         "idle": sum(1 for x in xs if x == 0),  # processes that never got the lock
     }
+
+
+def fairness_summary(
+    per_process: list[list[tuple[float, float]]], bound_x: float = 3.0
+) -> dict[str, Any]:
+    """Jain's index over grants per process; waits (ms, from (called, returned) pairs), the
+    max over the median, how many waits exceed ``bound_x`` x the median and when the worst
+    began (seconds into the run: a start-up effect or a stall)."""
+    grants = [len(w) for w in per_process]
+    waits = [t1 - t0 for w in per_process for t0, t1 in w]
+    if not waits:
+        none = dict.fromkeys(("wait_p50_ms", "wait_max_ms", "wait_max_over_median"))
+        return {
+            "grants": grants,
+            **fairness(grants),
+            **none,
+            "waits_over_bound": None,
+            "wait_max_at_s": None,
+            "waits": summarize_reps([waits]),
+        }
+    med, worst = statistics.median(waits), max(waits)
+    worst_at = next(t0 for w in per_process for t0, t1 in w if t1 - t0 == worst)
+    return {
+        "grants": grants,
+        **fairness(grants),
+        "wait_p50_ms": ms(med),
+        "wait_max_ms": ms(worst),
+        "wait_max_over_median": round(worst / med, 2) if med > 0 else None,
+        "waits_over_bound": sum(1 for w in waits if w > bound_x * med),
+        "wait_max_at_s": round(worst_at - min(t0 for w in per_process for t0, _ in w), 3),
+        "waits": summarize_reps([waits]),
+    }

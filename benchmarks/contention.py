@@ -29,10 +29,9 @@ from typing import Any
 
 from amqp_locks import Broker, PersistentSemaphore, SemaphoreAdmin
 
-from .cpu import CpuMeter
 from .handoff import HeadlinePlan, _lock, _make, context
 from .latency import ProbeCounter, unique_name
-from .stats import fairness_summary, ms, summarize_reps
+from .stats import CpuMeter, fairness_summary, ms, summarize_reps
 
 #: (kind, slot, token, time): kind "A" = acquire returned, "R" = about to release.
 Event = tuple[str, int, int, float]

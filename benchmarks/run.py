@@ -49,11 +49,17 @@ import amqp_locks
 from amqp_locks import Broker
 from amqp_locks_dev import devbroker, devdb
 from benchmarks import compare, contention, failover, floors, handoff, latency, plots, report, scale
-from benchmarks.cpu import beam_pid, forkserver_cpu, own_cpu, process_cpu, system_busy
 from benchmarks.latency import Budget
 from benchmarks.peers import servers as peer_servers
 from benchmarks.peers.kinds import KINDS, available
-from benchmarks.stats import summarize_reps
+from benchmarks.stats import (
+    beam_pid,
+    forkserver_cpu,
+    own_cpu,
+    process_cpu,
+    summarize_reps,
+    system_busy,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "amqplocksbench"

@@ -29,10 +29,9 @@ from amqp_locks import Broker, Mutex
 from amqp_locks.names import fence_queue, sentinel_queue, wakeup_queue
 from amqp_locks_dev import devbroker
 
-from .cpu import process_cpu
 from .handoff import context
 from .latency import Budget, _delete_queues, unique_name
-from .stats import summarize_reps
+from .stats import process_cpu, summarize_reps
 
 Log = Callable[[str], None]
 PER_CONNECTION = 1000

@@ -81,12 +81,7 @@ def _worker(
     try:
         broker.connect()
         sem = PersistentSemaphore(broker, name)
-        lease = sem.acquire()  # warm-up: the fence check, pooled channels
-        if lease is not None:
-            lease.release()
-        ready.put(idx)
-        if not go.wait(120):
-            raise RuntimeError("never told to start")
+        _ready_set_go(sem, idx, ready, go)
         deadline = start_at.value + plan.seconds
         cpu0 = time.process_time()
         with probes.installed():
@@ -182,6 +177,16 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
         "probe_calls": probe_calls,
         "probes": probes_sent,
     }
+
+
+def _ready_set_go(lock: Any, idx: int, ready: Any, go: Any) -> None:
+    """A worker's warm-up (the fence check, pooled channels), its "ready", then "go"."""
+    lease = lock.acquire(timeout=60)
+    if lease is not None:
+        lease.release()
+    ready.put(idx)
+    if not go.wait(120):
+        raise RuntimeError("never told to start")
 
 
 def _group(ctx: Any, target: Any, n: int, *args: Any) -> tuple[list[Any], Any, Any, Any, Any]:
@@ -360,12 +365,7 @@ def _fair_worker(
     try:
         broker.connect()
         lock = _make(broker, kind, name)
-        lease = lock.acquire(timeout=60)  # warm-up: fence check, pooled channels
-        if lease is not None:
-            lease.release()
-        ready.put(idx)
-        if not go.wait(120):
-            raise RuntimeError("never told to start")
+        _ready_set_go(lock, idx, ready, go)
         deadline = start_at.value + plan.fair_seconds
         while (remaining := deadline - time.monotonic()) > 0:
             t0 = time.monotonic()

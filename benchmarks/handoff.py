@@ -27,7 +27,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_pipes
@@ -208,52 +208,47 @@ class _Proc:
         self.proc.join(10)
 
 
-def _start_procs(ctx: Any, url: str, kind: str, name: str, n: int) -> list[_Proc]:
-    """``n`` workers on lock ``name``, the first of them holding it."""
-    procs = [_Proc(ctx, url, kind, name) for _ in range(n)]
-    try:
-        for p in procs:
-            p.expect("ready", 120)
-        procs[0].send("acquire")
-        procs[0].expect("acquiring")
-        procs[0].expect("acquired")
-    except BaseException:
-        for p in procs:
-            p.proc.kill()
-        raise
-    return procs
+@contextlib.contextmanager
+def _workers(ctx: Any, url: str, broker: Broker, kind: str, n: int) -> Iterator[list[_Proc]]:
+    """``n`` workers on a fresh one-permit lock of ``kind``, the first of them holding it;
+    stopped (and the lock removed) at the end of the block."""
+    with _lock(broker, kind) as name:
+        procs = [_Proc(ctx, url, kind, name) for _ in range(n)]
+        try:
+            for p in procs:
+                p.expect("ready", 120)
+            procs[0].send("acquire")
+            procs[0].expect("acquiring")
+            procs[0].expect("acquired")
+            yield procs
+        finally:
+            for p in procs:
+                p.stop()
 
 
 # --------------------------------------------------------------------------- handoff
 
 
 def _handoff_one(ctx: Any, url: str, broker: Broker, kind: str, plan: Plan) -> dict[str, Any]:
-    with _lock(broker, kind) as name:
-        procs = _start_procs(ctx, url, kind, name, 2)
-        try:
-            holder, waiter = procs
-            reps: list[list[float]] = []
-            release_calls: list[float] = []
-            for rep in range(plan.reps):
-                samples: list[float] = []
-                total = plan.samples + (plan.warmup if rep == 0 else 0)
-                for i in range(total):
-                    waiter.send("acquire")
-                    waiter.expect("acquiring")
-                    time.sleep(plan.settle)  # the waiter is now blocked in acquire()
-                    holder.send("release")
-                    _, t_rel, t_rel_end = holder.expect("released")
-                    _, t_acq, _token = waiter.expect("acquired", 120)
-                    if rep > 0 or i >= plan.warmup:
-                        samples.append(t_acq - t_rel)
-                        release_calls.append(t_rel_end - t_rel)
-                    holder, waiter = waiter, holder
-                reps.append(samples)
-            holder.send("release")
-            holder.expect("released")
-        finally:
-            for p in procs:
-                p.stop()
+    reps: list[list[float]] = []
+    release_calls: list[float] = []
+    with _workers(ctx, url, broker, kind, 2) as (holder, waiter):
+        for rep in range(plan.reps):
+            samples: list[float] = []
+            for i in range(plan.samples + (plan.warmup if rep == 0 else 0)):
+                waiter.send("acquire")
+                waiter.expect("acquiring")
+                time.sleep(plan.settle)  # the waiter is now blocked in acquire()
+                holder.send("release")
+                _, t_rel, t_rel_end = holder.expect("released")
+                _, t_acq, _token = waiter.expect("acquired", 120)
+                if rep > 0 or i >= plan.warmup:
+                    samples.append(t_acq - t_rel)
+                    release_calls.append(t_rel_end - t_rel)
+                holder, waiter = waiter, holder
+            reps.append(samples)
+        holder.send("release")
+        holder.expect("released")
     s = summarize_reps(reps)
     s["samples_ms"] = [ms(x) for r in reps for x in r]
     s["release_call_p50_ms"] = summarize_reps([release_calls])["p50_ms"]
@@ -286,31 +281,25 @@ def _crash_one(
     samples: list[float] = []
     settles: list[float] = []
     errors: list[str] = []
-    with _lock(broker, kind) as name:
-        procs = _start_procs(ctx, url, kind, name, plan.crash_samples + 1)
-        try:
-            for holder, waiter in itertools.pairwise(procs):
-                waiter.send("acquire")
-                waiter.expect("acquiring")
-                settle = rng.uniform(*plan.crash_settle)
-                time.sleep(settle)
-                if waiter.pipe.poll(0):
-                    early = waiter.pipe.recv()
-                    errors.append(f"waiter acquired while the holder was alive: {early}")
-                    break
-                t_kill = time.monotonic()
-                holder.kill()
-                try:
-                    _, t_acq, _token = waiter.expect("acquired", 90)
-                except RuntimeError as exc:
-                    errors.append(str(exc))
-                    break
-                samples.append(t_acq - t_kill)
-                settles.append(settle)
-        finally:
-            for p in procs:
-                if p.proc.is_alive():
-                    p.stop()
+    with _workers(ctx, url, broker, kind, plan.crash_samples + 1) as procs:
+        for holder, waiter in itertools.pairwise(procs):
+            waiter.send("acquire")
+            waiter.expect("acquiring")
+            settle = rng.uniform(*plan.crash_settle)
+            time.sleep(settle)
+            if waiter.pipe.poll(0):
+                early = waiter.pipe.recv()
+                errors.append(f"waiter acquired while the holder was alive: {early}")
+                break
+            t_kill = time.monotonic()
+            holder.kill()
+            try:
+                _, t_acq, _token = waiter.expect("acquired", 90)
+            except RuntimeError as exc:
+                errors.append(str(exc))
+                break
+            samples.append(t_acq - t_kill)
+            settles.append(settle)
     s = summarize_reps([samples])
     s["samples_ms"] = [ms(x) for x in samples]
     s["waited_before_kill_s"] = [round(x, 2) for x in settles]
@@ -353,37 +342,31 @@ class HeadlinePlan:
 def _reask_one(ctx: Any, url: str, broker: Broker, kind: str, plan: HeadlinePlan) -> dict[str, Any]:
     reps: list[list[float]] = []
     to: dict[bool, list[float]] = {True: [], False: []}  # the releaser won it back / not
-    with _lock(broker, kind) as name:
-        procs = _start_procs(ctx, url, kind, name, 2)
-        try:
-            holder, waiter = procs
-            waiter.send("acquire")
-            waiter.expect("acquiring")
-            for rep in range(plan.reask_reps):
-                samples: list[float] = []
-                for i in range(plan.reask_samples + (plan.reask_warmup if rep == 0 else 0)):
-                    time.sleep(plan.settle)  # the waiter is blocked in acquire()
-                    holder.send("release_acquire")
-                    _, t_rel, _ = holder.expect("released")
-                    ready = wait_pipes([holder.pipe, waiter.pipe], 120)
-                    if not ready:
-                        raise RuntimeError(f"{kind}: nobody acquired within 120 s of a release")
-                    winner = holder if holder.pipe in ready else waiter
-                    _, t_acq, _token = winner.expect("acquired")
-                    if rep > 0 or i >= plan.reask_warmup:
-                        samples.append(t_acq - t_rel)
-                        to[winner is holder].append(t_acq - t_rel)
-                    if winner is waiter:  # the releaser is now the one blocked
-                        holder, waiter = waiter, holder
-                reps.append(samples)
-            holder.send("release")
-            holder.expect("released")
-            waiter.expect("acquired", 120)
-            waiter.send("release")
-            waiter.expect("released")
-        finally:
-            for p in procs:
-                p.stop()
+    with _workers(ctx, url, broker, kind, 2) as (holder, waiter):
+        waiter.send("acquire")
+        waiter.expect("acquiring")
+        for rep in range(plan.reask_reps):
+            samples: list[float] = []
+            for i in range(plan.reask_samples + (plan.reask_warmup if rep == 0 else 0)):
+                time.sleep(plan.settle)  # the waiter is blocked in acquire()
+                holder.send("release_acquire")
+                _, t_rel, _ = holder.expect("released")
+                ready = wait_pipes([holder.pipe, waiter.pipe], 120)
+                if not ready:
+                    raise RuntimeError(f"{kind}: nobody acquired within 120 s of a release")
+                winner = holder if holder.pipe in ready else waiter
+                _, t_acq, _token = winner.expect("acquired")
+                if rep > 0 or i >= plan.reask_warmup:
+                    samples.append(t_acq - t_rel)
+                    to[winner is holder].append(t_acq - t_rel)
+                if winner is waiter:  # the releaser is now the one blocked
+                    holder, waiter = waiter, holder
+            reps.append(samples)
+        holder.send("release")
+        holder.expect("released")
+        waiter.expect("acquired", 120)
+        waiter.send("release")
+        waiter.expect("released")
     s = summarize_reps(reps)
     s["samples_ms"] = [ms(x) for r in reps for x in r]
     s["releaser_won"], s["handoffs"] = len(to[True]), len(to[True]) + len(to[False])

@@ -239,4 +239,3 @@ def table(result: dict[str, Any]) -> str:
             f"{r['p90_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | {r['refused_and_retried']} |"
         )
     return "\n".join(lines)
-

@@ -244,8 +244,10 @@ def handoff(
                 log,
                 f"handoff {kind} waiters={n}",
                 lambda k=kind, n=n: _handoff_cell(ctx, k, targets, n, plan, rtt_ms),
-                lambda s: f"p50={s['p50_ms']:.2f} ms p99={s['p99_ms']:.2f} ms n={s['n']} "
-                f"overlaps={s['overlaps']}",
+                lambda s: (
+                    f"p50={s['p50_ms']:.2f} ms p99={s['p99_ms']:.2f} ms n={s['n']} "
+                    f"overlaps={s['overlaps']}"
+                ),
             )
     return out
 
@@ -305,8 +307,10 @@ def throughput(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) 
                 log,
                 f"throughput {kind} slots={slots}",
                 lambda k=kind, slots=slots: _throughput_cell(ctx, k, targets, slots, plan),
-                lambda s: f"{s['grants_per_s']:.0f} grants/s, Jain {s['fairness']['jain']:.2f}, "
-                f"min/max {s['fairness']['min']}/{s['fairness']['max']}",
+                lambda s: (
+                    f"{s['grants_per_s']:.0f} grants/s, Jain {s['fairness']['jain']:.2f}, "
+                    f"min/max {s['fairness']['min']}/{s['fairness']['max']}"
+                ),
             )
     return out
 
@@ -376,9 +380,11 @@ def crash(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> di
             log,
             f"crash {kind} {group}",
             lambda: _crash_series(ctx, kind, group, targets, samples, seed, plan),
-            lambda s: f"not free within {s['cap_s']:.0f} s (never expires)"
-            if s.get("censored")
-            else f"p50={s['p50_ms']:.1f} ms max={s['max_ms']:.1f} ms n={s['n']}",
+            lambda s: (
+                f"not free within {s['cap_s']:.0f} s (never expires)"
+                if s.get("censored")
+                else f"p50={s['p50_ms']:.1f} ms max={s['max_ms']:.1f} ms n={s['n']}"
+            ),
         )
 
     def slow(kind: str, group: str) -> bool:
@@ -449,6 +455,3 @@ def _crash_series(
     s["errors"] = errors
     s["settings"] = KINDS[kind].settings(group)
     return s
-
-
-__all__ = ["Plan", "crash", "handoff", "throughput", "uncontended", "uncontended_lockers"]

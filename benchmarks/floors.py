@@ -497,9 +497,7 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     out["token_cycle"] = asyncio.run(_token_cycle_floor(url, samples, reps))
     out["token_handoff_tx"] = asyncio.run(_handoff_floor(url, False, samples, reps, tx=True))
     # Each handoff sample holds for MUTEX_SETTLE: a tenth of the samples keeps it short.
-    out["mutex_handoff"] = asyncio.run(
-        _mutex_handoff_floor(url, max(10, samples // 10), reps)
-    )
+    out["mutex_handoff"] = asyncio.run(_mutex_handoff_floor(url, max(10, samples // 10), reps))
     return out
 
 

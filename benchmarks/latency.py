@@ -380,6 +380,3 @@ def search_sweep(
             round(1000 * cpu["holders"] / r["held_probes"], 1) if r["held_probes"] >= 100 else None
         )
     return rows
-
-
-__all__ = ["Budget", "search_sweep", "timed_cycles", "uncontended", "unique_name"]

@@ -353,9 +353,7 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
                 xs.append(row["ratio"])
                 yy.append(y + 0.4 - height * (i + 0.5))
             color = (BLUE, GREEN, PURPLE)[i % 3]
-            ax.barh(
-                yy, xs, height=height, color=color, label=f"RabbitMQ {report.version(run)}"
-            )
+            ax.barh(yy, xs, height=height, color=color, label=f"RabbitMQ {report.version(run)}")
         for y, label in zip(ys, labels, strict=True):
             target = first[label]["target"]
             if target.startswith("<="):

@@ -181,22 +181,14 @@ def search_table(r: dict[str, Any]) -> Table:
     rows = []
     for s in r["search"]:
         cpu = s["cpu_per_acquire_ms"]
-        rows.append(
-            [
-                str(s["capacity"]),
-                f"{s['free_slot']} ({s['slot']})",
-                num(s["p50_ms"]),
-                num(s["p99_ms"]),
-                f"{s['p50_x_c1']}x",
-                f"{s['p99_x_c1']}x",
-                f"{s['p50_x_rtt']}x",
-                str(s["probes_sent"]),
-                f"{num(cpu['client'])} / {num(cpu['broker'])} / {num(cpu['holders'])}",
-                num(s.get("marginal_cpu_per_probe_us"), 0),
-                num(s.get("holder_cpu_per_held_probe_us"), 0),
-                f"{s['n']} ({s['reps']})",
-            ]
-        )
+        rows.append([
+            str(s["capacity"]), f"{s['free_slot']} ({s['slot']})", num(s["p50_ms"]),
+            num(s["p99_ms"]), f"{s['p50_x_c1']}x", f"{s['p99_x_c1']}x", f"{s['p50_x_rtt']}x",
+            str(s["probes_sent"]),
+            f"{num(cpu['client'])} / {num(cpu['broker'])} / {num(cpu['holders'])}",
+            num(s.get("marginal_cpu_per_probe_us"), 0),
+            num(s.get("holder_cpu_per_held_probe_us"), 0), f"{s['n']} ({s['reps']})",
+        ])  # fmt: skip
     header = ["C", "free slot", "p50 ms", "p99 ms", "p50 / C=1", "p99 / C=1", "p50 / RTT"]
     header += ["probes sent", "CPU ms client / broker / holders"]
     header += ["client + broker CPU us per extra probe", "holders CPU us per held-slot probe"]
@@ -219,29 +211,21 @@ def contention_table(r: dict[str, Any]) -> Table:
     rows = [
         ["acquisitions / s (total, median of runs)", runs],
         ["grants per process: min / max", f"{g['min']:.0f} / {g['max']:.0f}"],
-        [
-            "grants per process: stddev (coefficient of variation)",
-            f"{g['stddev']:.1f} ({g['cv']:.2f})",
-        ],
+        ["grants per process: stddev (coefficient of variation)",
+         f"{g['stddev']:.1f} ({g['cv']:.2f})"],
         ["Jain fairness index (1 = equal)", f"{g['jain']:.3f}"],
         ["handoff p50 / p99 (ms)", f"{num(ho['p50_ms'])} / {num(ho['p99_ms'])}"],
         ["handoff p50 / broker round trip", f"{ho['p50_ms'] / rtt:.1f}x"],
         ["handoffs measured", str(ho["n"])],
         ["last `acquire(timeout=...)` of each worker: returned after its timeout by", overrun],
         ["worker errors (listed below the table)", str(len(c.get("worker_errors", [])))],
-        [
-            "slot searches (probe round trips) per grant, all workers",
-            num(c.get("probe_round_trips_per_grant"), 1),
-        ],
-        [
-            "CPU per grant: all workers / broker (ms)",
-            f"{num(cpu['workers'])} / {num(cpu['broker'])}",
-        ],
-        [
-            "share of handoffs won by the releasing process itself",
-            f"{c['handoff_to_releaser_share']:.0%}",
-        ],
-    ]
+        ["slot searches (probe round trips) per grant, all workers",
+         num(c.get("probe_round_trips_per_grant"), 1)],
+        ["CPU per grant: all workers / broker (ms)",
+         f"{num(cpu['workers'])} / {num(cpu['broker'])}"],
+        ["share of handoffs won by the releasing process itself",
+         f"{c['handoff_to_releaser_share']:.0%}"],
+    ]  # fmt: skip
     return Table(["metric", "value"], rows)
 
 
@@ -301,63 +285,42 @@ def token_uncontended_table(r: dict[str, Any]) -> Table:
     for k, s in kinds:
         if s is not None:
             a, rel, cpu = s["acquire"], s["release"], s.get("cpu_per_cycle_ms", {})
-            rows.append(
-                [
-                    KIND_LABELS[k],
-                    num(a["p50_ms"]),
-                    num(a["p99_ms"]),
-                    times(a["p50_ms"], rtt),
-                    num(rel["p50_ms"]),
-                    num(rel["p99_ms"]),
-                    f"{num(cpu.get('client'))} / {num(cpu.get('broker'))}",
-                    str(a["n"]),
-                ]
-            )
+            rows.append([
+                KIND_LABELS[k], num(a["p50_ms"]), num(a["p99_ms"]), times(a["p50_ms"], rtt),
+                num(rel["p50_ms"]), num(rel["p99_ms"]),
+                f"{num(cpu.get('client'))} / {num(cpu.get('broker'))}", str(a["n"]),
+            ])  # fmt: skip
     header = ["lock", "acquire p50 ms", "acquire p99 ms", "acquire p50 / RTT", "release p50 ms"]
     return Table([*header, "release p99 ms", "CPU ms per cycle client / broker", "n"], rows)
 
 
 def handoff_table(r: dict[str, Any]) -> Table:
     rtt, ho = r["floors"]["broker_round_trip"], r.get("handoff", {})
-    rows = [
-        [
-            "broker round trip (RTT), same run",
-            num(rtt["p50_ms"], 3),
-            num(rtt["p99_ms"], 3),
-            "1.0x",
-            times(rtt["p99_ms"], rtt["p50_ms"]),
-            "",
-            f"{rtt['n']}",
-        ]
-    ]
+    rows = [[
+        "broker round trip (RTT), same run", num(rtt["p50_ms"], 3), num(rtt["p99_ms"], 3),
+        "1.0x", times(rtt["p99_ms"], rtt["p50_ms"]), "", f"{rtt['n']}",
+    ]]  # fmt: skip
     rows += [
         [
-            KIND_LABELS[k],
-            num(s["p50_ms"]),
-            num(s["p99_ms"]),
-            times(s["p50_ms"], rtt["p50_ms"]),
-            times(s["p99_ms"], rtt["p50_ms"]),
-            num(s.get("release_call_p50_ms")),
+            KIND_LABELS[k], num(s["p50_ms"]), num(s["p99_ms"]), times(s["p50_ms"], rtt["p50_ms"]),
+            times(s["p99_ms"], rtt["p50_ms"]), num(s.get("release_call_p50_ms")),
             f"{s['n']} ({s['reps']} reps)",
         ]
         for k, s in ((k, ho[k]) for k in HANDOFF_KINDS if k in ho)
-    ]
+    ]  # fmt: skip
     header = ["lock", "p50 ms", "p99 ms", "p50 / RTT", "p99 / RTT", "`release()` call p50 ms"]
     return Table([*header, "n"], rows)
 
 
 def crash_table(r: dict[str, Any]) -> Table:
     cr = r.get("crash", {})
+    stats = ("p50_ms", "p99_ms", "min_ms", "max_ms")
     rows = [
-        [
-            KIND_LABELS[k],
-            *(num(cr[k].get(x), 1) for x in ("p50_ms", "p99_ms", "min_ms", "max_ms")),
-            str(cr[k]["n"]),
-            str(len(cr[k].get("errors", []))),
-        ]
+        [KIND_LABELS[k], *(num(cr[k].get(x), 1) for x in stats), str(cr[k]["n"]),
+         str(len(cr[k].get("errors", [])))]
         for k in HANDOFF_KINDS
         if k in cr
-    ]
+    ]  # fmt: skip
     return Table(["lock", "p50 ms", "p99 ms", "min ms", "max ms", "n", "errors"], rows)
 
 
@@ -365,17 +328,12 @@ def token_goal(r: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 3's goal per token kind measured: handoff p50 within 3 x RTT."""
     rtt, ho = r["floors"]["broker_round_trip"]["p50_ms"], r.get("handoff", {})
     return [
-        {
-            "label": KIND_LABELS[k],
-            "p50": ho[k]["p50_ms"],
-            "p99": ho[k]["p99_ms"],
-            "x50": ho[k]["p50_ms"] / rtt,
-            "x99": ho[k]["p99_ms"] / rtt,
-            "met": ho[k]["p50_ms"] / rtt <= TOKEN_HANDOFF_GOAL_RTT,
-        }
+        {"label": KIND_LABELS[k], "p50": ho[k]["p50_ms"], "p99": ho[k]["p99_ms"],
+         "x50": ho[k]["p50_ms"] / rtt, "x99": ho[k]["p99_ms"] / rtt,
+         "met": ho[k]["p50_ms"] / rtt <= TOKEN_HANDOFF_GOAL_RTT}
         for k in ("token", "token_nofence", "token_quorum")
         if k in ho
-    ]
+    ]  # fmt: skip
 
 
 def failover_rows(r: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
@@ -427,89 +385,33 @@ _FLOORS = {
 #: (label, floor key, where ours is in the results, target ratio (None: information),
 #: sequence floor key: raw aiormq doing the same broker steps as ours, shown beside)
 _TARGETS: list[tuple[str, str, tuple[str, ...], float | None, str | None]] = [
-    (
-        "token semaphore (fencing on): uncontended acquire",
-        "get_classic",
-        ("uncontended_tokens", "token", "acquire"),
-        2.0,
-        "token_cycle",
-    ),
-    (
-        "token semaphore (fencing on): handoff release -> blocked waiter holds",
-        "reject_deliver_classic",
-        ("handoff", "token"),
-        2.0,
-        "token_handoff_tx",
-    ),
-    (
-        "token semaphore, `fencing=False`: uncontended acquire",
-        "get_classic",
-        ("uncontended_tokens", "token_nofence", "acquire"),
-        1.5,
-        "token_cycle",
-    ),
-    (
-        "token semaphore, `fencing=False`: handoff",
-        "reject_deliver_classic",
-        ("handoff", "token_nofence"),
-        1.5,
-        None,
-    ),
-    (
-        "token semaphore, quorum token queue: uncontended acquire",
-        "get_quorum",
-        ("uncontended_tokens", "token_quorum", "acquire"),
-        None,
-        None,
-    ),
-    (
-        "token semaphore, quorum token queue: handoff",
-        "reject_deliver_quorum",
-        ("handoff", "token_quorum"),
-        None,
-        None,
-    ),
-    (
-        "mutex: uncontended acquire",
-        "exclusive_declare",
-        ("uncontended", "mutex", "acquire"),
-        2.0,
-        None,
-    ),
-    (
-        "mutex: handoff, releaser asking again at once",
-        "exclusive_declare",
-        ("reask", "mutex"),
-        3.0,
-        "mutex_handoff",
-    ),
-    (
-        "persistent semaphore, C=1: uncontended acquire",
-        "exclusive_declare",
-        ("uncontended", "semaphore_c1", "acquire"),
-        2.0,
-        None,
-    ),
-    (
-        "persistent semaphore, C=1: handoff, releaser asking again at once",
-        "exclusive_declare",
-        ("reask", "semaphore"),
-        3.0,
-        None,
-    ),
-]
+    ("token semaphore (fencing on): uncontended acquire", "get_classic",
+     ("uncontended_tokens", "token", "acquire"), 2.0, "token_cycle"),
+    ("token semaphore (fencing on): handoff release -> blocked waiter holds",
+     "reject_deliver_classic", ("handoff", "token"), 2.0, "token_handoff_tx"),
+    ("token semaphore, `fencing=False`: uncontended acquire", "get_classic",
+     ("uncontended_tokens", "token_nofence", "acquire"), 1.5, "token_cycle"),
+    ("token semaphore, `fencing=False`: handoff", "reject_deliver_classic",
+     ("handoff", "token_nofence"), 1.5, None),
+    ("token semaphore, quorum token queue: uncontended acquire", "get_quorum",
+     ("uncontended_tokens", "token_quorum", "acquire"), None, None),
+    ("token semaphore, quorum token queue: handoff", "reject_deliver_quorum",
+     ("handoff", "token_quorum"), None, None),
+    ("mutex: uncontended acquire", "exclusive_declare",
+     ("uncontended", "mutex", "acquire"), 2.0, None),
+    ("mutex: handoff, releaser asking again at once", "exclusive_declare",
+     ("reask", "mutex"), 3.0, "mutex_handoff"),
+    ("persistent semaphore, C=1: uncontended acquire", "exclusive_declare",
+     ("uncontended", "semaphore_c1", "acquire"), 2.0, None),
+    ("persistent semaphore, C=1: handoff, releaser asking again at once", "exclusive_declare",
+     ("reask", "semaphore"), 3.0, None),
+]  # fmt: skip
 
 
 def _row(
-    label: str,
-    floor_label: str,
-    floor: float | None,
-    ours: float | None,
-    target: float | None,
-    note: str = "",
-    sequence: float | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
+    label: str, floor_label: str, floor: float | None, ours: float | None,
+    target: float | None, note: str = "", sequence: float | None = None, **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
     """One line of the table: ours / floor against a target ratio (None: information)."""
     ratio = ours / floor if ours is not None and floor else None
     seq_ratio = ours / sequence if ours is not None and sequence else None
@@ -656,18 +558,12 @@ def targets_table(r: dict[str, Any]) -> Table:
     rows = []
     for row in target_rows(r):
         seq, sr = row.get("sequence_ms"), row.get("sequence_ratio")
-        rows.append(
-            [
-                row["label"],
-                row["floor_label"],
-                _value(row, "floor_ms") + _reps(row),
-                _value(row, "ours_ms"),
-                "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
-                row["target"],
-                verdict(row["met"]) + (f" ({row['note']})" if row["note"] else ""),
-                "" if seq is None else f"{num(seq)} ({'n/a' if sr is None else f'{sr:.1f}x'})",
-            ]
-        )
+        rows.append([
+            row["label"], row["floor_label"], _value(row, "floor_ms") + _reps(row),
+            _value(row, "ours_ms"), "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
+            row["target"], verdict(row["met"]) + (f" ({row['note']})" if row["note"] else ""),
+            "" if seq is None else f"{num(seq)} ({'n/a' if sr is None else f'{sr:.1f}x'})",
+        ])  # fmt: skip
     return Table([*header, "met?", "same steps, raw: ms (ours / it)"], rows)
 
 
@@ -683,17 +579,13 @@ def _over(row: dict[str, Any]) -> str:
 def fairness_table(r: dict[str, Any]) -> Table | None:
     out = [
         [
-            row["label"],
-            " / ".join(str(g) for g in row["grants"]),
-            num(row.get("jain"), 3),
-            num(row.get("wait_p50_ms"), 1),
-            num(row.get("wait_max_ms"), 1),
+            row["label"], " / ".join(str(g) for g in row["grants"]), num(row.get("jain"), 3),
+            num(row.get("wait_p50_ms"), 1), num(row.get("wait_max_ms"), 1),
             num(row.get("wait_max_over_median"), 2) + _over(row),
-            str(len(row.get("errors", []))),
-            verdict(row["met"]),
+            str(len(row.get("errors", []))), verdict(row["met"]),
         ]
         for row in fairness_rows(r)
-    ]
+    ]  # fmt: skip
     header = ["primitive", "grants per process", f"Jain (>= {JAIN_TARGET})", "wait p50 ms"]
     header += ["wait max ms", f"max / median (<= {WAIT_RATIO_TARGET:g})", "errors", "met?"]
     return Table(header, out) if out else None
@@ -702,15 +594,12 @@ def fairness_table(r: dict[str, Any]) -> Table | None:
 def reask_table(r: dict[str, Any]) -> Table | None:
     out = [
         [
-            LABELS.get(kind, kind),
-            num(s["p50_ms"]),
-            num(s["p99_ms"]),
-            num(s.get("to_waiter", {}).get("p50_ms")),
-            num(s.get("to_releaser", {}).get("p50_ms")),
+            LABELS.get(kind, kind), num(s["p50_ms"]), num(s["p99_ms"]),
+            num(s.get("to_waiter", {}).get("p50_ms")), num(s.get("to_releaser", {}).get("p50_ms")),
             f"{s['releaser_won']} of {s['handoffs']}",
         ]
         for kind, s in r.get("reask", {}).items()
-    ]
+    ]  # fmt: skip
     header = ["lock", "release -> next grant p50 ms", "p99 ms", "p50 when the waiter got it"]
     header += ["p50 when the releaser got it back", "releaser won it back"]
     return Table(header, out) if out else None
@@ -811,23 +700,12 @@ def versions_table(r: dict[str, Any]) -> Table:
     rows = []
     for k in p.get("kinds", []):
         kind = KINDS[k]
-        tuned = (
-            "as default"
-            if kind.tuned is None
-            else ", ".join(f"{a}={v}" for a, v in kind.tuned.items())
-        )
+        tuned = ", ".join(f"{a}={v}" for a, v in (kind.tuned or {}).items()) or "as default"
         default = ", ".join(f"{a}={v}" for a, v in kind.default.items()) or "(none)"
-        rows.append(
-            [
-                label(k),
-                p["libraries"].get(k, "?"),
-                servers[kind.server],
-                kind.wait,
-                kind.crash,
-                f"`{default}`",
-                f"`{tuned}`" if kind.tuned else tuned,
-            ]
-        )
+        rows.append([
+            label(k), p["libraries"].get(k, "?"), servers[kind.server], kind.wait, kind.crash,
+            f"`{default}`", f"`{tuned}`" if kind.tuned else tuned,
+        ])  # fmt: skip
     header = ["lock", "version", "server", "a blocked acquire learns the lock is free"]
     header += ["a crashed holder's lock is freed by", "default settings", "tuned settings"]
     return Table(header, rows)
@@ -1040,20 +918,15 @@ def scale_table(r: dict[str, Any]) -> Table:
     for row in r.get("scale", {}).get("rows", []):
         b = row.get("broker", {})
         mem, q = b.get("memory", {}), b.get("queues", {})
-        rows.append(
-            [
-                f"{row['locks']:,}",
-                str(row["connections"]),
-                ms(row["acquire"]["p50_ms"]),
-                ms(row["acquire"]["p99_ms"]),
-                num(mem.get("total", math.nan) / 2**20, 0, True) if mem else "n/a",
-                num((b.get("beam_rss") or math.nan) / 2**20, 0, True),
-                f"{sum(x['queues'] for x in q.values()):,}" if q else "n/a",
-                f"{b.get('erlang_processes', 0):,}" if b else "n/a",
-                str(b.get("fds_used", "n/a")),
-                num(row.get("place_s"), 1, True),
-            ]
-        )
+        rows.append([
+            f"{row['locks']:,}", str(row["connections"]), ms(row["acquire"]["p50_ms"]),
+            ms(row["acquire"]["p99_ms"]),
+            num(mem.get("total", math.nan) / 2**20, 0, True) if mem else "n/a",
+            num((b.get("beam_rss") or math.nan) / 2**20, 0, True),
+            f"{sum(x['queues'] for x in q.values()):,}" if q else "n/a",
+            f"{b.get('erlang_processes', 0):,}" if b else "n/a",
+            str(b.get("fds_used", "n/a")), num(row.get("place_s"), 1, True),
+        ])  # fmt: skip
     header = ["live locks", "connections", "acquire p50 ms", "acquire p99 ms"]
     header += ["broker memory MiB (Erlang)", "broker RSS MiB", "queues", "Erlang processes"]
     return Table([*header, "file descriptors", "placed in s"], rows)

@@ -330,6 +330,3 @@ def _slopes(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "fds_each": round((b["broker"]["fds_used"] - a["broker"]["fds_used"]) / n, 4),
     }
-
-
-__all__ = ["live_locks"]

@@ -326,18 +326,3 @@ class SlotsOfLocks:
     def close(self) -> None:
         for lock in self.locks:
             lock.close()
-
-
-__all__ = [
-    "Adapter",
-    "FileLockLock",
-    "KazooLock",
-    "OursLock",
-    "PgAdvisoryLock",
-    "RedisLockLock",
-    "RedisPyLock",
-    "SlotsOfLocks",
-    "ToozLock",
-    "advisory_key",
-    "prepare_ours",
-]

@@ -108,6 +108,7 @@ KINDS: dict[str, Kind] = {k.key: k for k in (
 )}
 # fmt: on
 
+
 def make(
     kind: str, name: str, slots: int, targets: dict[str, str], group: str = "default"
 ) -> Adapter:
@@ -150,6 +151,3 @@ def available(targets: dict[str, str]) -> list[str]:
 def supports(kind: str, slots: int) -> bool:
     k = KINDS[kind]
     return slots == 1 or k.native_slots or k.slots_recipe
-
-
-__all__ = ["KINDS", "Kind", "available", "make", "supports"]

@@ -176,6 +176,3 @@ def running(kinds: set[str], log: object = print) -> Iterator[Servers]:
 def postgres_dsn(sqlalchemy_url: str) -> str:
     """``postgresql+psycopg://u:p@h:port/db`` -> the libpq URL psycopg and tooz take."""
     return sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
-
-
-__all__ = ["Servers", "free_port", "postgres_dsn", "running"]

@@ -10,7 +10,7 @@
                                         # benchmarks/results/rabbitmq-4.0/benchmarks.md
     python -m benchmarks.run celery-overhead [--calls 200]  # docs/celery.md
     python -m benchmarks.run cluster [--rabbitmq 4.3]        # docs/cluster.md (3-node cluster)
-    python -m benchmarks.run cluster-failover [--trials 3]   # docs/cluster.md (3-node cluster)
+    python -m benchmarks.run cluster-failover [--trials 3]   # 3-node cluster: node loss
     python -m benchmarks.run profile-acquire [-n 1000]       # docs/benchmarks.md's profiles
     python -m benchmarks.run profile-handoff [-n 200] [--settle 0.05]
 

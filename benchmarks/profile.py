@@ -53,7 +53,7 @@ from amqp_locks import Broker, TokenSemaphore
 from amqp_locks.names import token_queue
 from amqp_locks.tokens import acquire_permit
 
-from .floors import _one_message_queue, raw_floors, write_together
+from .floors import _get_floor, _one_message_queue, write_together
 
 # ------------------------------------------------------------------------- acquire
 
@@ -130,7 +130,7 @@ def acquire(url: str, n: int) -> dict[str, float]:
                 session.return_holder_channel(ch, transactional=True)
                 return dt
 
-            floor = raw_floors(url, n, 1)["get_classic"]["reps"][0]
+            floor = asyncio.run(_get_floor(url, False, n, 1))["reps"][0]
             return {
                 "floor: raw aiormq basic.get, own connection and loop": _median_ms(floor),
                 "round_trip (thread hop + RTT)": _median_ms(hop),

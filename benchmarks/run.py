@@ -138,25 +138,22 @@ def _config(quick: bool) -> dict[str, Any]:
 # ---------------------------------------------------------------------- environment
 
 
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
+def _proc_info(path: str, key: str) -> str | None:
+    """The value of the first ``key:`` line of a /proc file (None if absent)."""
+    with contextlib.suppress(OSError):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 def _cpu_model() -> str:
-    for line in _read("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+    return _proc_info("/proc/cpuinfo", "model name") or platform.processor() or "unknown"
 
 
 def _ram_gib() -> float:
-    for line in _read("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal:"):
-            return round(int(line.split()[1]) / 1024 / 1024, 1)
-    return float("nan")
+    total = _proc_info("/proc/meminfo", "MemTotal:")
+    return round(int(total.split()[0]) / 1024 / 1024, 1) if total else float("nan")
 
 
 def _version(dist: str) -> str:
@@ -395,22 +392,11 @@ def _peers(url: str, cfg: dict[str, Any], rtt_ms: float) -> dict[str, Any]:
                 kinds=kinds,
                 libraries={k: _version(KINDS[k].library) for k in kinds},
             )
+            budget = cfg["compare_uncontended"]
+            lockers = lambda: _lockers(url, srv.urls.get("postgresql"), tmp)  # noqa: E731
             phases: list[tuple[str, Callable[[], Any]]] = [
-                (
-                    "uncontended",
-                    lambda: compare.uncontended(
-                        kinds, targets, cfg["compare_uncontended"], rtt_ms, _log
-                    ),
-                ),
-                (
-                    "lockers",
-                    lambda: compare.uncontended_lockers(
-                        _lockers(url, srv.urls.get("postgresql"), tmp),
-                        cfg["compare_uncontended"],
-                        rtt_ms,
-                        _log,
-                    ),
-                ),
+                ("uncontended", lambda: compare.uncontended(kinds, targets, budget, rtt_ms, _log)),
+                ("lockers", lambda: compare.uncontended_lockers(lockers(), budget, rtt_ms, _log)),
                 ("handoff", lambda: compare.handoff(kinds, targets, plan, rtt_ms, _log)),
                 ("throughput", lambda: compare.throughput(kinds, targets, plan, _log)),
                 ("crash", lambda: compare.crash(kinds, targets, plan, _log)),
@@ -427,12 +413,7 @@ def _peers(url: str, cfg: dict[str, Any], rtt_ms: float) -> dict[str, Any]:
 
 def _lockers(url: str, pg_url: str | None, tmp: Path) -> dict[str, Any]:
     """Our lockers, made here and measured uncontended (``start()`` / ``stop()``)."""
-    from amqp_locks.lockers import (
-        AmqpLocker,
-        DatabaseLocker,
-        LeaseDatabaseLocker,
-        SharedFileLocker,
-    )
+    from amqp_locks.lockers import AmqpLocker, DatabaseLocker, LeaseDatabaseLocker, SharedFileLocker
 
     name = latency.unique_name("uc-locker")
     out: dict[str, Any] = {

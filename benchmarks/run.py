@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` i
 import amqp_locks
 from amqp_locks import Broker
 from amqp_locks_dev import devbroker, devdb
-from benchmarks import compare, contention, failover, floors, handoff, latency, plots, report, scale
+from benchmarks import compare, contention, failover, floors, handoff, latency, report, scale
 from benchmarks.latency import Budget
 from benchmarks.peers import servers as peer_servers
 from benchmarks.peers.kinds import KINDS, available
@@ -562,6 +562,9 @@ def render(
 ) -> None:
     """The report pipeline: the plots (``plots.py``) into ``img_dir``, then the template
     filled from ``report.context`` into ``doc``; ``also``: other RabbitMQ lines' results."""
+    # Not at the top: every worker process imports this module (matplotlib costs each ~1 s).
+    from benchmarks import plots
+
     doc.parent.mkdir(parents=True, exist_ok=True)
     plots.render(results, also or [], img_dir)
     img_rel = Path(os.path.relpath(img_dir, doc.parent)).as_posix()

@@ -31,10 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .handoff import context
+from .handoff import context, fresh_lock
 from .latency import Budget, timed_cycles, unique_name
 from .peers import worker
-from .peers.adapters import prepare_ours
 from .peers.kinds import KINDS, make, supports
 from .stats import fairness, ms, summarize_reps
 
@@ -62,15 +61,12 @@ class Plan:
 
 @contextlib.contextmanager
 def _lock(kind: str, slots: int, targets: dict[str, str], tag: str) -> Iterator[str]:
-    """A fresh lock name (created first for ours, removed after)."""
-    name = unique_name(f"{tag}-{kind.replace('_', '-')}")
-    cleanup = prepare_ours(kind, targets["amqp"], name, slots) if KINDS[kind].ours else None
-    try:
+    """A fresh lock name (created first and removed after for ours)."""
+    if not KINDS[kind].ours:
+        yield unique_name(f"{tag}-{kind.replace('_', '-')}")
+        return
+    with fresh_lock(targets["amqp"], kind, slots, tag) as name:
         yield name
-    finally:
-        if cleanup is not None:
-            with contextlib.suppress(Exception):
-                cleanup()
 
 
 class _Crew:

@@ -29,7 +29,7 @@ from typing import Any
 
 from amqp_locks import Broker, PersistentSemaphore, SemaphoreAdmin
 
-from .handoff import HeadlinePlan, _lock, _make, context
+from .handoff import HeadlinePlan, _make, context, fresh_lock
 from .latency import ProbeCounter, unique_name
 from .stats import CpuMeter, fairness_summary, ms, summarize_reps
 
@@ -388,38 +388,35 @@ def fairness(url: str, plan: HeadlinePlan, log: Callable[[str], None]) -> dict[s
     process, and every wait (``acquire()`` called -> returned) against the median wait."""
     ctx = context()
     out: dict[str, Any] = {}
-    with Broker(url) as broker:
-        for kind in ("token", "token_nofence", "mutex", "semaphore"):
-            per: dict[int, list[tuple[float, float]]] = {}
-            errors: list[str] = []
-            with _lock(broker, kind) as name:
-                n = plan.fair_processes
-                procs, ready, go, start_at, results = _group(
-                    ctx, _fair_worker, n, url, kind, name, plan
-                )
-                try:
-                    _await_ready(ready, procs, 120.0)
-                    start_at.value = time.monotonic() + 0.05
-                    go.set()
-                    end = start_at.value + plan.fair_seconds + plan.fair_grace
-                    while len(per) < n and time.monotonic() < end:
-                        with contextlib.suppress(queue.Empty):
-                            idx, waits, error = results.get(timeout=0.5)
-                            per[idx] = waits
-                            errors += [f"worker {idx}: {error}"] if error else []
-                    for idx in set(range(n)) - per.keys():
-                        errors.append(
-                            f"worker {idx}: no report {plan.fair_grace:.0f} s after the end"
-                        )
-                finally:
-                    _end_group(procs)
-            out[kind] = s = fairness_summary([per.get(i, []) for i in range(n)])
-            s["errors"] = errors
-            s["grants_per_s"] = round(sum(s["grants"]) / plan.fair_seconds, 1)
-            log(
-                f"  fairness {kind}: grants {s['grants']} Jain {s['jain']}, wait p50 "
-                f"{s['wait_p50_ms']} ms max {s['wait_max_ms']} ms ({s['wait_max_over_median']}x, "
-                f"{s['waits_over_bound']} waits over 3x the median, the longest "
-                f"{s['wait_max_at_s']} s into the run), errors {len(s['errors'])}"
+    for kind in ("token", "token_nofence", "mutex", "semaphore"):
+        per: dict[int, list[tuple[float, float]]] = {}
+        errors: list[str] = []
+        with fresh_lock(url, kind) as name:
+            n = plan.fair_processes
+            procs, ready, go, start_at, results = _group(
+                ctx, _fair_worker, n, url, kind, name, plan
             )
+            try:
+                _await_ready(ready, procs, 120.0)
+                start_at.value = time.monotonic() + 0.05
+                go.set()
+                end = start_at.value + plan.fair_seconds + plan.fair_grace
+                while len(per) < n and time.monotonic() < end:
+                    with contextlib.suppress(queue.Empty):
+                        idx, waits, error = results.get(timeout=0.5)
+                        per[idx] = waits
+                        errors += [f"worker {idx}: {error}"] if error else []
+                for idx in set(range(n)) - per.keys():
+                    errors.append(f"worker {idx}: no report {plan.fair_grace:.0f} s after the end")
+            finally:
+                _end_group(procs)
+        out[kind] = s = fairness_summary([per.get(i, []) for i in range(n)])
+        s["errors"] = errors
+        s["grants_per_s"] = round(sum(s["grants"]) / plan.fair_seconds, 1)
+        log(
+            f"  fairness {kind}: grants {s['grants']} Jain {s['jain']}, wait p50 "
+            f"{s['wait_p50_ms']} ms max {s['wait_max_ms']} ms ({s['wait_max_over_median']}x, "
+            f"{s['waits_over_bound']} waits over 3x the median, the longest "
+            f"{s['wait_max_at_s']} s into the run), errors {len(s['errors'])}"
+        )
     return out

@@ -99,24 +99,28 @@ def _make(broker: Broker, kind: str, name: str) -> Any:
 
 
 @contextlib.contextmanager
-def _lock(broker: Broker, kind: str) -> Any:
-    """Create a one-permit lock of ``kind``; yields its name; removes it afterwards."""
-    name = unique_name(f"ho-{kind.replace('_', '-')}")
-    if kind.startswith("token"):
-        ts = TokenSemaphore(broker, name, quorum=kind == "token_quorum")
-        ts.setup(1)
-    elif kind == "semaphore":
-        SemaphoreAdmin(broker, name).create(1)
+def fresh_lock(url: str, kind: str, slots: int = 1, tag: str = "ho") -> Iterator[str]:
+    """A new lock of ``kind`` (``token*``, ``*semaphore``, else a mutex; ``*quorum``: a quorum
+    token queue) with ``slots`` permits, created first; yields its name; removes its queues
+    (and the helper queues a mutex or semaphore leaves) afterwards."""
+    name = unique_name(f"{tag}-{kind.replace('_', '-')}")
+    token, quorum, sem = "token" in kind, kind.endswith("quorum"), kind.endswith("semaphore")
+    with Broker(url) as broker:
+        if token:
+            TokenSemaphore(broker, name, quorum=quorum).setup(slots)
+        elif sem:
+            SemaphoreAdmin(broker, name).create(slots)
     try:
         yield name
     finally:
-        with contextlib.suppress(Exception):
-            if kind.startswith("token"):
-                TokenSemaphore(broker, name, quorum=kind == "token_quorum").destroy()
-            elif kind == "semaphore":
-                SemaphoreAdmin(broker, name).destroy(purge_fence=True)
-        helpers = [f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")]
-        _delete_queues(broker, [name, fence_queue(name), *helpers])
+        with contextlib.suppress(Exception), Broker(url) as broker:
+            with contextlib.suppress(Exception):
+                if token:
+                    TokenSemaphore(broker, name, quorum=quorum).destroy()
+                elif sem:
+                    SemaphoreAdmin(broker, name).destroy(purge_fence=True)
+            helpers = [f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")]
+            _delete_queues(broker, [name, fence_queue(name), *helpers])
 
 
 # ---------------------------------------------------------------------- uncontended
@@ -130,7 +134,7 @@ def uncontended_tokens(
     out: dict[str, Any] = {}
     with Broker(url) as broker:
         for kind in ("token", "token_nofence", "token_quorum"):
-            with _lock(broker, kind) as name:
+            with fresh_lock(url, kind) as name:
                 sem = _make(broker, kind, name)
                 out[kind] = _uncontended_one(sem.acquire, budget, rtt_ms, meter_pids)
     return out
@@ -209,10 +213,10 @@ class _Proc:
 
 
 @contextlib.contextmanager
-def _workers(ctx: Any, url: str, broker: Broker, kind: str, n: int) -> Iterator[list[_Proc]]:
+def _workers(ctx: Any, url: str, kind: str, n: int) -> Iterator[list[_Proc]]:
     """``n`` workers on a fresh one-permit lock of ``kind``, the first of them holding it;
     stopped (and the lock removed) at the end of the block."""
-    with _lock(broker, kind) as name:
+    with fresh_lock(url, kind) as name:
         procs = [_Proc(ctx, url, kind, name) for _ in range(n)]
         try:
             for p in procs:
@@ -229,10 +233,10 @@ def _workers(ctx: Any, url: str, broker: Broker, kind: str, n: int) -> Iterator[
 # --------------------------------------------------------------------------- handoff
 
 
-def _handoff_one(ctx: Any, url: str, broker: Broker, kind: str, plan: Plan) -> dict[str, Any]:
+def _handoff_one(ctx: Any, url: str, kind: str, plan: Plan) -> dict[str, Any]:
     reps: list[list[float]] = []
     release_calls: list[float] = []
-    with _workers(ctx, url, broker, kind, 2) as (holder, waiter):
+    with _workers(ctx, url, kind, 2) as (holder, waiter):
         for rep in range(plan.reps):
             samples: list[float] = []
             for i in range(plan.samples + (plan.warmup if rep == 0 else 0)):
@@ -259,29 +263,26 @@ def handoff(url: str, plan: Plan, rtt_ms: float, log: Callable[[str], None]) -> 
     """Release -> waiter's acquire returned, per lock kind (one permit, two processes)."""
     ctx = context()
     out: dict[str, Any] = {}
-    with Broker(url) as broker:
-        for kind in KINDS:
-            s = _handoff_one(ctx, url, broker, kind, plan)
-            s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
-            s["p99_x_rtt"] = round(s["p99_ms"] / rtt_ms, 1)
-            out[kind] = s
-            log(
-                f"  handoff {kind}: p50={s['p50_ms']:.2f} ms ({s['p50_x_rtt']}x RTT) "
-                f"p99={s['p99_ms']:.2f} ms n={s['n']}"
-            )
+    for kind in KINDS:
+        s = _handoff_one(ctx, url, kind, plan)
+        s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
+        s["p99_x_rtt"] = round(s["p99_ms"] / rtt_ms, 1)
+        out[kind] = s
+        log(
+            f"  handoff {kind}: p50={s['p50_ms']:.2f} ms ({s['p50_x_rtt']}x RTT) "
+            f"p99={s['p99_ms']:.2f} ms n={s['n']}"
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- crash
 
 
-def _crash_one(
-    ctx: Any, url: str, broker: Broker, kind: str, plan: Plan, rng: random.Random
-) -> dict[str, Any]:
+def _crash_one(ctx: Any, url: str, kind: str, plan: Plan, rng: random.Random) -> dict[str, Any]:
     samples: list[float] = []
     settles: list[float] = []
     errors: list[str] = []
-    with _workers(ctx, url, broker, kind, plan.crash_samples + 1) as procs:
+    with _workers(ctx, url, kind, plan.crash_samples + 1) as procs:
         for holder, waiter in itertools.pairwise(procs):
             waiter.send("acquire")
             waiter.expect("acquiring")
@@ -312,13 +313,12 @@ def crash(url: str, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     ctx = context()
     rng = random.Random(4)
     out: dict[str, Any] = {}
-    with Broker(url) as broker:
-        for kind in ("token", "mutex", "semaphore"):
-            out[kind] = s = _crash_one(ctx, url, broker, kind, plan, rng)
-            log(
-                f"  crash {kind}: p50={s['p50_ms']:.1f} ms p99={s['p99_ms']:.1f} ms "
-                f"n={s['n']} errors={len(s['errors'])}"
-            )
+    for kind in ("token", "mutex", "semaphore"):
+        out[kind] = s = _crash_one(ctx, url, kind, plan, rng)
+        log(
+            f"  crash {kind}: p50={s['p50_ms']:.1f} ms p99={s['p99_ms']:.1f} ms "
+            f"n={s['n']} errors={len(s['errors'])}"
+        )
     return out
 
 
@@ -339,10 +339,10 @@ class HeadlinePlan:
     fair_grace: float = 10.0
 
 
-def _reask_one(ctx: Any, url: str, broker: Broker, kind: str, plan: HeadlinePlan) -> dict[str, Any]:
+def _reask_one(ctx: Any, url: str, kind: str, plan: HeadlinePlan) -> dict[str, Any]:
     reps: list[list[float]] = []
     to: dict[bool, list[float]] = {True: [], False: []}  # the releaser won it back / not
-    with _workers(ctx, url, broker, kind, 2) as (holder, waiter):
+    with _workers(ctx, url, kind, 2) as (holder, waiter):
         waiter.send("acquire")
         waiter.expect("acquiring")
         for rep in range(plan.reask_reps):
@@ -381,11 +381,10 @@ def reask(url: str, plan: HeadlinePlan, log: Callable[[str], None]) -> dict[str,
     won its lock back."""
     ctx = context()
     out: dict[str, Any] = {}
-    with Broker(url) as broker:
-        for kind in ("token", "token_nofence", "mutex", "semaphore"):
-            out[kind] = s = _reask_one(ctx, url, broker, kind, plan)
-            log(
-                f"  re-ask handoff {kind}: p50={s['p50_ms']:.2f} ms p99={s['p99_ms']:.2f} ms; "
-                f"the releaser won {s['releaser_won']} of {s['handoffs']}"
-            )
+    for kind in ("token", "token_nofence", "mutex", "semaphore"):
+        out[kind] = s = _reask_one(ctx, url, kind, plan)
+        log(
+            f"  re-ask handoff {kind}: p50={s['p50_ms']:.2f} ms p99={s['p99_ms']:.2f} ms; "
+            f"the releaser won {s['releaser_won']} of {s['handoffs']}"
+        )
     return out

@@ -2,7 +2,7 @@
 then ``get``) without a lock, with ``amqp_locks.celery.Singleton`` and with celery-once's
 ``QueueOnce`` on Redis, in one run (docs/celery.md quotes it).
 
-    python -m benchmarks.celery_overhead [--calls 200] [--json PATH]
+    python -m benchmarks.run celery-overhead [--calls 200] [--json PATH]
 
 Starts a private RabbitMQ node (``amqp_locks_dev.devbroker``, name ``amqplocksbench``) and
 a private Redis (``amqp_locks_dev.devredis``, name ``celery-bench``), stops what it
@@ -14,8 +14,6 @@ previous call of its key has not freed it yet is retried at once and counted.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import signal
@@ -157,10 +155,9 @@ def _redis_version(url: str) -> str:
     return str(redis.Redis.from_url(url).info()["redis_version"])
 
 
-def run(calls: int, warmup: int) -> dict[str, Any]:
+def run(calls: int, warmup: int, node_name: str = "amqplocksbench") -> dict[str, Any]:
     from amqp_locks_dev import devbroker, devredis
 
-    node_name = "amqplocksbench"
     broker_was = devbroker.status(name=node_name) is not None
     redis_was = devredis.status("celery-bench") is not None
     node = devbroker.start(name=node_name)
@@ -242,25 +239,3 @@ def table(result: dict[str, Any]) -> str:
             f"{r['p90_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | {r['refused_and_retried']} |"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.celery_overhead", description=__doc__
-    )
-    parser.add_argument("--calls", type=int, default=200, help="measured calls per variant")
-    parser.add_argument("--warmup", type=int, default=20, help="unmeasured calls per variant")
-    parser.add_argument(
-        "--json", type=Path, default=ROOT / "benchmarks" / "results" / "celery-overhead.json"
-    )
-    args = parser.parse_args(argv)
-    result = run(args.calls, args.warmup)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
-    print(f"\n(written to {args.json})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
-"""Cluster mode's cost: acquire and handoff on a 3-node cluster beside one node, in one run.
+"""The cluster scenarios (docs/cluster.md): cluster mode's cost, and node failure.
 
-`python -m benchmarks.cluster [--version 4.3] [--quick] [--out PATH]` starts, one after the
-other (2 cores), a private single node and a private 3-node cluster of one RabbitMQ line
-(`amqp_locks_dev`), stops each afterwards, and measures on each:
+`python -m benchmarks.run cluster [--rabbitmq 4.3] [--quick] [--json PATH]` starts, one
+after the other (2 cores), a private single node and a private 3-node cluster of one
+RabbitMQ line (`amqp_locks_dev`), stops each afterwards, and measures on each:
 
 - **library**, p50 (median over repetitions) of
   - an uncontended ``acquire`` (the lease is released, untimed, before the next sample) of
@@ -17,15 +17,21 @@ other (2 cores), a private single node and a private 3-node cluster of one Rabbi
   of a quorum-queue message returned by a reject just before (an uncontended acquire's
   broker part), and ``basic.reject`` -> delivery to another connection's consumer on a
   quorum queue (a handoff's), each with its ratio.
+
+`python -m benchmarks.run cluster-failover [--trials N]` (``failover_table``; the
+`amqplockscfail` cluster with `amqp_locks_dev.devcluster`, stopped afterwards unless it
+was running): per trial and primitive, a holder connected to node 1 and a waiter connected
+to node 2; node 1 (which also leads the lock's quorum queues) is killed with SIGKILL.
+Measured from the kill: when the holder's lease is marked lost, and when the waiter's
+acquire returns. Then the node is restarted (timed) and the fencing token of a grant
+through the restarted node is checked against the others.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
-import sys
+import statistics
 import threading
 import time
 import uuid
@@ -36,7 +42,7 @@ from typing import Any
 import aiormq
 from aiormq.abc import DeliveredMessage
 
-from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
+from amqp_locks import Broker, Lease, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
 from amqp_locks_dev import devbroker, devcluster
 
 from .floors import _handoff_floor, _one_message_queue
@@ -234,20 +240,78 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--version", default="4.3", choices=devbroker.VERSIONS)
-    ap.add_argument("--quick", action="store_true", help="few samples (a smoke run)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON results (default: results/)")
-    args = ap.parse_args(argv)
-    samples, reps = (12, 1) if args.quick else (100, 3)
-    results = run(args.version, samples, reps, lambda m: print(m, file=sys.stderr))
-    out = args.out or Path(__file__).parent / "results" / f"cluster-{args.version}.json"
-    out.write_text(json.dumps(results, indent=1) + "\n")
-    print(table(results))
-    print(f"results: {out}", file=sys.stderr)
-    return 0
+# -------------------------------------------------------------------- node failure
+
+FAILOVER_CLUSTER = "amqplockscfail"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _trial(info: devcluster.ClusterInfo, kind: str) -> tuple[float, float, float, bool]:
+    def broker(first: int) -> Broker:
+        return Broker(info.urls[first - 1 :] + info.urls[: first - 1], heartbeat=5).connect()
+
+    name = f"b{uuid.uuid4().hex[:10]}"
+    b1, b2, b3 = broker(1), broker(2), broker(1)
+    try:
+        if kind == "semaphore":
+            SemaphoreAdmin(b1, name, quorum=True).create(1)
+        elif kind == "token":
+            TokenSemaphore(b1, name, quorum=True).setup(1)
+
+        def acquire(b: Broker) -> Lease:
+            lease = _lock(b, kind, name).acquire(timeout=30)
+            assert lease is not None
+            return lease
+
+        held = acquire(b1)
+        box: list[Lease] = []
+        waiter = threading.Thread(target=lambda: box.append(acquire(b2)))
+        waiter.start()
+        time.sleep(1.0)  # let the waiter subscribe (a benchmark, not a test)
+        killed = time.monotonic()
+        devcluster.kill_node(FAILOVER_CLUSTER, 1)
+        held.lost.wait(30)
+        lost = time.monotonic() - killed
+        waiter.join(60)
+        regrant = time.monotonic() - killed
+        new = box[0]
+        new.release()
+        t = time.monotonic()
+        devcluster.start_node(FAILOVER_CLUSTER, 1)
+        restart = time.monotonic() - t
+        b3.close()
+        b3 = broker(1)
+        last = acquire(b3)
+        monotonic = held.fencing_token < new.fencing_token < last.fencing_token
+        last.release()
+        return lost, regrant, restart, monotonic
+    finally:
+        for b in (b1, b2, b3):
+            b.close()
+
+
+def failover_table(trials: int) -> str:
+    """The markdown table docs/cluster.md quotes, ``trials`` trials per primitive."""
+    was_running = any(devcluster.status(FAILOVER_CLUSTER).values())
+    info = devcluster.start(FAILOVER_CLUSTER, 3)
+    lines = [
+        "| primitive | holder told (ms, median [min-max]) | waiter on a surviving node "
+        "granted (ms) | node restart (s) | tokens monotonic |",
+        "|---|---|---|---|---|",
+    ]
+
+    def fmt(xs: list[float], digits: int = 0) -> str:
+        return f"{statistics.median(xs):.{digits}f} [{min(xs):.{digits}f}-{max(xs):.{digits}f}]"
+
+    try:
+        for kind in KINDS:
+            rows = [_trial(info, kind) for _ in range(trials)]
+            lost, regrant = [r[0] * 1000 for r in rows], [r[1] * 1000 for r in rows]
+            ok = "yes" if all(r[3] for r in rows) else "NO"
+            lines.append(
+                f"| {kind} | {fmt(lost)} | {fmt(regrant)} | {fmt([r[2] for r in rows], 1)} | "
+                f"{ok} ({len(rows)} trials) |"
+            )
+    finally:
+        if not was_running:
+            devcluster.stop(FAILOVER_CLUSTER)
+    return "\n".join(lines)

@@ -31,10 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .handoff import context
+from .handoff import context, fresh_lock
 from .latency import Budget, timed_cycles, unique_name
 from .peers import worker
-from .peers.adapters import prepare_ours
 from .peers.kinds import KINDS, make, supports
 from .stats import fairness, ms, summarize_reps
 
@@ -62,15 +61,12 @@ class Plan:
 
 @contextlib.contextmanager
 def _lock(kind: str, slots: int, targets: dict[str, str], tag: str) -> Iterator[str]:
-    """A fresh lock name (created first for ours, removed after)."""
-    name = unique_name(f"{tag}-{kind.replace('_', '-')}")
-    cleanup = prepare_ours(kind, targets["amqp"], name, slots) if KINDS[kind].ours else None
-    try:
+    """A fresh lock name (created first and removed after for ours)."""
+    if not KINDS[kind].ours:
+        yield unique_name(f"{tag}-{kind.replace('_', '-')}")
+        return
+    with fresh_lock(targets["amqp"], kind, slots, tag) as name:
         yield name
-    finally:
-        if cleanup is not None:
-            with contextlib.suppress(Exception):
-                cleanup()
 
 
 class _Crew:
@@ -158,23 +154,37 @@ def _crew(ctx: Any) -> Iterator[_Crew]:
 # --------------------------------------------------------------------- uncontended
 
 
+def _cell(
+    log: Log, what: str, measure: Callable[[], dict[str, Any]], shown: Callable[[Any], str]
+) -> dict[str, Any]:
+    """``measure()``, or its error (the run goes on; ``run.problems`` reports it); logged."""
+    try:
+        s = measure()
+    except Exception as exc:
+        s = {"error": f"{type(exc).__name__}: {exc}"[:300], "n": 0}
+    log(f"  {what}: {'ERROR ' + s['error'] if 'error' in s else shown(s)}")
+    return s
+
+
+def _uc_shown(s: dict[str, Any]) -> str:
+    a, r = s["acquire"]["p50_ms"], s["release"]["p50_ms"]
+    return f"acquire p50={a:.2f} ms release p50={r:.2f} ms"
+
+
 def uncontended(
     kinds: list[str], targets: dict[str, str], budget: Budget, rtt_ms: float, log: Log
 ) -> dict[str, Any]:
     """Acquire then release, back to back in this process, per lock (connection made first)."""
-    out: dict[str, Any] = {}
-    for kind in kinds:
-        try:
-            with _lock(kind, 1, targets, "uc") as name:
-                lock = make(kind, name, 1, targets)
-                try:
-                    out[kind] = _cycles(lock.acquire, lock.release, budget, rtt_ms)
-                finally:
-                    lock.close()
-        except Exception as exc:
-            out[kind] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        _log_uc(log, kind, out[kind])
-    return out
+
+    def measure(kind: str) -> dict[str, Any]:
+        with _lock(kind, 1, targets, "uc") as name:
+            lock = make(kind, name, 1, targets)
+            try:
+                return _cycles(lock.acquire, lock.release, budget, rtt_ms)
+            finally:
+                lock.close()
+
+    return {k: _cell(log, k, lambda k=k: measure(k), _uc_shown) for k in kinds}
 
 
 def uncontended_lockers(
@@ -182,26 +192,12 @@ def uncontended_lockers(
 ) -> dict[str, Any]:
     """``start()`` + ``stop()`` of each locker (uncontended; the master's path)."""
     out: dict[str, Any] = {}
-    for label, locker in lockers.items():
-        try:
-            out[label] = _cycles(lambda lk=locker: lk.start() or True, locker.stop, budget, rtt_ms)
-        except Exception as exc:
-            out[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        finally:
-            with contextlib.suppress(Exception):
-                locker.close()
-        _log_uc(log, label, out[label])
+    for label, lk in lockers.items():
+        cycles = lambda lk=lk: _cycles(lambda: lk.start() or True, lk.stop, budget, rtt_ms)  # noqa: E731
+        out[label] = _cell(log, label, cycles, _uc_shown)
+        with contextlib.suppress(Exception):
+            lk.close()
     return out
-
-
-def _log_uc(log: Log, label: str, s: dict[str, Any]) -> None:
-    if "error" in s:
-        log(f"  {label}: ERROR {s['error']}")
-    else:
-        log(
-            f"  {label}: acquire p50={s['acquire']['p50_ms']:.2f} ms "
-            f"release p50={s['release']['p50_ms']:.2f} ms"
-        )
 
 
 def _cycles(
@@ -240,24 +236,20 @@ def handoff(
     for kind in kinds:
         out[kind] = {}
         for n in plan.waiters:
-            try:
-                s = _handoff_cell(ctx, kind, targets, n, plan)
-                s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
-            except Exception as exc:
-                s = {"error": f"{type(exc).__name__}: {exc}"[:300], "n": 0}
-            out[kind][str(n)] = s
-            if "error" in s:
-                log(f"  handoff {kind} waiters={n}: ERROR {s['error']}")
-            else:
-                log(
-                    f"  handoff {kind} waiters={n}: p50={s['p50_ms']:.2f} ms "
-                    f"p99={s['p99_ms']:.2f} ms n={s['n']} overlaps={s['overlaps']}"
-                )
+            out[kind][str(n)] = _cell(
+                log,
+                f"handoff {kind} waiters={n}",
+                lambda k=kind, n=n: _handoff_cell(ctx, k, targets, n, plan, rtt_ms),
+                lambda s: (
+                    f"p50={s['p50_ms']:.2f} ms p99={s['p99_ms']:.2f} ms n={s['n']} "
+                    f"overlaps={s['overlaps']}"
+                ),
+            )
     return out
 
 
 def _handoff_cell(
-    ctx: Any, kind: str, targets: dict[str, str], n: int, plan: Plan
+    ctx: Any, kind: str, targets: dict[str, str], n: int, plan: Plan, rtt_ms: float
 ) -> dict[str, Any]:
     warmup = 2
     with _lock(kind, 1, targets, f"ho{n}") as name, _crew(ctx) as crew:
@@ -291,6 +283,7 @@ def _handoff_cell(
     s["samples_ms"] = [ms(x) for x in gaps]
     s["overlaps"] = overlaps
     s["waiters"] = n
+    s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
     return s
 
 
@@ -306,19 +299,15 @@ def throughput(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) 
         for kind in kinds:
             if not supports(kind, slots) or (slots > 1 and kind in ("ours_mutex", "kazoo_lock")):
                 continue
-            try:
-                s = _throughput_cell(ctx, kind, targets, slots, plan)
-            except Exception as exc:
-                s = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-            out[str(slots)][kind] = s
-            if "error" in s:
-                log(f"  throughput {kind} slots={slots}: ERROR {s['error']}")
-            else:
-                f = s["fairness"]
-                log(
-                    f"  throughput {kind} slots={slots}: {s['grants_per_s']:.0f} grants/s, "
-                    f"Jain {f['jain']:.2f}, min/max {f['min']}/{f['max']}"
-                )
+            out[str(slots)][kind] = _cell(
+                log,
+                f"throughput {kind} slots={slots}",
+                lambda k=kind, slots=slots: _throughput_cell(ctx, k, targets, slots, plan),
+                lambda s: (
+                    f"{s['grants_per_s']:.0f} grants/s, Jain {s['fairness']['jain']:.2f}, "
+                    f"min/max {s['fairness']['min']}/{s['fairness']['max']}"
+                ),
+            )
     return out
 
 
@@ -383,10 +372,16 @@ def crash(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> di
     results: dict[tuple[str, str], dict[str, Any]] = {}
 
     def run(kind: str, group: str, samples: int, seed: int) -> None:
-        try:
-            results[kind, group] = _crash_series(ctx, kind, group, targets, samples, seed, plan)
-        except Exception as exc:
-            results[kind, group] = {"n": 0, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        results[kind, group] = _cell(
+            log,
+            f"crash {kind} {group}",
+            lambda: _crash_series(ctx, kind, group, targets, samples, seed, plan),
+            lambda s: (
+                f"not free within {s['cap_s']:.0f} s (never expires)"
+                if s.get("censored")
+                else f"p50={s['p50_ms']:.1f} ms max={s['max_ms']:.1f} ms n={s['n']}"
+            ),
+        )
 
     def slow(kind: str, group: str) -> bool:
         expiry = KINDS[kind].expiry[group == "tuned"]
@@ -407,17 +402,7 @@ def crash(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> di
         t.join()
     out: dict[str, Any] = {"wall_s": round(time.monotonic() - started, 1), "rows": {}}
     for kind, group, _, _ in series:
-        s = results[kind, group]
-        out["rows"].setdefault(kind, {})[group] = s
-        if "error" in s:
-            log(f"  crash {kind} {group}: ERROR {s['error']}")
-        elif s.get("censored"):
-            log(f"  crash {kind} {group}: not free within {s['cap_s']:.0f} s (never expires)")
-        else:
-            log(
-                f"  crash {kind} {group}: p50={s['p50_ms']:.1f} ms max={s['max_ms']:.1f} ms "
-                f"n={s['n']}"
-            )
+        out["rows"].setdefault(kind, {})[group] = results[kind, group]
     return out
 
 
@@ -466,6 +451,3 @@ def _crash_series(
     s["errors"] = errors
     s["settings"] = KINDS[kind].settings(group)
     return s
-
-
-__all__ = ["Plan", "crash", "handoff", "throughput", "uncontended", "uncontended_lockers"]

@@ -6,10 +6,14 @@ Linux, so comparable across processes), when ``acquire()`` returned and when the
 to call ``release()``, with the slot number and fencing token. Tokens rise strictly with
 every grant, so per slot the grants are ordered by token and each release is paired with
 the next grant of the same slot: the handoff is that grant's time minus the release's.
+
+The fairness loop (``fairness``) runs a few processes on one permit per primitive: Jain's
+index over grants per process, and every wait against the median wait.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
@@ -19,14 +23,15 @@ import statistics
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from amqp_locks import Broker, PersistentSemaphore, SemaphoreAdmin
 
-from .cpu import CpuMeter
+from .handoff import HeadlinePlan, _make, context, fresh_lock
 from .latency import ProbeCounter, unique_name
-from .stats import ms, summarize_reps
+from .stats import CpuMeter, fairness_summary, ms, summarize_reps
 
 #: (kind, slot, token, time): kind "A" = acquire returned, "R" = about to release.
 Event = tuple[str, int, int, float]
@@ -61,14 +66,7 @@ class Plan:
 
 
 def _worker(
-    idx: int,
-    url: str,
-    name: str,
-    plan: Plan,
-    ready: Any,
-    go: Any,
-    start_at: Any,
-    results: Any,
+    idx: int, url: str, name: str, plan: Plan, ready: Any, go: Any, start_at: Any, results: Any
 ) -> None:
     """One contender. Streams ("grant", idx, (acquired, released)) to ``results`` as it goes,
     so a worker that hangs loses nothing already measured, and ends with
@@ -83,12 +81,7 @@ def _worker(
     try:
         broker.connect()
         sem = PersistentSemaphore(broker, name)
-        lease = sem.acquire()  # warm-up: the fence check, pooled channels
-        if lease is not None:
-            lease.release()
-        ready.put(idx)
-        if not go.wait(120):
-            raise RuntimeError("never told to start")
+        _ready_set_go(sem, idx, ready, go)
         deadline = start_at.value + plan.seconds
         cpu0 = time.process_time()
         with probes.installed():
@@ -126,19 +119,7 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
     with Broker(url) as admin_broker:
         admin = SemaphoreAdmin(admin_broker, name)
         admin.create(plan.slots)
-        ready, results = ctx.Queue(), ctx.Queue()
-        go = ctx.Event()
-        start_at = ctx.Value("d", 0.0)
-        procs = [
-            ctx.Process(
-                target=_worker,
-                args=(i, url, name, plan, ready, go, start_at, results),
-                daemon=True,
-            )
-            for i in range(plan.processes)
-        ]
-        for p in procs:
-            p.start()
+        procs, ready, go, start_at, results = _group(ctx, _worker, plan.processes, url, name, plan)
         per_worker: dict[int, list[Event]] = {i: [] for i in range(plan.processes)}
         done: set[int] = set()
         worker_cpu = 0.0
@@ -183,15 +164,7 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
                     "end of the run (terminated; its CPU time is not counted)"
                 )
         finally:
-            # Give the workers a few seconds to close their connections, then stop the
-            # stragglers; everything they measured is already here.
-            stop_by = time.monotonic() + 5.0
-            for p in procs:
-                p.join(max(0.1, stop_by - time.monotonic()))
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-                    p.join(5)
+            _end_group(procs)
             admin.destroy(purge_fence=True)
     if not any(per_worker.values()):
         raise RuntimeError("contention run produced no grants:\n" + "\n".join(errors))
@@ -206,6 +179,28 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
     }
 
 
+def _ready_set_go(lock: Any, idx: int, ready: Any, go: Any) -> None:
+    """A worker's warm-up (the fence check, pooled channels), its "ready", then "go"."""
+    lease = lock.acquire(timeout=60)
+    if lease is not None:
+        lease.release()
+    ready.put(idx)
+    if not go.wait(120):
+        raise RuntimeError("never told to start")
+
+
+def _group(ctx: Any, target: Any, n: int, *args: Any) -> tuple[list[Any], Any, Any, Any, Any]:
+    """``n`` started processes ``target(idx, *args, ready, go, start_at, results)``."""
+    ready, results, go, start_at = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+    procs = [
+        ctx.Process(target=target, args=(i, *args, ready, go, start_at, results), daemon=True)
+        for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    return procs, ready, go, start_at, results
+
+
 def _await_ready(ready: Any, procs: list[Any], timeout: float) -> None:
     """Wait for every worker's "ready"; fail fast if one dies first (e.g. import error)."""
     deadline = time.monotonic() + timeout
@@ -218,6 +213,18 @@ def _await_ready(ready: Any, procs: list[Any], timeout: float) -> None:
             dead = [p.exitcode for p in procs if p.exitcode is not None]
             if dead or time.monotonic() > deadline:
                 raise RuntimeError(f"{pending} workers not ready; exit codes {dead}") from None
+
+
+def _end_group(procs: list[Any]) -> None:
+    """A few seconds to close their connections, then the stragglers are stopped (what
+    they measured has already been sent)."""
+    stop_by = time.monotonic() + 5.0
+    for p in procs:
+        p.join(max(0.1, stop_by - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
 
 
 def handoffs(per_worker: dict[int, list[Event]]) -> tuple[list[float], int]:
@@ -333,3 +340,83 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
         "timeout_overrun": _overrun([x for run in runs for x in run.get("timeout_overruns", [])]),
         "ms_per_grant_per_slot": ms(plan.slots / med(rates)) if med(rates) else None,
     }
+
+
+# ------------------------------------------------------------------- fairness loop
+
+
+def _fair_worker(
+    idx: int,
+    url: str,
+    kind: str,
+    name: str,
+    plan: HeadlinePlan,
+    ready: Any,
+    go: Any,
+    start_at: Any,
+    results: Any,
+) -> None:
+    """Loop acquire -> hold -> release -> acquire until the end of the run; report every
+    (acquire called, acquire returned) pair on CLOCK_MONOTONIC."""
+    logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
+    waits: list[tuple[float, float]] = []
+    error: str | None = None
+    broker = Broker(url, connection_name=f"amqp-locks bench fairness {kind} {idx}")
+    try:
+        broker.connect()
+        lock = _make(broker, kind, name)
+        _ready_set_go(lock, idx, ready, go)
+        deadline = start_at.value + plan.fair_seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            t0 = time.monotonic()
+            lease = lock.acquire(timeout=remaining)
+            if lease is None:
+                break
+            waits.append((t0, time.monotonic()))
+            time.sleep(plan.fair_hold)
+            lease.release()
+    except BaseException as exc:
+        error = repr(exc)
+    finally:
+        results.put((idx, waits, error))
+        broker.close()
+
+
+def fairness(url: str, plan: HeadlinePlan, log: Callable[[str], None]) -> dict[str, Any]:
+    """Per primitive (one permit): ``fair_processes`` processes loop acquire -> hold
+    ``fair_hold`` s -> release for ``fair_seconds`` s; Jain's index over grants per
+    process, and every wait (``acquire()`` called -> returned) against the median wait."""
+    ctx = context()
+    out: dict[str, Any] = {}
+    for kind in ("token", "token_nofence", "mutex", "semaphore"):
+        per: dict[int, list[tuple[float, float]]] = {}
+        errors: list[str] = []
+        with fresh_lock(url, kind) as name:
+            n = plan.fair_processes
+            procs, ready, go, start_at, results = _group(
+                ctx, _fair_worker, n, url, kind, name, plan
+            )
+            try:
+                _await_ready(ready, procs, 120.0)
+                start_at.value = time.monotonic() + 0.05
+                go.set()
+                end = start_at.value + plan.fair_seconds + plan.fair_grace
+                while len(per) < n and time.monotonic() < end:
+                    with contextlib.suppress(queue.Empty):
+                        idx, waits, error = results.get(timeout=0.5)
+                        per[idx] = waits
+                        errors += [f"worker {idx}: {error}"] if error else []
+                for idx in set(range(n)) - per.keys():
+                    errors.append(f"worker {idx}: no report {plan.fair_grace:.0f} s after the end")
+            finally:
+                _end_group(procs)
+        out[kind] = s = fairness_summary([per.get(i, []) for i in range(n)])
+        s["errors"] = errors
+        s["grants_per_s"] = round(sum(s["grants"]) / plan.fair_seconds, 1)
+        log(
+            f"  fairness {kind}: grants {s['grants']} Jain {s['jain']}, wait p50 "
+            f"{s['wait_p50_ms']} ms max {s['wait_max_ms']} ms ({s['wait_max_over_median']}x, "
+            f"{s['waits_over_bound']} waits over 3x the median, the longest "
+            f"{s['wait_max_at_s']} s into the run), errors {len(s['errors'])}"
+        )
+    return out

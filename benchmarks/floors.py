@@ -18,6 +18,7 @@ costs before any lock logic runs.
   - exclusive ``queue.declare`` on an open channel, and its ``queue.delete`` timed
     separately: the floor of a mutex / persistent-semaphore acquire and handoff.
 
+- the steps of an acquire (``primitives``), through the library's session API.
 - sequence floors (:data:`SEQUENCES`): raw aiormq doing, step for step, the broker
   operations one of ours is made of, shown beside the targets' ratios as information (a
   target whose own floor is below its sequence floor cannot be met by client code).
@@ -40,7 +41,13 @@ from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from amqp_locks import Broker
+from amqp_locks import Broker, SemaphoreAdmin
+from amqp_locks.fencing import take_token
+from amqp_locks.names import holder_queue, slot_queue
+from amqp_locks.semaphore.client import HOLDER_ARGS
+
+from .latency import unique_name
+from .stats import summarize_reps
 
 PING = b"amqp-locks-bench"  # 16 bytes, about the size of a small AMQP method frame
 
@@ -490,7 +497,78 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     out["token_cycle"] = asyncio.run(_token_cycle_floor(url, samples, reps))
     out["token_handoff_tx"] = asyncio.run(_handoff_floor(url, False, samples, reps, tx=True))
     # Each handoff sample holds for MUTEX_SETTLE: a tenth of the samples keeps it short.
-    out["mutex_handoff"] = asyncio.run(
-        _mutex_handoff_floor(url, max(10, samples // 10), reps)
-    )
+    out["mutex_handoff"] = asyncio.run(_mutex_handoff_floor(url, max(10, samples // 10), reps))
+    return out
+
+
+# ------------------------------------------------------------- steps of an acquire
+
+Step = Callable[[], Awaitable[None]]
+
+
+def primitives(url: str, samples: int, reps: int, rtt_ms: float) -> dict[str, Any]:
+    """The AMQP steps an acquire is made of, timed one by one through the library's internal
+    session API (the same calls the client makes), to explain where its time goes: an
+    uncontended semaphore acquire is one window of 16 probes (`A[1..8]`, `B[1..8]`), the
+    exclusive declare of `B[k]` overlapped with opening the lease's watch channel, two
+    consumes overlapped with taking a fencing token from the quorum fence queue; a release
+    deletes `B[k]`. p50/p99 of each step; ``declare``/``delete`` alternate on one queue."""
+    out: dict[str, Any] = {}
+    with Broker(url) as broker:
+        core = broker._core
+        name = unique_name("prim")
+        admin = SemaphoreAdmin(broker, name)
+        admin.create(8)
+        window = [slot_queue(name, k) for k in range(1, 9)]
+        window += [holder_queue(name, k) for k in range(1, 9)]
+        scratch = f"{name}-scratch"
+
+        async def probe16() -> None:
+            await (await core.session()).probe(window)
+
+        async def probe1() -> None:
+            await (await core.session()).probe(window[:1])
+
+        async def declare() -> None:
+            await (await core.session()).declare(scratch, exclusive=True, arguments=HOLDER_ARGS)
+
+        async def delete() -> None:
+            await (await core.session()).delete(scratch)
+
+        async def channel() -> None:
+            ch = await (await core.session()).open_channel()
+            await ch.close()
+
+        async def token() -> None:
+            await take_token(await core.session(), name)
+
+        # (label, untimed step before, timed step, untimed step after)
+        steps: list[tuple[str, Step | None, Step, Step | None]] = [
+            ("probe: 1 queue", None, probe1, None),
+            ("probe: window of 16 queues", None, probe16, None),
+            ("open + close a channel (publisher confirms)", None, channel, None),
+            ("declare an exclusive queue", None, declare, delete),
+            ("delete that queue", declare, delete, None),
+            ("fencing token (basic.get + reject on the quorum queue)", None, token, None),
+        ]
+        try:
+            for label, before, step, after in steps:
+                reps_out: list[list[float]] = []
+                for rep in range(reps + 1):  # the first repetition is a warm-up
+                    rep_s: list[float] = []
+                    for _ in range(samples):
+                        if before is not None:
+                            core.run(before())
+                        t0 = time.perf_counter()
+                        core.run(step())
+                        rep_s.append(time.perf_counter() - t0)
+                        if after is not None:
+                            core.run(after())
+                    if rep:
+                        reps_out.append(rep_s)
+                s = summarize_reps(reps_out)
+                s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
+                out[label] = s
+        finally:
+            admin.destroy(purge_fence=True)
     return out

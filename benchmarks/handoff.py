@@ -10,6 +10,8 @@
   blocked in ``acquire()``; measured from just before ``os.kill`` (in the parent) to the
   waiter's ``acquire()`` returning. The waiter has waited a random 0.1-2.5 s before the
   kill, so a waiter that falls back to polling is caught at a random point of its back-off.
+- Re-ask handoff (``reask``): as the handoff, but the holder asks again at once after its
+  ``release()``; the report counts how often the releaser won its lock back.
 
 Worker processes come from a ``forkserver`` with the library preloaded, so starting one
 costs a fork, not an interpreter start.
@@ -25,9 +27,10 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_pipes
 from typing import Any
 
 from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin
@@ -39,13 +42,6 @@ from .stats import ms, summarize_reps
 
 #: Lock kinds compared, in report order.
 KINDS = ("token", "token_nofence", "token_quorum", "mutex", "semaphore")
-LABELS = {
-    "token": "token semaphore (classic token queue)",
-    "token_nofence": "token semaphore (classic token queue, fencing=False)",
-    "token_quorum": "token semaphore (quorum token queue)",
-    "mutex": "mutex",
-    "semaphore": "persistent semaphore, C=1",
-}
 PRELOAD = [
     "amqp_locks",
     "amqp_locks.tokens",
@@ -103,24 +99,28 @@ def _make(broker: Broker, kind: str, name: str) -> Any:
 
 
 @contextlib.contextmanager
-def _lock(broker: Broker, kind: str) -> Any:
-    """Create a one-permit lock of ``kind``; yields its name; removes it afterwards."""
-    name = unique_name(f"ho-{kind.replace('_', '-')}")
-    if kind.startswith("token"):
-        ts = TokenSemaphore(broker, name, quorum=kind == "token_quorum")
-        ts.setup(1)
-    elif kind == "semaphore":
-        SemaphoreAdmin(broker, name).create(1)
+def fresh_lock(url: str, kind: str, slots: int = 1, tag: str = "ho") -> Iterator[str]:
+    """A new lock of ``kind`` (``token*``, ``*semaphore``, else a mutex; ``*quorum``: a quorum
+    token queue) with ``slots`` permits, created first; yields its name; removes its queues
+    (and the helper queues a mutex or semaphore leaves) afterwards."""
+    name = unique_name(f"{tag}-{kind.replace('_', '-')}")
+    token, quorum, sem = "token" in kind, kind.endswith("quorum"), kind.endswith("semaphore")
+    with Broker(url) as broker:
+        if token:
+            TokenSemaphore(broker, name, quorum=quorum).setup(slots)
+        elif sem:
+            SemaphoreAdmin(broker, name).create(slots)
     try:
         yield name
     finally:
-        with contextlib.suppress(Exception):
-            if kind.startswith("token"):
-                TokenSemaphore(broker, name, quorum=kind == "token_quorum").destroy()
-            elif kind == "semaphore":
-                SemaphoreAdmin(broker, name).destroy(purge_fence=True)
-        helpers = [f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")]
-        _delete_queues(broker, [name, fence_queue(name), *helpers])
+        with contextlib.suppress(Exception), Broker(url) as broker:
+            with contextlib.suppress(Exception):
+                if token:
+                    TokenSemaphore(broker, name, quorum=quorum).destroy()
+                elif sem:
+                    SemaphoreAdmin(broker, name).destroy(purge_fence=True)
+            helpers = [f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")]
+            _delete_queues(broker, [name, fence_queue(name), *helpers])
 
 
 # ---------------------------------------------------------------------- uncontended
@@ -134,7 +134,7 @@ def uncontended_tokens(
     out: dict[str, Any] = {}
     with Broker(url) as broker:
         for kind in ("token", "token_nofence", "token_quorum"):
-            with _lock(broker, kind) as name:
+            with fresh_lock(url, kind) as name:
                 sem = _make(broker, kind, name)
                 out[kind] = _uncontended_one(sem.acquire, budget, rtt_ms, meter_pids)
     return out
@@ -212,51 +212,47 @@ class _Proc:
         self.proc.join(10)
 
 
-def _start_procs(ctx: Any, url: str, kind: str, name: str, n: int) -> list[_Proc]:
-    procs = [_Proc(ctx, url, kind, name) for _ in range(n)]
-    try:
-        for p in procs:
-            p.expect("ready", 120)
-    except BaseException:
-        for p in procs:
-            p.proc.kill()
-        raise
-    return procs
+@contextlib.contextmanager
+def _workers(ctx: Any, url: str, kind: str, n: int) -> Iterator[list[_Proc]]:
+    """``n`` workers on a fresh one-permit lock of ``kind``, the first of them holding it;
+    stopped (and the lock removed) at the end of the block."""
+    with fresh_lock(url, kind) as name:
+        procs = [_Proc(ctx, url, kind, name) for _ in range(n)]
+        try:
+            for p in procs:
+                p.expect("ready", 120)
+            procs[0].send("acquire")
+            procs[0].expect("acquiring")
+            procs[0].expect("acquired")
+            yield procs
+        finally:
+            for p in procs:
+                p.stop()
 
 
 # --------------------------------------------------------------------------- handoff
 
 
-def _handoff_one(ctx: Any, url: str, broker: Broker, kind: str, plan: Plan) -> dict[str, Any]:
-    with _lock(broker, kind) as name:
-        procs = _start_procs(ctx, url, kind, name, 2)
-        try:
-            procs[0].send("acquire")
-            procs[0].expect("acquiring")
-            procs[0].expect("acquired")
-            holder, waiter = procs
-            reps: list[list[float]] = []
-            release_calls: list[float] = []
-            for rep in range(plan.reps):
-                samples: list[float] = []
-                total = plan.samples + (plan.warmup if rep == 0 else 0)
-                for i in range(total):
-                    waiter.send("acquire")
-                    waiter.expect("acquiring")
-                    time.sleep(plan.settle)  # the waiter is now blocked in acquire()
-                    holder.send("release")
-                    _, t_rel, t_rel_end = holder.expect("released")
-                    _, t_acq, _token = waiter.expect("acquired", 120)
-                    if rep > 0 or i >= plan.warmup:
-                        samples.append(t_acq - t_rel)
-                        release_calls.append(t_rel_end - t_rel)
-                    holder, waiter = waiter, holder
-                reps.append(samples)
-            holder.send("release")
-            holder.expect("released")
-        finally:
-            for p in procs:
-                p.stop()
+def _handoff_one(ctx: Any, url: str, kind: str, plan: Plan) -> dict[str, Any]:
+    reps: list[list[float]] = []
+    release_calls: list[float] = []
+    with _workers(ctx, url, kind, 2) as (holder, waiter):
+        for rep in range(plan.reps):
+            samples: list[float] = []
+            for i in range(plan.samples + (plan.warmup if rep == 0 else 0)):
+                waiter.send("acquire")
+                waiter.expect("acquiring")
+                time.sleep(plan.settle)  # the waiter is now blocked in acquire()
+                holder.send("release")
+                _, t_rel, t_rel_end = holder.expect("released")
+                _, t_acq, _token = waiter.expect("acquired", 120)
+                if rep > 0 or i >= plan.warmup:
+                    samples.append(t_acq - t_rel)
+                    release_calls.append(t_rel_end - t_rel)
+                holder, waiter = waiter, holder
+            reps.append(samples)
+        holder.send("release")
+        holder.expect("released")
     s = summarize_reps(reps)
     s["samples_ms"] = [ms(x) for r in reps for x in r]
     s["release_call_p50_ms"] = summarize_reps([release_calls])["p50_ms"]
@@ -267,56 +263,44 @@ def handoff(url: str, plan: Plan, rtt_ms: float, log: Callable[[str], None]) -> 
     """Release -> waiter's acquire returned, per lock kind (one permit, two processes)."""
     ctx = context()
     out: dict[str, Any] = {}
-    with Broker(url) as broker:
-        for kind in KINDS:
-            s = _handoff_one(ctx, url, broker, kind, plan)
-            s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
-            s["p99_x_rtt"] = round(s["p99_ms"] / rtt_ms, 1)
-            out[kind] = s
-            log(
-                f"  handoff {kind}: p50={s['p50_ms']:.2f} ms ({s['p50_x_rtt']}x RTT) "
-                f"p99={s['p99_ms']:.2f} ms n={s['n']}"
-            )
+    for kind in KINDS:
+        s = _handoff_one(ctx, url, kind, plan)
+        s["p50_x_rtt"] = round(s["p50_ms"] / rtt_ms, 1)
+        s["p99_x_rtt"] = round(s["p99_ms"] / rtt_ms, 1)
+        out[kind] = s
+        log(
+            f"  handoff {kind}: p50={s['p50_ms']:.2f} ms ({s['p50_x_rtt']}x RTT) "
+            f"p99={s['p99_ms']:.2f} ms n={s['n']}"
+        )
     return out
 
 
 # ----------------------------------------------------------------------------- crash
 
 
-def _crash_one(
-    ctx: Any, url: str, broker: Broker, kind: str, plan: Plan, rng: random.Random
-) -> dict[str, Any]:
+def _crash_one(ctx: Any, url: str, kind: str, plan: Plan, rng: random.Random) -> dict[str, Any]:
     samples: list[float] = []
     settles: list[float] = []
     errors: list[str] = []
-    with _lock(broker, kind) as name:
-        procs = _start_procs(ctx, url, kind, name, plan.crash_samples + 1)
-        try:
-            procs[0].send("acquire")
-            procs[0].expect("acquiring")
-            procs[0].expect("acquired")
-            for holder, waiter in itertools.pairwise(procs):
-                waiter.send("acquire")
-                waiter.expect("acquiring")
-                settle = rng.uniform(*plan.crash_settle)
-                time.sleep(settle)
-                if waiter.pipe.poll(0):
-                    early = waiter.pipe.recv()
-                    errors.append(f"waiter acquired while the holder was alive: {early}")
-                    break
-                t_kill = time.monotonic()
-                holder.kill()
-                try:
-                    _, t_acq, _token = waiter.expect("acquired", 90)
-                except RuntimeError as exc:
-                    errors.append(str(exc))
-                    break
-                samples.append(t_acq - t_kill)
-                settles.append(settle)
-        finally:
-            for p in procs:
-                if p.proc.is_alive():
-                    p.stop()
+    with _workers(ctx, url, kind, plan.crash_samples + 1) as procs:
+        for holder, waiter in itertools.pairwise(procs):
+            waiter.send("acquire")
+            waiter.expect("acquiring")
+            settle = rng.uniform(*plan.crash_settle)
+            time.sleep(settle)
+            if waiter.pipe.poll(0):
+                early = waiter.pipe.recv()
+                errors.append(f"waiter acquired while the holder was alive: {early}")
+                break
+            t_kill = time.monotonic()
+            holder.kill()
+            try:
+                _, t_acq, _token = waiter.expect("acquired", 90)
+            except RuntimeError as exc:
+                errors.append(str(exc))
+                break
+            samples.append(t_acq - t_kill)
+            settles.append(settle)
     s = summarize_reps([samples])
     s["samples_ms"] = [ms(x) for x in samples]
     s["waited_before_kill_s"] = [round(x, 2) for x in settles]
@@ -329,15 +313,78 @@ def crash(url: str, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     ctx = context()
     rng = random.Random(4)
     out: dict[str, Any] = {}
-    with Broker(url) as broker:
-        for kind in ("token", "mutex", "semaphore"):
-            s = _crash_one(ctx, url, broker, kind, plan, rng)
-            out[kind] = s
-            log(
-                f"  crash {kind}: p50={s['p50_ms']:.1f} ms p99={s['p99_ms']:.1f} ms "
-                f"n={s['n']} errors={len(s['errors'])}"
-            )
+    for kind in ("token", "mutex", "semaphore"):
+        out[kind] = s = _crash_one(ctx, url, kind, plan, rng)
+        log(
+            f"  crash {kind}: p50={s['p50_ms']:.1f} ms p99={s['p99_ms']:.1f} ms "
+            f"n={s['n']} errors={len(s['errors'])}"
+        )
     return out
 
 
-__all__ = ["KINDS", "LABELS", "Plan", "context", "crash", "handoff", "uncontended_tokens"]
+# -------------------------------------------------------------------- re-ask handoff
+
+
+@dataclass
+class HeadlinePlan:
+    """The re-ask handoff's and the fairness loop's (``contention.fairness``) sizes."""
+
+    reask_reps: int
+    reask_samples: int
+    reask_warmup: int
+    settle: float  # seconds the waiter is blocked before the holder releases
+    fair_processes: int = 4
+    fair_hold: float = 0.005
+    fair_seconds: float = 10.0
+    fair_grace: float = 10.0
+
+
+def _reask_one(ctx: Any, url: str, kind: str, plan: HeadlinePlan) -> dict[str, Any]:
+    reps: list[list[float]] = []
+    to: dict[bool, list[float]] = {True: [], False: []}  # the releaser won it back / not
+    with _workers(ctx, url, kind, 2) as (holder, waiter):
+        waiter.send("acquire")
+        waiter.expect("acquiring")
+        for rep in range(plan.reask_reps):
+            samples: list[float] = []
+            for i in range(plan.reask_samples + (plan.reask_warmup if rep == 0 else 0)):
+                time.sleep(plan.settle)  # the waiter is blocked in acquire()
+                holder.send("release_acquire")
+                _, t_rel, _ = holder.expect("released")
+                ready = wait_pipes([holder.pipe, waiter.pipe], 120)
+                if not ready:
+                    raise RuntimeError(f"{kind}: nobody acquired within 120 s of a release")
+                winner = holder if holder.pipe in ready else waiter
+                _, t_acq, _token = winner.expect("acquired")
+                if rep > 0 or i >= plan.reask_warmup:
+                    samples.append(t_acq - t_rel)
+                    to[winner is holder].append(t_acq - t_rel)
+                if winner is waiter:  # the releaser is now the one blocked
+                    holder, waiter = waiter, holder
+            reps.append(samples)
+        holder.send("release")
+        holder.expect("released")
+        waiter.expect("acquired", 120)
+        waiter.send("release")
+        waiter.expect("released")
+    s = summarize_reps(reps)
+    s["samples_ms"] = [ms(x) for r in reps for x in r]
+    s["releaser_won"], s["handoffs"] = len(to[True]), len(to[True]) + len(to[False])
+    s["to_waiter"], s["to_releaser"] = summarize_reps([to[False]]), summarize_reps([to[True]])
+    return s
+
+
+def reask(url: str, plan: HeadlinePlan, log: Callable[[str], None]) -> dict[str, Any]:
+    """Two processes, one permit: the holder releases and asks again at once while the
+    other has been blocked in ``acquire()`` for ``settle`` s; timed from just before
+    ``release()`` to whichever ``acquire()`` returns first; counts how often the releaser
+    won its lock back."""
+    ctx = context()
+    out: dict[str, Any] = {}
+    for kind in ("token", "token_nofence", "mutex", "semaphore"):
+        out[kind] = s = _reask_one(ctx, url, kind, plan)
+        log(
+            f"  re-ask handoff {kind}: p50={s['p50_ms']:.2f} ms p99={s['p99_ms']:.2f} ms; "
+            f"the releaser won {s['releaser_won']} of {s['handoffs']}"
+        )
+    return out

@@ -19,7 +19,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -33,8 +33,7 @@ try:  # steps 5 and 7 of acquire for a given slot: a real lease without the sear
 except ImportError:  # pragma: no cover - internal API moved: bare exclusive queues
     _claim = None
 
-from .cpu import CpuMeter
-from .stats import ms, summarize_reps
+from .stats import CpuMeter, ms, summarize_reps
 
 
 def unique_name(kind: str) -> str:
@@ -97,42 +96,6 @@ class Budget:
     warmup: int = 5
 
 
-@dataclass
-class Cell:
-    samples: list[list[float]] = field(default_factory=list)
-    cpu: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def count(self) -> int:
-        return sum(len(r) for r in self.samples)
-
-
-def _measure(
-    op: Callable[[], float],
-    budget: Budget,
-    meter: CpuMeter | None,
-    on_measure: Callable[[], None] | None = None,
-) -> Cell:
-    """Run ``op`` (returns one latency) ``budget.reps`` times within its caps, after
-    ``budget.warmup`` untimed runs (then ``on_measure`` is called)."""
-    for _ in range(budget.warmup):
-        op()
-    if on_measure is not None:
-        on_measure()
-    cell = Cell()
-    if meter is not None:
-        meter.start()
-    for _ in range(budget.reps):
-        rep: list[float] = []
-        end = time.monotonic() + budget.seconds
-        while len(rep) < budget.max_samples and (not rep or time.monotonic() < end):
-            rep.append(op())
-        cell.samples.append(rep)
-    if meter is not None:
-        cell.cpu = meter.stop()
-    return cell
-
-
 # ----------------------------------------------------------------------- uncontended
 
 
@@ -160,12 +123,18 @@ def uncontended(
 
 
 def timed_cycles(
-    cycle: Callable[[], tuple[float, float]], budget: Budget, meter: CpuMeter | None = None
+    cycle: Callable[[], tuple[float, float]],
+    budget: Budget,
+    meter: CpuMeter | None = None,
+    on_measure: Callable[[], None] | None = None,
 ) -> tuple[list[list[float]], list[list[float]], dict[str, float]]:
-    """Run ``cycle`` (returns acquire and release seconds) ``budget.warmup`` times untimed,
-    then ``budget.reps`` repetitions within its caps: (acquire reps, release reps, CPU)."""
+    """Run ``cycle`` (returns acquire and release seconds) ``budget.warmup`` times untimed
+    (then ``on_measure`` is called), then ``budget.reps`` repetitions within its caps (at
+    least one cycle each): (acquire reps, release reps, CPU seconds per process)."""
     for _ in range(budget.warmup):
         cycle()
+    if on_measure is not None:
+        on_measure()
     acq: list[list[float]] = []
     rel: list[list[float]] = []
     if meter is not None:
@@ -174,7 +143,7 @@ def timed_cycles(
         acq.append([])
         rel.append([])
         end = time.monotonic() + budget.seconds
-        while len(acq[-1]) < budget.max_samples and time.monotonic() < end:
+        while len(acq[-1]) < budget.max_samples and (not acq[-1] or time.monotonic() < end):
             a, r = cycle()
             acq[-1].append(a)
             rel[-1].append(r)
@@ -314,7 +283,7 @@ def _search_cell(
     """One cell of the sweep: every slot but ``free`` held by another process."""
     held = [k for k in range(1, capacity + 1) if k != free]
 
-    def op() -> float:
+    def op() -> tuple[float, float]:
         counter.start_op()
         t = time.perf_counter()
         lease = sem.acquire(blocking=False)
@@ -323,7 +292,7 @@ def _search_cell(
         if lease is None or lease.number != free:
             raise RuntimeError(f"expected slot {free} of {name!r}, got {lease!r}")
         lease.release()
-        return dt
+        return dt, 0.0
 
     t0 = time.monotonic()
     with held_slots(url, name, held) as holder_pid:
@@ -331,10 +300,10 @@ def _search_cell(
         meter = CpuMeter({"client": os.getpid(), "holders": holder_pid, "broker": broker_pid})
         names = frozenset(q for k in held for q in (slot_queue(name, k), holder_queue(name, k)))
         counter.reset(names)
-        cell = _measure(op, budget, meter, on_measure=lambda: counter.reset(names))
-    stats = summarize_reps(cell.samples)
-    n = cell.count
-    cpu = {k: ms(v / n) for k, v in cell.cpu.items()}
+        samples, _, cpu_s = timed_cycles(op, budget, meter, lambda: counter.reset(names))
+    stats = summarize_reps(samples)
+    n = sum(len(r) for r in samples)
+    cpu = {k: ms(v / n) for k, v in cpu_s.items()}
     return {
         "capacity": capacity,
         "slot": free,
@@ -345,7 +314,7 @@ def _search_cell(
         "windows": counter.last_sizes,
         "cpu_per_acquire_ms": cpu,
         "setup_s": round(setup, 2),
-        "samples_ms": [ms(x) for r in cell.samples for x in r],
+        "samples_ms": [ms(x) for r in samples for x in r],
     }
 
 
@@ -411,6 +380,3 @@ def search_sweep(
             round(1000 * cpu["holders"] / r["held_probes"], 1) if r["held_probes"] >= 100 else None
         )
     return rows
-
-
-__all__ = ["Budget", "search_sweep", "timed_cycles", "uncontended", "unique_name"]

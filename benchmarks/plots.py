@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 from matplotlib.patches import Patch
 
-from . import report, report_compare, report_headline
+from . import report
 from .peers.kinds import KINDS
 
 FILES = report.PLOTS
@@ -329,7 +329,7 @@ def failover(r: dict[str, Any], path: Path) -> None:
 def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) -> None:
     """ours / floor per target row (log scale) with the target marked, per RabbitMQ line."""
     runs = [r, *also]
-    first = {x["label"]: x for x in report_headline.rows(r)}
+    first = {x["label"]: x for x in report.target_rows(r)}
     labels = [label for label, x in first.items() if not x.get("higher_is_better")]
     with bar_rows(
         path,
@@ -344,7 +344,7 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
     ) as (ax, ys):
         height = 0.8 / max(1, len(runs))
         for i, run in enumerate(runs):
-            by = {x["label"]: x for x in report_headline.rows(run)}
+            by = {x["label"]: x for x in report.target_rows(run)}
             xs, yy = [], []
             for y, label in zip(ys, labels, strict=True):
                 row = by.get(label)
@@ -353,9 +353,7 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
                 xs.append(row["ratio"])
                 yy.append(y + 0.4 - height * (i + 0.5))
             color = (BLUE, GREEN, PURPLE)[i % 3]
-            ax.barh(
-                yy, xs, height=height, color=color, label=f"RabbitMQ {report_headline.version(run)}"
-            )
+            ax.barh(yy, xs, height=height, color=color, label=f"RabbitMQ {report.version(run)}")
         for y, label in zip(ys, labels, strict=True):
             target = first[label]["target"]
             if target.startswith("<="):
@@ -374,7 +372,7 @@ def _peer_barh(ax: Any, kinds: list[str], p50: list[float], p99: list[float] | N
     if p99 is not None:
         ax.barh(ys, p99, color=colors, alpha=0.3)
     ax.barh(ys, p50, color=colors)
-    ax.set_yticks(ys, [report_compare.plain(k) for k in kinds], fontsize=8)
+    ax.set_yticks(ys, [report.plain(k) for k in kinds], fontsize=8)
     ax.set_xscale("log")
     _log_ticks(ax.xaxis)
     ax.grid(axis="x", which="both", alpha=0.3)
@@ -397,7 +395,7 @@ def _peer_legend(p99: bool = True) -> dict[str, Any]:
 
 
 def cmp_uncontended(r: dict[str, Any], path: Path) -> None:
-    uc = {k: s for k, s in r["peers"].get("uncontended", {}).items() if report_compare.ok(s)}
+    uc = {k: s for k, s in r["peers"].get("uncontended", {}).items() if report.ok(s)}
     kinds = list(uc)
     rtt = r["floors"]["broker_round_trip"]["p50_ms"]
     with figure(
@@ -429,7 +427,7 @@ def cmp_handoff(r: dict[str, Any], path: Path) -> None:
             "Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)", fontsize=10
         )
         for i, (k, cells) in enumerate(p.get("handoff", {}).items()):
-            pts = sorted((int(n), s["p50_ms"]) for n, s in cells.items() if report_compare.ok(s))
+            pts = sorted((int(n), s["p50_ms"]) for n, s in cells.items() if report.ok(s))
             if not pts:
                 continue
             ours = KINDS[k].ours
@@ -439,7 +437,7 @@ def cmp_handoff(r: dict[str, Any], path: Path) -> None:
                 "o-" if ours else ("s--" if KINDS[k].polls else "^:"),
                 color=palette[i % len(palette)],
                 linewidth=2.5 if ours else 1.2,
-                label=report_compare.plain(k),
+                label=report.plain(k),
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -472,7 +470,7 @@ def cmp_crash(r: dict[str, Any], path: Path) -> None:
     kinds = list(rows)
     with bar_rows(
         path,
-        [report_compare.plain(k) for k in kinds],
+        [report.plain(k) for k in kinds],
         (8.5, 0.42, 1.6),
         fontsize=8,
         xfmt="%g",

@@ -1,15 +1,22 @@
-"""Run every benchmark against a private RabbitMQ node and write JSON, plots and the doc.
+"""The one benchmark runner: named scenarios against private servers on loopback.
 
-    python -m benchmarks.run            # full run (~20 min): benchmarks/results/latest.json,
-                                        # docs/benchmarks.md, docs/img/bench-*.png
+    python -m benchmarks.run            # scenario `report` (~20 min): every measurement of
+                                        # docs/benchmarks.md into benchmarks/results/latest.json,
+                                        # then the report (docs/benchmarks.md, docs/img/)
     python -m benchmarks.run --quick    # smoke run (<3 min) into benchmarks/results/quick/
     python -m benchmarks.run --render-only benchmarks/results/latest.json
     python -m benchmarks.run --rabbitmq 4.0   # on a private RabbitMQ 4.0 node:
                                         # benchmarks/results/latest-4.0.json and
                                         # benchmarks/results/rabbitmq-4.0/benchmarks.md
+    python -m benchmarks.run celery-overhead [--calls 200]  # docs/celery.md
+    python -m benchmarks.run cluster [--rabbitmq 4.3]        # docs/cluster.md (3-node cluster)
+    python -m benchmarks.run cluster-failover [--trials 3]   # 3-node cluster: node loss
+    python -m benchmarks.run profile-acquire [-n 1000]       # docs/benchmarks.md's profiles
+    python -m benchmarks.run profile-handoff [-n 200] [--settle 0.05]
 
-The node (``amqplocksbench``, separate from the tests' ``amqplockstest``) is started by
-the run and stopped at the end unless it was already running; ``--url`` uses another broker.
+The report's node (``amqplocksbench``, separate from the tests' ``amqplockstest``) is
+started by the run and stopped at the end unless it was already running; ``--url`` uses
+another broker.
 """
 
 from __future__ import annotations
@@ -41,23 +48,18 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` i
 import amqp_locks
 from amqp_locks import Broker
 from amqp_locks_dev import devbroker, devdb
-from benchmarks import (
-    compare,
-    contention,
-    failover,
-    floors,
-    handoff,
-    headline,
-    latency,
-    primitives,
-    report,
-    scale,
-)
-from benchmarks.cpu import beam_pid, forkserver_cpu, own_cpu, process_cpu, system_busy
+from benchmarks import compare, contention, failover, floors, handoff, latency, report, scale
 from benchmarks.latency import Budget
 from benchmarks.peers import servers as peer_servers
 from benchmarks.peers.kinds import KINDS, available
-from benchmarks.stats import summarize_reps
+from benchmarks.stats import (
+    beam_pid,
+    forkserver_cpu,
+    own_cpu,
+    process_cpu,
+    summarize_reps,
+    system_busy,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "amqplocksbench"
@@ -67,108 +69,91 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _log_cycles(cells: dict[str, Any]) -> None:
+    for label, s in cells.items():
+        acq, rel = s["acquire"]["p50_ms"], s["release"]["p50_ms"]
+        _log(f"  {label}: acquire p50={acq:.2f} ms release p50={rel:.2f} ms")
+
+
 # --------------------------------------------------------------------------- config
 
 
 def _config(quick: bool) -> dict[str, Any]:
     """Sample counts and time caps: full stays near 20 min on 2 cores (the comparison with
-    the peers is most of it), quick under 3 min."""
-    if quick:
-        return {
-            "loopback": (300, 2),
-            "broker_rtt": (200, 2),
-            "raw_floors": (100, 2),
-            "headline": headline.Plan(
-                reask_reps=2, reask_samples=4, reask_warmup=1, settle=0.05, fair_seconds=1.0
-            ),
-            "primitives": (20, 2),
-            "uncontended": Budget(reps=2, max_samples=30, seconds=0.75),
-            "capacities": [1, 10, 100],
-            "sweep": lambda c, slot: Budget(reps=2, max_samples=15, seconds=0.4, warmup=1),
-            "contention": contention.Plan(processes=8, slots=4, seconds=1.5, hold=0.0, grace=5.0),
-            "contention_runs": 1,
-            "handoff": handoff.Plan(reps=2, samples=6, warmup=2, settle=0.05, crash_samples=2),
-            # Quick: tuned settings only, no database servers (SQLite stands in for them).
-            "failover_samples": {"tuned": 2},
-            "db_servers": False,
-            # Peers: every lock and measurement once, with few samples (checks the harness).
-            "compare": compare.Plan(
-                waiters=(2,),
-                handoff_samples=3,
-                handoff_hold=(0.01, 0.03),
-                handoff_seconds=10.0,
-                processes=3,
-                slot_counts=(1, 4),
-                seconds=0.3,
-                crash_groups={"tuned": 1},
-                crash_settle=(0.1, 0.4),
-            ),
-            "compare_uncontended": Budget(reps=1, max_samples=10, seconds=0.3, warmup=2),
-            "scale_sizes": [1, 100],
-            "scale_budget": Budget(reps=1, max_samples=10, seconds=0.3, warmup=2),
-            "scale_extras": {"connections": 3, "fenced": 3},
-        }
+    the peers is most of it), quick under 3 min: every lock and measurement once, with few
+    samples (it checks the harness); tuned failover settings only, SQLite for the databases."""
+
+    def q(smoke: Any, full: Any) -> Any:
+        return smoke if quick else full
+
+    hl = handoff.HeadlinePlan(q(2, 3), q(4, 34), q(1, 3), 0.05, fair_seconds=q(1.0, 10.0))
+    uc = q(
+        Budget(reps=2, max_samples=30, seconds=0.75), Budget(reps=5, max_samples=200, seconds=1.5)
+    )
     return {
-        "loopback": (2000, 5),
-        "broker_rtt": (1000, 5),
-        "raw_floors": (500, 5),
-        "headline": headline.Plan(
-            reask_reps=3, reask_samples=34, reask_warmup=3, settle=0.05, fair_seconds=10.0
-        ),
-        "primitives": (100, 3),
-        "uncontended": Budget(reps=5, max_samples=200, seconds=1.5),
-        "capacities": [1, 10, 100, 1000],
+        "loopback": q((300, 2), (2000, 5)),
+        "broker_rtt": q((200, 2), (1000, 5)),
+        "raw_floors": q((100, 2), (500, 5)),
+        "headline": hl,
+        "primitives": q((20, 2), (100, 3)),
+        "uncontended": uc,
+        "capacities": q([1, 10, 100], [1, 10, 100, 1000]),
         # A worst-case acquire at C=1000 takes about a second: fewer, longer repetitions.
-        "sweep": lambda c, slot: (
+        "sweep": lambda c, slot: q(
+            Budget(reps=2, max_samples=15, seconds=0.4, warmup=1),
             Budget(reps=5, max_samples=200, seconds=1.5, warmup=2)
             if slot < 1000
-            else Budget(reps=3, max_samples=8, seconds=6.0, warmup=1)
+            else Budget(reps=3, max_samples=8, seconds=6.0, warmup=1),
         ),
-        "contention": contention.Plan(processes=16, slots=4, seconds=10.0, hold=0.0),
-        "contention_runs": 2,
-        "handoff": handoff.Plan(reps=3, samples=25, warmup=3, settle=0.05, crash_samples=8),
+        "contention": contention.Plan(q(8, 16), 4, q(1.5, 10.0), 0.0, q(5.0, 15.0)),
+        "contention_runs": q(1, 2),
+        "handoff": handoff.Plan(q(2, 3), q(6, 25), q(2, 3), 0.05, q(2, 8)),
         # A failover with ActiveMQ's defaults takes 5-20 s: 3 samples; tuned ones ~1 s: 10.
-        "failover_samples": {"tuned": 10, "default": 3},
-        "db_servers": True,
+        "failover_samples": q({"tuned": 2}, {"tuned": 10, "default": 3}),
+        "db_servers": not quick,
         "compare": compare.Plan(
-            waiters=(2, 8, 32),
-            handoff_samples=25,
-            handoff_hold=(0.01, 0.11),
-            handoff_seconds=20.0,
-            processes=16,
+            waiters=q((2,), (2, 8, 32)),
+            handoff_samples=q(3, 25),
+            handoff_hold=q((0.01, 0.03), (0.01, 0.11)),
+            handoff_seconds=q(10.0, 20.0),
+            processes=q(3, 16),
             slot_counts=(1, 4),
-            seconds=4.0,
-            crash_groups={"default": 3, "tuned": 5},
+            seconds=q(0.3, 4.0),
+            crash_groups=q({"tuned": 1}, {"default": 3, "tuned": 5}),
+            crash_settle=q((0.1, 0.4), (0.2, 1.2)),
         ),
-        "compare_uncontended": Budget(reps=3, max_samples=200, seconds=1.0),
-        "scale_sizes": [1, 10, 100, 1000, 10000],
-        "scale_budget": Budget(reps=3, max_samples=40, seconds=1.0, warmup=3),
-        "scale_extras": {"connections": 50, "fenced": 100},
+        "compare_uncontended": q(
+            Budget(reps=1, max_samples=10, seconds=0.3, warmup=2),
+            Budget(reps=3, max_samples=200, seconds=1.0),
+        ),
+        "scale_sizes": q([1, 100], [1, 10, 100, 1000, 10000]),
+        "scale_budget": q(
+            Budget(reps=1, max_samples=10, seconds=0.3, warmup=2),
+            Budget(reps=3, max_samples=40, seconds=1.0, warmup=3),
+        ),
+        "scale_extras": q({"connections": 3, "fenced": 3}, {"connections": 50, "fenced": 100}),
     }
 
 
 # ---------------------------------------------------------------------- environment
 
 
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
+def _proc_info(path: str, key: str) -> str | None:
+    """The value of the first ``key:`` line of a /proc file (None if absent)."""
+    with contextlib.suppress(OSError):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 def _cpu_model() -> str:
-    for line in _read("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+    return _proc_info("/proc/cpuinfo", "model name") or platform.processor() or "unknown"
 
 
 def _ram_gib() -> float:
-    for line in _read("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal:"):
-            return round(int(line.split()[1]) / 1024 / 1024, 1)
-    return float("nan")
+    total = _proc_info("/proc/meminfo", "MemTotal:")
+    return round(int(total.split()[0]) / 1024 / 1024, 1) if total else float("nan")
 
 
 def _version(dist: str) -> str:
@@ -252,18 +237,14 @@ def measure(
         _log(f"  {key}: p50={s['p50_ms']:.3f} ms p99={s['p99_ms']:.3f} ms")
 
     _log("primitive steps of an acquire")
-    results["primitives"] = primitives.primitives(url, *cfg["primitives"], rtt_ms)
+    results["primitives"] = floors.primitives(url, *cfg["primitives"], rtt_ms)
     for label, s in results["primitives"].items():
         _log(f"  {label}: p50={s['p50_ms']:.3f} ms")
 
     _log("uncontended acquire/release (semaphore C=1, mutex)")
     pids = {"client": os.getpid(), "broker": broker_pid}
     results["uncontended"] = latency.uncontended(url, cfg["uncontended"], rtt_ms, pids)
-    for label, s in results["uncontended"].items():
-        _log(
-            f"  {label}: acquire p50={s['acquire']['p50_ms']:.2f} ms "
-            f"release p50={s['release']['p50_ms']:.2f} ms"
-        )
+    _log_cycles(results["uncontended"])
 
     _log("acquire latency vs number of slots (all but one held)")
     results["search_holders"] = latency.HOLDERS_KIND
@@ -291,26 +272,22 @@ def measure(
     results["uncontended_tokens"] = handoff.uncontended_tokens(
         url, cfg["uncontended"], rtt_ms, pids
     )
-    for label, s in results["uncontended_tokens"].items():
-        _log(
-            f"  {label}: acquire p50={s['acquire']['p50_ms']:.2f} ms "
-            f"release p50={s['release']['p50_ms']:.2f} ms"
-        )
+    _log_cycles(results["uncontended_tokens"])
     hplan: handoff.Plan = cfg["handoff"]
     _log("handoff release -> blocked waiter in another process (one permit)")
     results["handoff_plan"] = dataclasses.asdict(hplan)
     results["handoff"] = handoff.handoff(url, hplan, rtt_ms, _log)
     _log("crash: kill -9 of the holder -> blocked waiter acquires")
     results["crash"] = handoff.crash(url, hplan, _log)
-    hl: headline.Plan = cfg["headline"]
+    hl: handoff.HeadlinePlan = cfg["headline"]
     results["headline_plan"] = dataclasses.asdict(hl)
     _log("handoff with the releaser asking again at once (one permit, two processes)")
-    results["reask"] = headline.reask(url, hl, _log)
+    results["reask"] = handoff.reask(url, hl, _log)
     _log(
         f"fairness loop: {hl.fair_processes} processes, acquire -> hold "
         f"{hl.fair_hold * 1000:.0f} ms -> release, {hl.fair_seconds:g} s per primitive"
     )
-    results["fairness"] = headline.fairness(url, hl, _log)
+    results["fairness"] = contention.fairness(url, hl, _log)
 
     results["failover"] = _failover(url, cfg)
 
@@ -321,7 +298,7 @@ def measure(
         url, node, broker_pid, cfg["scale_sizes"], cfg["scale_budget"], cfg["scale_extras"], _log
     )
     results["scale"]["wall_s"] = round(time.monotonic() - t0, 1)
-    results["targets"] = headline.targets(results) + headline.head_to_head(results)
+    results["targets"] = report.target_rows(results)
     for row in results["targets"]:
         verdict = {True: "met", False: "NOT met", None: "-"}[row["met"]]
         _log(f"  target {row['label']}: ratio {row['ratio']} ({row['target']}) {verdict}")
@@ -415,22 +392,11 @@ def _peers(url: str, cfg: dict[str, Any], rtt_ms: float) -> dict[str, Any]:
                 kinds=kinds,
                 libraries={k: _version(KINDS[k].library) for k in kinds},
             )
+            budget = cfg["compare_uncontended"]
+            lockers = lambda: _lockers(url, srv.urls.get("postgresql"), tmp)  # noqa: E731
             phases: list[tuple[str, Callable[[], Any]]] = [
-                (
-                    "uncontended",
-                    lambda: compare.uncontended(
-                        kinds, targets, cfg["compare_uncontended"], rtt_ms, _log
-                    ),
-                ),
-                (
-                    "lockers",
-                    lambda: compare.uncontended_lockers(
-                        _lockers(url, srv.urls.get("postgresql"), tmp),
-                        cfg["compare_uncontended"],
-                        rtt_ms,
-                        _log,
-                    ),
-                ),
+                ("uncontended", lambda: compare.uncontended(kinds, targets, budget, rtt_ms, _log)),
+                ("lockers", lambda: compare.uncontended_lockers(lockers(), budget, rtt_ms, _log)),
                 ("handoff", lambda: compare.handoff(kinds, targets, plan, rtt_ms, _log)),
                 ("throughput", lambda: compare.throughput(kinds, targets, plan, _log)),
                 ("crash", lambda: compare.crash(kinds, targets, plan, _log)),
@@ -447,12 +413,7 @@ def _peers(url: str, cfg: dict[str, Any], rtt_ms: float) -> dict[str, Any]:
 
 def _lockers(url: str, pg_url: str | None, tmp: Path) -> dict[str, Any]:
     """Our lockers, made here and measured uncontended (``start()`` / ``stop()``)."""
-    from amqp_locks.lockers import (
-        AmqpLocker,
-        DatabaseLocker,
-        LeaseDatabaseLocker,
-        SharedFileLocker,
-    )
+    from amqp_locks.lockers import AmqpLocker, DatabaseLocker, LeaseDatabaseLocker, SharedFileLocker
 
     name = latency.unique_name("uc-locker")
     out: dict[str, Any] = {
@@ -596,70 +557,46 @@ def _with_broker(
             devbroker.stop(name=args.node, version=line)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smoke run (< 3 min)")
-    parser.add_argument("--url", help="benchmark this broker instead of a private node")
-    parser.add_argument("--node", default=NODE, help="private node name (default: %(default)s)")
-    parser.add_argument("--json", type=Path, help="results file")
-    parser.add_argument("--doc", type=Path, help="markdown report")
-    parser.add_argument("--img-dir", type=Path, help="directory for the PNG plots")
-    parser.add_argument(
-        "--render-only", type=Path, metavar="JSON", help="re-render docs from a results file"
-    )
-    parser.add_argument(
-        "--rabbitmq",
-        choices=devbroker.VERSIONS,
-        default=None,
-        help="RabbitMQ line of the private node (default: $AMQP_LOCKS_RABBITMQ, else 3.10); "
-        "a line other than 3.10 writes latest-LINE.json and its report under "
-        "benchmarks/results/rabbitmq-LINE/",
-    )
-    parser.add_argument(
-        "--also",
-        type=Path,
-        action="append",
-        metavar="JSON",
-        help="also show the floors/targets table of this results file (another RabbitMQ "
-        "line); default: the other lines' results files that exist; `--also none`: none",
-    )
-    args = parser.parse_args(argv)
-    args.rabbitmq = devbroker.check_version(args.rabbitmq or devbroker.default_version())
-    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every server we started stops.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    # aiormq warns when a channel close is cut short by a connection close; harmless here.
-    logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
+def render(
+    results: dict[str, Any], doc: Path, img_dir: Path, also: list[dict[str, Any]] | None = None
+) -> None:
+    """The report pipeline: the plots (``plots.py``) into ``img_dir``, then the template
+    filled from ``report.context`` into ``doc``; ``also``: other RabbitMQ lines' results."""
+    # Not at the top: every worker process imports this module (matplotlib costs each ~1 s).
+    from benchmarks import plots
+
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    plots.render(results, also or [], img_dir)
+    img_rel = Path(os.path.relpath(img_dir, doc.parent)).as_posix()
+    ctx = report.context(results, also or [], img_rel)
+    doc.write_text(report.environment().get_template("benchmarks.md.j2").render(ctx))
+
+
+def _report(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Every measurement of docs/benchmarks.md, then the report (or only the report)."""
     if args.render_only:
         results = json.loads(args.render_only.read_text())
         line = _line(results)
         # A smoke run's results render into quick/, never over docs/benchmarks.md.
         args.quick = args.quick or bool(results.get("quick"))
         _, doc_path, img_dir = _paths(args, line)
-        report.render(results, doc_path, img_dir, _also(args, line, args.render_only))
+        render(results, doc_path, img_dir, _also(args, line, args.render_only))
         _log(f"rendered {doc_path} and plots in {img_dir}")
         return 0
     json_path, doc_path, img_dir = _paths(args, args.rabbitmq)
-
     given = sys.argv[1:] if argv is None else argv
     command = shlex.join(["python", "-m", "benchmarks.run", *given])
     if os.environ.get("PYTHONPATH"):  # e.g. measuring a snapshot of the library
         command = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} {command}"
-
     failed: list[str] = []
 
     def body(url: str, pid_file: Path | None, node: devbroker.NodeInfo | None) -> None:
         results = measure(url, pid_file, args.quick, command, node)
         # The line asked for; with --url, the one the broker reports.
-        results["environment"]["rabbitmq_line"] = (
-            args.rabbitmq if node is not None else _line(results)
-        )
+        results["environment"]["rabbitmq_line"] = args.rabbitmq if node else _line(results)
         results["json_path"] = _rel(json_path)
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = json_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(results, indent=1) + "\n")
-        tmp.replace(json_path)
-        _log(f"wrote {json_path}")
-        report.render(results, doc_path, img_dir, _also(args, args.rabbitmq, json_path))
+        _write_json(json_path, results)
+        render(results, doc_path, img_dir, _also(args, args.rabbitmq, json_path))
         _log(f"wrote {doc_path} and plots in {img_dir}")
         failed.extend(results["problems"])
 
@@ -667,6 +604,127 @@ def main(argv: list[str] | None = None) -> int:
     for p in failed:
         _log(f"PROBLEM: {p}")
     return 1 if failed else 0
+
+
+def _write_json(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.replace(path)
+    _log(f"wrote {path}")
+
+
+def _celery_overhead(args: argparse.Namespace, _: Any) -> int:
+    """An empty Celery task's round trip without a lock, with ``Singleton`` and with
+    celery-once (docs/celery.md); its own private node and Redis."""
+    from benchmarks import celery_overhead
+
+    result = celery_overhead.run(args.calls or 200, args.warmup, args.node)
+    _write_json(args.json or RESULTS / "celery-overhead.json", result)
+    print(celery_overhead.table(result))
+    return 0
+
+
+def _cluster(args: argparse.Namespace, _: Any) -> int:
+    """Cluster mode's cost beside one node (docs/cluster.md): a private single node, then
+    a private 3-node cluster of ``--rabbitmq`` (default 4.3)."""
+    from benchmarks import cluster
+
+    version = args.rabbitmq_given or "4.3"
+    samples, reps = (12, 1) if args.quick else (100, 3)
+    results = cluster.run(version, samples, reps, _log)
+    _write_json(args.json or RESULTS / f"cluster-{version}.json", results)
+    print(cluster.table(results))
+    return 0
+
+
+def _cluster_failover(args: argparse.Namespace, _: Any) -> int:
+    """Node failure in a private 3-node cluster: how fast each primitive recovers."""
+    from benchmarks import cluster
+
+    print(cluster.failover_table(args.trials))
+    return 0
+
+
+def _profile(which: str) -> Callable[[argparse.Namespace, Any], int]:
+    def run(args: argparse.Namespace, _: Any) -> int:
+        from benchmarks import profile
+
+        def body(url: str, *_: Any) -> None:
+            if which == "acquire":
+                for what, p50 in profile.acquire(url, args.n or 1000).items():
+                    print(f"{p50:7.3f} ms p50  {what}")
+                return
+            for label, stages in profile.handoff(url, args.n or 200, args.settle).items():
+                print(label)
+                for what, p50 in stages.items():
+                    if p50 is not None:
+                        print(f"  {p50:7.3f} ms p50  {what}")
+
+        _with_broker(args, body)
+        return 0
+
+    run.__doc__ = {
+        "acquire": "Where an uncontended token acquire's time goes (five ways).",
+        "handoff": "Where a token handoff's time goes: stamped at every stage, beside raw aiormq.",
+    }[which]
+    return run
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+SCENARIOS: dict[str, Callable[[argparse.Namespace, list[str] | None], int]] = {
+    "report": _report,
+    "celery-overhead": _celery_overhead,
+    "cluster": _cluster,
+    "cluster-failover": _cluster_failover,
+    "profile-acquire": _profile("acquire"),
+    "profile-handoff": _profile("handoff"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("scenario", nargs="?", default="report", choices=SCENARIOS, help="default: report")
+    add("--quick", action="store_true", help="smoke run (< 3 min; cluster: few samples)")
+    add("--url", help="benchmark this broker instead of a private node")
+    add("--node", default=NODE, help="private node name (default: %(default)s)")
+    add("--json", type=Path, help="results file")
+    add("--doc", type=Path, help="markdown report")
+    add("--img-dir", type=Path, help="directory for the PNG plots")
+    add("--render-only", type=Path, metavar="JSON", help="re-render docs from a results file")
+    add(
+        "--rabbitmq",
+        choices=devbroker.VERSIONS,
+        help="RabbitMQ line of the private node (default: $AMQP_LOCKS_RABBITMQ, else 3.10; "
+        "cluster: 4.3); for the report a line other than 3.10 writes latest-LINE.json and "
+        "its report under benchmarks/results/rabbitmq-LINE/",
+    )
+    add(
+        "--also",
+        type=Path,
+        action="append",
+        metavar="JSON",
+        help="also show the floors/targets table of this results file (another RabbitMQ "
+        "line); default: the other lines' results files that exist; `--also none`: none",
+    )
+    add("--calls", type=int, help="celery-overhead: measured calls per variant (200)")
+    add("--warmup", type=int, default=20, help="celery-overhead: unmeasured calls per variant")
+    add("--trials", type=int, default=3, help="cluster-failover: trials per primitive")
+    add("-n", type=int, help="profile-*: samples (acquire 1000, handoff 200)")
+    add("--settle", type=float, default=0.05, help="profile-handoff: the waiter's head start")
+    args = parser.parse_args(argv)
+    args.rabbitmq_given = args.rabbitmq
+    args.rabbitmq = devbroker.check_version(args.rabbitmq or devbroker.default_version())
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every server we started stops.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # aiormq warns when a channel close is cut short by a connection close; harmless here.
+    logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
+    return SCENARIOS[args.scenario](args, argv)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,9 @@ from amqp_locks import Broker, Mutex
 from amqp_locks.names import fence_queue, sentinel_queue, wakeup_queue
 from amqp_locks_dev import devbroker
 
-from .cpu import process_cpu
 from .handoff import context
 from .latency import Budget, _delete_queues, unique_name
-from .stats import summarize_reps
+from .stats import process_cpu, summarize_reps
 
 Log = Callable[[str], None]
 PER_CONNECTION = 1000
@@ -331,6 +330,3 @@ def _slopes(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "fds_each": round((b["broker"]["fds_used"] - a["broker"]["fds_used"]) / n, 4),
     }
-
-
-__all__ = ["live_locks"]

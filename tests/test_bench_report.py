@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import report
+from benchmarks import report, run
 
 FIXTURE = Path(__file__).parent / "data" / "bench_results.json"
 
@@ -39,7 +39,7 @@ def test_render_end_to_end(tmp_path: Path, results: dict[str, Any]) -> None:
     other["json_path"] = "benchmarks/results/latest-4.0.json"
     other["quick"] = True
     doc, img = tmp_path / "docs" / "benchmarks.md", tmp_path / "docs" / "img"
-    report.render(results, doc, img, [other])
+    run.render(results, doc, img, [other])
     text = doc.read_text()
 
     # Every plot, under its usual name, and linked from the doc.
@@ -79,7 +79,7 @@ def test_smoke_run_and_missing_sections(tmp_path: Path, results: dict[str, Any])
     results["quick"] = True
     del results["peers"], results["fairness"], results["reask"]
     results["failover"] = {}
-    report.render(results, tmp_path / "benchmarks.md", tmp_path / "img")
+    run.render(results, tmp_path / "benchmarks.md", tmp_path / "img")
     text = (tmp_path / "benchmarks.md").read_text()
     assert text.startswith("> **Smoke run (`--quick`)**")
     assert "## Against the lock libraries users would otherwise pick\n\nNot measured" in text

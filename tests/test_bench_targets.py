@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import headline, plots, report_headline, run
+from benchmarks import plots, report, run, stats
 from benchmarks.floors import queue_arguments, server_version
 
 
@@ -83,7 +83,7 @@ def _by_label(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_targets_ratios_and_verdicts() -> None:
-    rows = _by_label(headline.targets(_results()))
+    rows = _by_label(report.targets(_results()))
     acq = rows["token semaphore (fencing on): uncontended acquire"]
     assert (acq["floor_ms"], acq["ours_ms"], acq["ratio"], acq["met"]) == (0.5, 0.9, 1.8, True)
     assert rows["token semaphore, `fencing=False`: uncontended acquire"]["met"] is False
@@ -109,7 +109,7 @@ def test_sequence_floors_explain_but_do_not_judge() -> None:
     r = _results()
     r["floors"]["token_cycle"] = _s(0.45)
     r["floors"]["mutex_handoff"] = _s(6.0)
-    rows = _by_label(headline.targets(r))
+    rows = _by_label(report.targets(r))
     acq = rows["token semaphore (fencing on): uncontended acquire"]
     assert (acq["sequence_ms"], acq["sequence_ratio"], acq["met"]) == (0.45, 2.0, True)
     mutex = rows["mutex: handoff, releaser asking again at once"]
@@ -117,27 +117,27 @@ def test_sequence_floors_explain_but_do_not_judge() -> None:
     assert rows["persistent semaphore, C=1: handoff, releaser asking again at once"][
         "sequence_ms"
     ] is None
-    table = report_headline.targets_table(r)
+    table = report.targets_table(r)
     assert any("0.45 (2.0x)" in cell for line in table.rows for cell in line)
-    assert headline.targets(_results())[0]["sequence_ms"] is None  # older files: no column
+    assert report.targets(_results())[0]["sequence_ms"] is None  # older files: no column
 
 
 def test_a_floor_that_moved_shows_its_spread() -> None:
     r = _results()
     r["floors"]["exclusive_declare"]["p50_reps_ms"] = [1.2, 2.5, 2.2]
     r["floors"]["get_classic"]["p50_reps_ms"] = [0.5, 0.55]
-    rows = _by_label(headline.targets(r))
+    rows = _by_label(report.targets(r))
     mutex = rows["mutex: uncontended acquire"]
     assert mutex["floor_reps_ms"] == [1.2, 2.5]
-    cells = {line[0]: line[2] for line in report_headline.targets_table(r).rows}
+    cells = {line[0]: line[2] for line in report.targets_table(r).rows}
     assert cells["mutex: uncontended acquire"] == "4.00 (reps 1.20-2.50)"
     assert cells["token semaphore (fencing on): uncontended acquire"] == "0.50"  # within 25%
 
 
 def test_targets_without_measurements_are_not_judged() -> None:
-    rows = headline.targets({"floors": {}, "search": []})
+    rows = report.targets({"floors": {}, "search": []})
     assert rows and all(row["met"] is None and row["ratio"] is None for row in rows)
-    smaller = headline.targets(
+    smaller = report.targets(
         _results(
             search=[
                 {"capacity": 1, "free_slot": "last", "p50_ms": 10.0},
@@ -149,7 +149,7 @@ def test_targets_without_measurements_are_not_judged() -> None:
 
 
 def test_head_to_head() -> None:
-    rows = _by_label(headline.head_to_head(_results()))
+    rows = _by_label(report.head_to_head(_results()))
     ho = rows["token handoff, 2 waiters"]  # the fewest waiters measured
     assert ho["ratio"] == pytest.approx(0.875, abs=0.01) and ho["met"] is True
     assert rows["token uncontended acquire + release"]["met"] is False  # 2.5x redis-py
@@ -159,33 +159,33 @@ def test_head_to_head() -> None:
     smoke = _results()
     smoke["peers"]["plan"]["processes"] = 3
     assert all(
-        row["met"] is None for row in headline.head_to_head(smoke) if row.get("higher_is_better")
+        row["met"] is None for row in report.head_to_head(smoke) if row.get("higher_is_better")
     )
 
 
 def test_fairness_summary_and_verdict() -> None:
     waits = [[(0.0, 0.010), (1.0, 1.010)], [(0.0, 0.020)], [(0.0, 0.040)], []]
-    s = headline.fairness_summary(waits)
+    s = stats.fairness_summary(waits)
     assert s["grants"] == [2, 1, 1, 0]
     assert s["idle"] == 1
     assert s["wait_p50_ms"] == 15.0  # median of 10, 10, 20, 40
     assert s["wait_max_over_median"] == 2.67
     assert s["waits_over_bound"] == 0  # 40 ms is not over 3 x 15 ms
     assert s["wait_max_at_s"] == 0.0  # the 40 ms wait began with the run
-    late = headline.fairness_summary([[(0.0, 0.010), (2.0, 2.100)], [(0.5, 0.510)]])
+    late = stats.fairness_summary([[(0.0, 0.010), (2.0, 2.100)], [(0.5, 0.510)]])
     assert (late["waits_over_bound"], late["wait_max_at_s"]) == (1, 2.0)
     row = {**late, "label": "x", "met": False, "errors": []}
-    assert "(1 of 3 waits over; the longest at 2.0 s)" in report_headline._over(row)
-    rows = {row["kind"]: row for row in headline.fairness_rows(_results())}
+    assert "(1 of 3 waits over; the longest at 2.0 s)" in report._over(row)
+    rows = {row["kind"]: row for row in report.fairness_rows(_results())}
     assert rows["token"]["met"] is True
     assert rows["mutex"]["met"] is False
-    assert headline.fairness_summary([[], []])["wait_max_over_median"] is None
+    assert stats.fairness_summary([[], []])["wait_max_over_median"] is None
 
 
 def test_report_section_shows_both_lines() -> None:
     other = _results(json_path="benchmarks/results/latest-4.0.json", quick=True)
     other["environment"] = {"rabbitmq": {"version": "4.0.5"}, "date": "then", "nproc": 2}
-    section = report_headline.context(_results(), [other])
+    section = report.floors_targets(_results(), [other])
     this, (line,) = section["this"], section["others"]
     assert this["version"] == "3.10.8"
     assert (line["version"], line["json_path"]) == ("4.0.5", "benchmarks/results/latest-4.0.json")
@@ -203,7 +203,7 @@ def test_report_plot_renders(tmp_path: Path) -> None:
     path = tmp_path / plots.FILES["floors_targets"]
     plots.floors_targets(_results(), [other], path)
     assert path.stat().st_size > 0
-    reask = report_headline.reask_table(_results())
+    reask = report.reask_table(_results())
     assert reask is not None and "31 of 100" in [cell for row in reask.rows for cell in row]
 
 

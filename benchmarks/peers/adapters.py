@@ -83,41 +83,6 @@ class OursLock:
         self.broker.close()
 
 
-def prepare_ours(kind: str, url: str, name: str, slots: int) -> Callable[[], None]:
-    """Create the lock in the parent (semaphore slots, token permits); returns the cleanup."""
-    from amqp_locks import Broker, SemaphoreAdmin
-    from amqp_locks.names import fence_queue, sentinel_queue, wakeup_queue
-    from amqp_locks.tokens import TokenSemaphore
-
-    with Broker(url) as broker:
-        if kind == "ours_token":
-            TokenSemaphore(broker, name).setup(slots)
-        elif kind == "ours_semaphore":
-            SemaphoreAdmin(broker, name).create(slots)
-
-    def cleanup() -> None:
-        with Broker(url) as broker:
-            with contextlib.suppress(Exception):
-                if kind == "ours_token":
-                    TokenSemaphore(broker, name).destroy()
-                elif kind == "ours_semaphore":
-                    SemaphoreAdmin(broker, name).destroy(purge_fence=True)
-            core = broker._core
-
-            async def delete() -> None:
-                session = await core.session()
-                helpers = [
-                    f(name, k) for f in (sentinel_queue, wakeup_queue) for k in ("mutex", "sem")
-                ]
-                for q in (name, fence_queue(name), *helpers):
-                    await session.delete(q)
-
-            with contextlib.suppress(Exception):
-                core.run(delete())
-
-    return cleanup
-
-
 # ----------------------------------------------------------------------------- redis
 
 
@@ -326,18 +291,3 @@ class SlotsOfLocks:
     def close(self) -> None:
         for lock in self.locks:
             lock.close()
-
-
-__all__ = [
-    "Adapter",
-    "FileLockLock",
-    "KazooLock",
-    "OursLock",
-    "PgAdvisoryLock",
-    "RedisLockLock",
-    "RedisPyLock",
-    "SlotsOfLocks",
-    "ToozLock",
-    "advisory_key",
-    "prepare_ours",
-]

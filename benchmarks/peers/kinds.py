@@ -51,155 +51,62 @@ class Kind:
         return dict(self.default if group == "default" or self.tuned is None else self.tuned)
 
 
-KINDS: dict[str, Kind] = {
-    k.key: k
-    for k in (
-        Kind(
-            "ours_token",
-            "amqp-locks TokenSemaphore",
-            "amqp-locks",
-            "amqp",
-            "pushed (the broker delivers the released token to a waiting consumer)",
-            "the broker requeues the unacked token when the connection drops",
-            {},
-            native_slots=True,
-            ours=True,
-        ),
-        Kind(
-            "ours_mutex",
-            "amqp-locks Mutex",
-            "amqp-locks",
-            "amqp",
-            "pushed (release notice; a crashed holder's sentinel)",
-            "the broker deletes the exclusive queue when the connection drops",
-            {},
-            ours=True,
-        ),
-        Kind(
-            "ours_semaphore",
-            "amqp-locks PersistentSemaphore",
-            "amqp-locks",
-            "amqp",
-            "pushed (release notice; a crashed holder's sentinel)",
-            "the broker deletes the exclusive holder queue when the connection drops",
-            {},
-            native_slots=True,
-            ours=True,
-        ),
-        Kind(
-            "redis_py",
-            "redis-py Lock",
-            "redis",
-            "redis",
-            "polls every `sleep` (0.1 s; tuned 0.01 s)",
-            "key expiry after `timeout`; default timeout=None: the key never expires",
-            {"timeout": None, "sleep": 0.1},
-            {"timeout": 1.0, "sleep": 0.01, "renew": 0.3},
-            expiry=(None, 1.0),
-            slots_recipe=True,
-        ),
-        Kind(
-            "redis_lock",
-            "python-redis-lock",
-            "python-redis-lock",
-            "redis",
-            "pushed (BLPOP on a signal list the releaser LPUSHes)",
-            "key expiry after `expire`; default expire=None: the key never expires",
-            {"expire": None, "auto_renewal": False},
-            {"expire": 1, "auto_renewal": True},
-            expiry=(None, 1.0),
-            slots_recipe=True,
-        ),
-        Kind(
-            "tooz_redis",
-            "tooz (redis driver)",
-            "tooz",
-            "redis",
-            "polls every 0.1 s (redis-py Lock's sleep)",
-            "key expiry after `lock_timeout` (default 30 s), renewed by the heart thread",
-            {"lock_timeout": 30},
-            {"lock_timeout": 2},
-            expiry=(30.0, 2.0),
-            slots_recipe=True,
-        ),
-        Kind(
-            "tooz_pg",
-            "tooz (postgresql driver)",
-            "tooz",
-            "postgresql",
-            "pushed (pg_advisory_lock blocks in the server)",
-            "the server ends the dead client's session (socket closed)",
-            {},
-            slots_recipe=True,
-        ),
-        Kind(
-            "tooz_zk",
-            "tooz (zookeeper driver)",
-            "tooz",
-            "zookeeper",
-            "pushed (kazoo Lock: watch on the predecessor znode)",
-            "ZooKeeper expires the session after `timeout` (default 10 s)",
-            {"timeout": 10},
-            {"timeout": 2},
-            expiry=(10.0, 2.0),
-            slots_recipe=True,
-        ),
-        Kind(
-            "tooz_file",
-            "tooz (file driver)",
-            "tooz",
-            None,
-            "polls (fasteners: 0.01 s rising to 0.1 s)",
-            "the kernel drops a dead process's fcntl lock",
-            {},
-            slots_recipe=True,
-        ),
-        Kind(
-            "kazoo_lock",
-            "kazoo Lock",
-            "kazoo",
-            "zookeeper",
-            "pushed (watch on the predecessor znode)",
-            "ZooKeeper expires the session after its timeout (default 10 s)",
-            {"session_timeout": 10.0},
-            {"session_timeout": 2.0},
-            expiry=(10.0, 2.0),
-        ),
-        Kind(
-            "kazoo_semaphore",
-            "kazoo Semaphore",
-            "kazoo",
-            "zookeeper",
-            "pushed (watches on the lease and lock znodes)",
-            "ZooKeeper expires the session after its timeout (default 10 s)",
-            {"session_timeout": 10.0},
-            {"session_timeout": 2.0},
-            expiry=(10.0, 2.0),
-            native_slots=True,
-        ),
-        Kind(
-            "pg_advisory",
-            "PostgreSQL pg_advisory_lock (psycopg)",
-            "psycopg",
-            "postgresql",
-            "pushed (pg_advisory_lock blocks in the server)",
-            "the server ends the dead client's session (socket closed)",
-            {},
-            slots_recipe=True,
-        ),
-        Kind(
-            "filelock",
-            "filelock (single host)",
-            "filelock",
-            None,
-            "polls every `poll_interval` (0.05 s; tuned 0.005 s)",
-            "the kernel drops a dead process's flock",
-            {"poll_interval": 0.05},
-            {"poll_interval": 0.005},
-            slots_recipe=True,
-        ),
-    )
+_PUSH_PG = "pushed (pg_advisory_lock blocks in the server)"
+_PG_CRASH = "the server ends the dead client's session (socket closed)"
+_ZK_CRASH = "ZooKeeper expires the session after its timeout (default 10 s)"
+_ZK: dict[str, Any] = {
+    "default": {"session_timeout": 10.0},
+    "tuned": {"session_timeout": 2.0},
+    "expiry": (10.0, 2.0),
 }
+_NOTICE = "pushed (release notice; a crashed holder's sentinel)"
+_OURS: dict[str, Any] = {"library": "amqp-locks", "server": "amqp", "default": {}, "ours": True}
+
+# fmt: off
+KINDS: dict[str, Kind] = {k.key: k for k in (
+    Kind("ours_token", "amqp-locks TokenSemaphore",
+         wait="pushed (the broker delivers the released token to a waiting consumer)",
+         crash="the broker requeues the unacked token when the connection drops",
+         native_slots=True, **_OURS),
+    Kind("ours_mutex", "amqp-locks Mutex", wait=_NOTICE,
+         crash="the broker deletes the exclusive queue when the connection drops", **_OURS),
+    Kind("ours_semaphore", "amqp-locks PersistentSemaphore", wait=_NOTICE,
+         crash="the broker deletes the exclusive holder queue when the connection drops",
+         native_slots=True, **_OURS),
+    Kind("redis_py", "redis-py Lock", "redis", "redis", "polls every `sleep` (0.1 s; tuned 0.01 s)",
+         "key expiry after `timeout`; default timeout=None: the key never expires",
+         {"timeout": None, "sleep": 0.1}, {"timeout": 1.0, "sleep": 0.01, "renew": 0.3},
+         expiry=(None, 1.0), slots_recipe=True),
+    Kind("redis_lock", "python-redis-lock", "python-redis-lock", "redis",
+         "pushed (BLPOP on a signal list the releaser LPUSHes)",
+         "key expiry after `expire`; default expire=None: the key never expires",
+         {"expire": None, "auto_renewal": False}, {"expire": 1, "auto_renewal": True},
+         expiry=(None, 1.0), slots_recipe=True),
+    Kind("tooz_redis", "tooz (redis driver)", "tooz", "redis",
+         "polls every 0.1 s (redis-py Lock's sleep)",
+         "key expiry after `lock_timeout` (default 30 s), renewed by the heart thread",
+         {"lock_timeout": 30}, {"lock_timeout": 2}, expiry=(30.0, 2.0), slots_recipe=True),
+    Kind("tooz_pg", "tooz (postgresql driver)", "tooz", "postgresql", _PUSH_PG, _PG_CRASH, {},
+         slots_recipe=True),
+    Kind("tooz_zk", "tooz (zookeeper driver)", "tooz", "zookeeper",
+         "pushed (kazoo Lock: watch on the predecessor znode)",
+         "ZooKeeper expires the session after `timeout` (default 10 s)",
+         {"timeout": 10}, {"timeout": 2}, expiry=(10.0, 2.0), slots_recipe=True),
+    Kind("tooz_file", "tooz (file driver)", "tooz", None,
+         "polls (fasteners: 0.01 s rising to 0.1 s)",
+         "the kernel drops a dead process's fcntl lock", {}, slots_recipe=True),
+    Kind("kazoo_lock", "kazoo Lock", "kazoo", "zookeeper",
+         "pushed (watch on the predecessor znode)", _ZK_CRASH, **_ZK),
+    Kind("kazoo_semaphore", "kazoo Semaphore", "kazoo", "zookeeper",
+         "pushed (watches on the lease and lock znodes)", _ZK_CRASH, native_slots=True, **_ZK),
+    Kind("pg_advisory", "PostgreSQL pg_advisory_lock (psycopg)", "psycopg", "postgresql",
+         _PUSH_PG, _PG_CRASH, {}, slots_recipe=True),
+    Kind("filelock", "filelock (single host)", "filelock", None,
+         "polls every `poll_interval` (0.05 s; tuned 0.005 s)",
+         "the kernel drops a dead process's flock",
+         {"poll_interval": 0.05}, {"poll_interval": 0.005}, slots_recipe=True),
+)}
+# fmt: on
 
 
 def make(
@@ -244,6 +151,3 @@ def available(targets: dict[str, str]) -> list[str]:
 def supports(kind: str, slots: int) -> bool:
     k = KINDS[kind]
     return slots == 1 or k.native_slots or k.slots_recipe
-
-
-__all__ = ["KINDS", "Kind", "available", "make", "supports"]

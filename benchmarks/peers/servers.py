@@ -82,7 +82,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def _start_redis(base: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[int, str]:
+def _start_redis(base: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[str, str, str]:
     exe = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not Path(exe).exists():
         raise RuntimeError("redis-server is not installed (scripts/bench installs it)")
@@ -96,10 +96,11 @@ def _start_redis(base: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[int,
     _wait(lambda: _ask(port, b"PING\r\n").startswith(b"+PONG"), proc, log, "redis-server", 30)
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
     words = [w for w in version.stdout.split() if w.startswith("v=")]
-    return port, words[0][2:] if words else "unknown"
+    settings = "no persistence (--save '' --appendonly no)"
+    return f"redis://{HOST}:{port}/0", words[0][2:] if words else "unknown", settings
 
 
-def _start_zookeeper(base: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[int, str]:
+def _start_zookeeper(base: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[str, str, str]:
     java = shutil.which("java")
     if java is None or not all(Path(j).exists() for j in ZK_JARS):
         raise RuntimeError("zookeeper or a JRE is not installed (scripts/bench installs them)")
@@ -123,7 +124,11 @@ def _start_zookeeper(base: Path, procs: list[subprocess.Popen[bytes]]) -> tuple[
     _wait(lambda: _ask(port, b"srvr").startswith(b"Zookeeper version"), proc, log, "ZooKeeper", 60)
     first = _ask(port, b"srvr").decode(errors="replace").partition("\n")[0]
     version = first.partition(":")[2].strip().split("-")[0] or "unknown"
-    return port, version
+    settings = (
+        f"tickTime {ZK_TICK_MS} ms, minSessionTimeout {ZK_MIN_SESSION_MS} ms, "
+        "forceSync=no, standalone"
+    )
+    return f"{HOST}:{port}", version, settings
 
 
 @contextlib.contextmanager
@@ -134,29 +139,18 @@ def running(kinds: set[str], log: object = print) -> Iterator[Servers]:
     procs: list[subprocess.Popen[bytes]] = []
     pg_base: Path | None = None
     try:
-        if "redis" in kinds:
-            try:
-                base = tmp / "redis"
-                base.mkdir()
-                port, version = _start_redis(base, procs)
-                out.urls["redis"] = f"redis://{HOST}:{port}/0"
-                out.versions["Redis"] = version
-                out.settings["redis"] = "no persistence (--save '' --appendonly no)"
-            except Exception as exc:
-                out.missing["redis"] = str(exc)
-        if "zookeeper" in kinds:
-            try:
-                base = tmp / "zookeeper"
-                base.mkdir()
-                port, version = _start_zookeeper(base, procs)
-                out.urls["zookeeper"] = f"{HOST}:{port}"
-                out.versions["ZooKeeper"] = version
-                out.settings["zookeeper"] = (
-                    f"tickTime {ZK_TICK_MS} ms, minSessionTimeout {ZK_MIN_SESSION_MS} ms, "
-                    "forceSync=no, standalone"
-                )
-            except Exception as exc:
-                out.missing["zookeeper"] = str(exc)
+        for kind, start, label in (
+            ("redis", _start_redis, "Redis"),
+            ("zookeeper", _start_zookeeper, "ZooKeeper"),
+        ):
+            if kind in kinds:
+                try:
+                    (tmp / kind).mkdir()
+                    out.urls[kind], out.versions[label], out.settings[kind] = start(
+                        tmp / kind, procs
+                    )
+                except Exception as exc:
+                    out.missing[kind] = str(exc)
         if "postgresql" in kinds:
             try:
                 pg_base = tmp / "postgresql"
@@ -182,6 +176,3 @@ def running(kinds: set[str], log: object = print) -> Iterator[Servers]:
 def postgres_dsn(sqlalchemy_url: str) -> str:
     """``postgresql+psycopg://u:p@h:port/db`` -> the libpq URL psycopg and tooz take."""
     return sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
-
-
-__all__ = ["Servers", "free_port", "postgres_dsn", "running"]

@@ -104,6 +104,3 @@ def main(job: Job, idx: int, sync: Sync) -> None:
 
 def _what(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()[:300]
-
-
-__all__ = ["Job", "Sync", "main"]

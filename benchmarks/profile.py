@@ -1,10 +1,26 @@
-"""Where a token handoff's time goes: the benchmark's handoff, stamped at every stage.
+"""The two profilers behind docs/benchmarks.md's explanations (each prints p50s; the
+report's sections on them give the measured split and the date). Without ``--url`` they run
+on the private benchmark node (started and stopped like the report's).
 
-    python -m benchmarks.profile_handoff [--url URL] [-n SAMPLES] [--settle S]
+``python -m benchmarks.run profile-acquire [-n SAMPLES]``: where an uncontended token
+acquire's time goes, the same grant taken several ways:
 
-Two processes take turns on one permit exactly as ``benchmarks.handoff`` does (the waiter
-has been blocked in ``acquire()`` for ``--settle`` seconds when the holder calls
-``release()``), with CLOCK_MONOTONIC stamps taken inside the library on both sides:
+1. ``Broker.round_trip()``: the caller -> I/O thread hop and one broker round trip.
+2. ``TokenSemaphore.acquire()`` from the caller's thread (what users see).
+3. The acquire coroutine timed *inside* the I/O loop (no thread hop).
+4. Raw aiormq on the same pooled channel, inside the loop: ``basic.consume`` until the
+   token arrives (what the acquire does on the wire), and ``basic.get``.
+5. The floor of the benchmark report (`benchmarks.floors`): ``basic.get`` on a connection
+   of its own, in an event loop of its own, no library code.
+
+Each sample waits 3 ms after the release, so the previous release's commit has put the
+token back (`release()` does not wait for it).
+
+``python -m benchmarks.run profile-handoff [-n SAMPLES] [--settle S]``: where a token
+handoff's time goes. Two processes take turns on one permit exactly as
+``benchmarks.handoff`` does (the waiter has been blocked in ``acquire()`` for ``--settle``
+seconds when the holder calls ``release()``), with CLOCK_MONOTONIC stamps taken inside the
+library on both sides:
 
 - holder: ``release()`` called (t0) -> its I/O loop writes cancel + reject/ack+publish
   (``send_together``) -> ``release()`` returns to the caller;
@@ -15,20 +31,123 @@ Beside it, the same handoff in raw aiormq, one single-threaded asyncio process p
 (no library code, no I/O thread), with the same settle: the command arrives on a pipe,
 the holder rejects the message at once, the waiter's delivery callback is the end. That
 is the reject -> deliver floor of ``benchmarks.floors`` taken across processes after an
-idle pause, the way the benchmark's handoff is taken. Without ``--url`` it starts the
-private benchmark node (`amqp_locks_dev.devbroker`, like `benchmarks.run`).
+idle pause, the way the benchmark's handoff is taken.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing as mp
 import statistics
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from typing import Any
+
+import aiormq
+from aiormq.abc import DeliveredMessage
+from pamqp import commands as spec
+
+from amqp_locks import Broker, TokenSemaphore
+from amqp_locks.names import token_queue
+from amqp_locks.tokens import acquire_permit
+
+from .floors import _get_floor, _one_message_queue, write_together
+
+# ------------------------------------------------------------------------- acquire
+
+GAP = 0.003
+
+
+def _median_ms(xs: list[float]) -> float:
+    return statistics.median(xs) * 1000
+
+
+def _loop(core: Any, coro: Callable[[], Awaitable[float]], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        out.append(core.run(coro()))
+        time.sleep(GAP)
+    return out
+
+
+def acquire(url: str, n: int) -> dict[str, float]:
+    """The p50 (ms) of an uncontended token grant taken five ways."""
+    with Broker(url) as broker:
+        broker.connect()
+        core = broker._core
+        sem = TokenSemaphore(broker, "profile-" + uuid.uuid4().hex[:8])
+        sem.setup(1)
+        queue = token_queue(sem.name)
+        try:
+            hop = []
+            for _ in range(n):
+                t = time.perf_counter()
+                broker.round_trip()
+                hop.append(time.perf_counter() - t)
+            outside = []
+            for _ in range(n):
+                t = time.perf_counter()
+                lease = sem.acquire()
+                outside.append(time.perf_counter() - t)
+                assert lease is not None
+                lease.release()
+                time.sleep(GAP)
+
+            async def inside() -> float:
+                t = time.perf_counter()
+                state = await acquire_permit(
+                    core, sem.name, priority=0, blocking=True, timeout=None
+                )
+                dt = time.perf_counter() - t
+                assert state is not None
+                await state.release()
+                return dt
+
+            async def raw(get: bool) -> float:
+                session = await core.session()
+                ch = await session.holder_channel(transactional=True)
+                got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
+
+                async def on(m: DeliveredMessage) -> None:
+                    if not got.done():
+                        got.set_result(m)
+
+                t = time.perf_counter()
+                if get:
+                    m = await ch.basic_get(queue, no_ack=False)
+                else:
+                    ok = await ch.basic_consume(queue, on, no_ack=False)
+                    m = await got
+                dt = time.perf_counter() - t
+                if not get:
+                    await ch.basic_cancel(str(ok.consumer_tag))
+                tag = getattr(m.delivery, "delivery_tag", None)
+                assert isinstance(tag, int)
+                await ch.basic_reject(tag, requeue=True)
+                await ch.tx_commit()
+                session.return_holder_channel(ch, transactional=True)
+                return dt
+
+            floor = asyncio.run(_get_floor(url, False, n, 1))["reps"][0]
+            return {
+                "floor: raw aiormq basic.get, own connection and loop": _median_ms(floor),
+                "round_trip (thread hop + RTT)": _median_ms(hop),
+                "acquire, caller's thread": _median_ms(outside),
+                "acquire, inside the I/O loop": _median_ms(_loop(core, inside, n)),
+                "raw basic.consume -> token, inside the loop": _median_ms(
+                    _loop(core, lambda: raw(False), n)
+                ),
+                "raw basic.get, inside the loop (floor)": _median_ms(
+                    _loop(core, lambda: raw(True), n)
+                ),
+            }
+        finally:
+            sem.destroy()
+
+
+# ------------------------------------------------------------------------- handoff
 
 STAGES = (
     ("holder: release() called -> its coroutine runs on the I/O loop", "h_called", "h_loop"),
@@ -79,8 +198,6 @@ def _instrument(stamps: dict[str, float]) -> None:
 
 
 def _ours(url: str, name: str, fencing: bool, pipe: Connection) -> None:
-    from amqp_locks import Broker, TokenSemaphore
-
     stamps: dict[str, float] = {}
     _instrument(stamps)
     with Broker(url) as broker:
@@ -102,11 +219,6 @@ def _ours(url: str, name: str, fencing: bool, pipe: Connection) -> None:
 
 
 async def _raw_side(url: str, queue: str, together: bool, pipe: Connection) -> None:
-    import aiormq
-    from pamqp import commands as spec
-
-    from .floors import write_together
-
     conn = await aiormq.connect(url)
     ch = await conn.channel()
     await ch.basic_qos(prefetch_count=1)
@@ -195,13 +307,8 @@ def _p50(rows: list[dict[str, float]], a: str, b: str) -> float | None:
     return statistics.median(xs) * 1000 if xs else None
 
 
-def profile(url: str, n: int, settle: float) -> dict[str, dict[str, float | None]]:
-    import aiormq
-
-    from amqp_locks import Broker, TokenSemaphore
-
-    from .floors import _one_message_queue
-
+def handoff(url: str, n: int, settle: float) -> dict[str, dict[str, float | None]]:
+    """Per variant (ours with and without fencing, raw aiormq twice): p50 ms per stage."""
     ctx = mp.get_context("spawn")
     results: dict[str, dict[str, float | None]] = {}
     with Broker(url) as broker:
@@ -246,25 +353,3 @@ def profile(url: str, n: int, settle: float) -> dict[str, dict[str, float | None
             "broker: write sent -> waiter's loop has the token": _p50(rows, "h_write", "w_token"),
         }
     return results
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--url")
-    ap.add_argument("-n", type=int, default=200)
-    ap.add_argument("--settle", type=float, default=0.05)
-    args = ap.parse_args()
-    url = args.url
-    if url is None:
-        from amqp_locks_dev import devbroker
-
-        url = devbroker.start(name="amqplocksbench").url
-    for label, stages in profile(url, args.n, args.settle).items():
-        print(label)
-        for what, p50 in stages.items():
-            if p50 is not None:
-                print(f"  {p50:7.3f} ms p50  {what}")
-
-
-if __name__ == "__main__":
-    main()

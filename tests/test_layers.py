@@ -21,7 +21,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("transport", ("transport",)),
     (
         "protocol core",
-        ("lease", "waiting", "fencing", "replication", "holders", "lockobject", "admin_mutex"),
+        (
+            "held",
+            "queue_lease",
+            "lease",
+            "waiting",
+            "fencing",
+            "replication",
+            "holders",
+            "lockobject",
+            "admin_mutex",
+        ),
     ),
     ("lock kinds", ("tokens", "mutex", "semaphore", "rwlock")),
     ("composition", ("status", "aio", "lockers", "service", "metrics", "celery")),

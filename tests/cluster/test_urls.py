@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from amqp_locks import Broker, ClusterUnreachable, ConfigurationError, Mutex, aio
-from amqp_locks.transport.broker import resolve_urls
+from amqp_locks.transport.urls import resolve_urls
 from amqp_locks_dev import devcluster
 
 

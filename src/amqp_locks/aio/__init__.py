@@ -23,7 +23,7 @@ from .. import rwlock as _rwlock
 from .. import status as _status
 from .. import tokens as _tokens
 from ..errors import LockError
-from ..lease import HeldState
+from ..held import HeldState
 from ..lockobject import LockObject, timeout_error
 from ..semaphore import admin as _admin
 from ..semaphore import client as _client

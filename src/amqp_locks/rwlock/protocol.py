@@ -18,7 +18,7 @@ from pamqp.commands import Basic
 from ..admin_mutex import held_mutex
 from ..errors import ConnectionLost, LeaseReleased, LockError, QueueNotFound
 from ..fencing import ensure_fence, take_token
-from ..lease import HeldState
+from ..held import HeldState
 from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
 from ..transport.session import Session

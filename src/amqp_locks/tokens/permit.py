@@ -12,7 +12,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from ..errors import LeaseReleased
-from ..lease import HeldState, release_barrier
+from ..held import HeldState, release_barrier
 from ..names import token_queue
 from ..transport.aiormq_compat import forget_consumer, publish_frames, send_together
 from ..transport.shield import close_quietly

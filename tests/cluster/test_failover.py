@@ -15,9 +15,9 @@ from collections.abc import Callable
 import pytest
 
 from amqp_locks import Lease, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
-from amqp_locks_dev import devbroker
 from amqp_locks.names import quorum_mutex_name
 from amqp_locks.semaphore.cluster import slots_name
+from amqp_locks_dev import devbroker
 
 from .conftest import Nodes, wait_until
 from .resource import FencedResource
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 LOSS_BOUND = 5.0
 #: How long a waiter on a surviving node may take to get the freed lock.
 REGRANT_BOUND = 15.0
+
 
 def _background(acquire: Callable[[], Lease | None]) -> tuple[threading.Thread, list[Lease | None]]:
     box: list[Lease | None] = []

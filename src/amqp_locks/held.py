@@ -116,6 +116,17 @@ class HeldState:
                 return
         _run_callbacks([cb])
 
+    def begin_release(self) -> bool:
+        """The first steps of every release (False: it was released already): mark it
+        released, say so, and stop hearing of loss (the session forgets the lock)."""
+        if self.released:
+            return False
+        self.released = True
+        self._emit_release()
+        self.session.remove_listener(self._listener)
+        self.session.leases.discard(self)
+        return True
+
     def _emit_release(self) -> None:
         """A release of a lock not already counted as lost (observers count each once)."""
         if self.lost_reason is None:

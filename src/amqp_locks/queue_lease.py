@@ -188,13 +188,9 @@ class LeaseState(HeldState):
 
     async def release(self) -> None:
         """Delete the held queue (waiting for delete-ok), then tell waiters it is free."""
-        if self.released:
+        if not self.begin_release():
             return
-        self.released = True
-        self._emit_release()
         session = self.session
-        session.remove_listener(self._listener)
-        session.leases.discard(self)
         watch, self._watch = self._watch, None
         if not session.alive:
             session.held.discard(self.held_queue)

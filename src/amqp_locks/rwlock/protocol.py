@@ -211,13 +211,9 @@ class HoldState(HeldState):
         """Reader: cancel and requeue its token (no round trip). Writer: close the tokens'
         channel, which returns all R tokens to the waiting readers first (close-ok), then
         hand the turn to the next writer."""
-        if self.released:
+        if not self.begin_release():
             return
-        self.released = True
-        self._emit_release()
         session = self.session
-        session.remove_listener(self._listener)
-        session.leases.discard(self)
         for box in self.inboxes:
             box.detach()
         if not session.alive:

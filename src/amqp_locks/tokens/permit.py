@@ -85,12 +85,8 @@ class PermitState(HeldState):
         Without fencing there is no transaction: the reject alone returns the token as it
         came, flagged redelivered, so a fencing holder after us takes a fresh epoch from
         the fence queue instead of reading the carried counter."""
-        if self.released:
+        if not self.begin_release():
             return
-        self.released = True
-        self._emit_release()
-        self.session.remove_listener(self._listener)
-        self.session.leases.discard(self)
         ch = self.channel
         self._detach()
         if not self.session.alive:

@@ -23,7 +23,6 @@ from ..names import token_queue, validate_name
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.errors import channel_error
-from ..transport.features import broker_version
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
 from ..waiting import check_timeout
@@ -57,12 +56,10 @@ async def acquire_permit(
     """Consume one token (push). None when not blocking and none is free, or timed out."""
     session = await core.session()
     if not blocking or timeout == 0:
-        # RabbitMQ 3.x answers a passive declare of a quorum queue whose leader just died
-        # with 541, which closes the whole connection and every lease on it (seen in
-        # clean-clone CI on 3.10.8 right after a node kill): in cluster mode there, ask
-        # the broker by consuming for the grace period instead.
-        quick = not (session.cluster and broker_version(session) < (4, 0))
-        if quick and await _ready_tokens(session, name) == 0:
+        # A passive declare is safe during a quorum queue's election on every line (the
+        # queue's stat answers 0 when no leader does); a consume is not on 3.10.8 (a
+        # checkout that meets no leader crashes the channel, 541: docs/cluster.md).
+        if await _ready_tokens(session, name) == 0:
             return None
         timeout = NONBLOCKING_GRACE  # another client may take the ready token first
     # Without fencing the release returns the token as it came (`basic.reject`), which

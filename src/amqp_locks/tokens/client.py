@@ -15,7 +15,13 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from ..errors import ConfigurationError, ConnectionLost, QueueNotFound, TokenSemaphoreNotFound
+from ..errors import (
+    ClusterUnreachable,
+    ConfigurationError,
+    ConnectionLost,
+    QueueNotFound,
+    TokenSemaphoreNotFound,
+)
 from ..holders import HolderQueries, Reading
 from ..lease import Lease
 from ..lockobject import LockObject
@@ -25,7 +31,7 @@ from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
-from ..waiting import check_timeout
+from ..waiting import check_timeout, pause_for_a_node
 from .admin import MUTEX_TIMEOUT, TokenAdmin
 from .drain import MAX_PRIORITY
 from .fencing import carried_fencing, fencing_for
@@ -292,6 +298,10 @@ class TokenSemaphore(LockObject, HolderQueries):
                 if (not blocking and retried) or (left is not None and left <= 0):
                     raise
                 retried = True
+            except ClusterUnreachable as exc:
+                if not blocking:
+                    raise
+                await pause_for_a_node(exc, deadline)
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""

@@ -26,7 +26,7 @@ import aiormq
 from rich.console import Console
 
 from amqp_locks import aio
-from amqp_locks.transport.broker import DEFAULT_URL
+from amqp_locks.transport.urls import DEFAULT_URL
 
 NAME = "example-turns"
 WORK = f"{NAME}-work"

@@ -21,7 +21,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("transport", ("transport",)),
     (
         "protocol core",
-        ("lease", "waiting", "fencing", "replication", "holders", "lockobject", "admin_mutex"),
+        (
+            "held",
+            "queue_lease",
+            "lease",
+            "waiting",
+            "fencing",
+            "replication",
+            "holders",
+            "lockobject",
+            "admin_mutex",
+        ),
     ),
     ("lock kinds", ("tokens", "mutex", "semaphore", "rwlock")),
     ("composition", ("status", "aio", "lockers", "service", "metrics", "celery")),
@@ -98,7 +108,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_imports() -> None:
     graph = import_graph()
     # Spot checks that the reader follows relative, aliased and package imports.
-    assert "amqp_locks.transport.session" in graph["amqp_locks.transport.broker"]
+    assert "amqp_locks.transport.session" in graph["amqp_locks.transport.core"]
     assert "amqp_locks.holders" in graph["amqp_locks.aio"]  # `from .. import holders as _h`
     assert "amqp_locks.records" in graph["amqp_locks.status"]
 

@@ -12,7 +12,7 @@ import pytest
 
 import amqp_locks
 from amqp_locks import Broker, BrokerClosed, ConfigurationError, errors
-from amqp_locks.transport.broker import resolve_urls
+from amqp_locks.transport.urls import resolve_urls
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

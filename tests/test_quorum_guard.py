@@ -6,6 +6,8 @@ the arithmetic that decides when a connection must give up its locks.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -82,5 +84,43 @@ def test_the_newest_confirmed_send_time_is_the_proof() -> None:
 
 
 def test_probe_queue_names_the_node() -> None:
-    assert probe_queue("10.0.0.2", 5672) == "amqp-locks.quorum-probe.10.0.0.2:5672"
+    assert probe_queue("10.0.0.2", 5672) == "amqp-locks.quorum-guard.10.0.0.2:5672"
     assert len(probe_queue("h" * 400, 1)) == 255
+
+
+def test_a_deleted_probe_queue_proves_nothing_and_is_declared_again(amqp_url: str) -> None:
+    """An unroutable publish is confirmed by any node, quorum or not: a guard whose probe
+    queue was deleted must not count those confirms, and must declare the queue again."""
+    guarded = Broker(amqp_url, cluster=True, net_ticktime=10, quorum_timeout=5)
+    other = Broker(amqp_url)
+    try:
+        core = guarded._core
+        guard = core.run(core.session()).guard
+        assert guard is not None
+        queue = guard._queue
+        wait_for(lambda: guard.confirmed >= 1, 10, "a first confirmed probe")
+        other._core.run(_delete(other, queue))
+        wait_for(lambda: guard.returned >= 1, 10, "a probe returned unroutable")
+        confirmed = guard.confirmed
+        wait_for(lambda: other._core.run(_exists(other, queue)), 10, "the queue declared again")
+        wait_for(lambda: guard.confirmed > confirmed, 10, "confirms on the new queue")
+        assert core.run(core.session()).alive
+    finally:
+        guarded.close()
+        other._core.run(_delete(other, queue))
+        other.close()
+
+
+async def _delete(broker: Broker, queue: str) -> None:
+    await (await broker._core.session()).delete(queue)
+
+
+async def _exists(broker: Broker, queue: str) -> bool:
+    return await (await broker._core.session()).exists_passive(queue)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)

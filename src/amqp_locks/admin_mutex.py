@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, QueueNotFound, ResourceLocked
 from .fencing import ensure_fence, take_token
-from .lease import LeaseState, grant
 from .names import fence_queue, sentinel_queue, wakeup_queue
+from .queue_lease import LeaseState, grant
 from .transport.broker import BrokerCore
 from .transport.session import Session
 from .waiting import Backoff, acquire_loop

@@ -176,18 +176,10 @@ async def _rebase(session: Session, queue: str, timeout: float) -> None:
     version = broker_version(session)
     rule = counting_rule(version)
     ch = await session.conn.channel(publisher_confirms=False)  # tx and confirms exclude
-    got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
-
-    async def on_message(message: DeliveredMessage) -> None:
-        if not got.done():
-            got.set_result(message)
-
     try:
-        await ch.basic_qos(prefetch_count=1)
         await ch.tx_select()
-        await ch.basic_consume(queue, on_message, no_ack=False)
         try:
-            message = await asyncio.wait_for(got, timeout)
+            message = await _first_pushed(ch, queue, timeout)
         except TimeoutError:
             raise FenceMissing(f"no fence message arrived from {queue!r} to re-base") from None
         base, old_rule = parse_fence_body(message.body)
@@ -211,20 +203,26 @@ async def _rebase(session: Session, queue: str, timeout: float) -> None:
             await ch.close()
 
 
-async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
-    ch = await session.open_channel()
+async def _first_pushed(ch: AbstractChannel, queue: str, timeout: float) -> DeliveredMessage:
+    """The first message the broker pushes from `queue` to a prefetch-1 consumer on `ch`
+    (TimeoutError after `timeout`); it stays unacked on `ch`, as does any later one,
+    until the caller settles it or closes the channel."""
     got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
 
     async def on_message(message: DeliveredMessage) -> None:
         if not got.done():
             got.set_result(message)
-        # any later delivery stays unacked and is returned when the channel closes
 
+    await ch.basic_qos(prefetch_count=1)
+    await ch.basic_consume(queue, on_message, no_ack=False)
+    return await asyncio.wait_for(got, timeout)
+
+
+async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
+    ch = await session.open_channel()
     try:
-        await ch.basic_qos(prefetch_count=1)
-        await ch.basic_consume(queue, on_message, no_ack=False)
         try:
-            message = await asyncio.wait_for(got, timeout)
+            message = await _first_pushed(ch, queue, timeout)
         except TimeoutError:
             raise FenceMissing(
                 f"no fence message arrived from {queue!r} within {timeout:.0f}s: it was purged, "

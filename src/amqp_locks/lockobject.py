@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar
 
 from .errors import ConfigurationError, LockError, LockTimeout
 from .events import observed
-from .lease import HeldState, Lease
+from .held import HeldState
+from .lease import Lease
 from .waiting import check_timeout
 
 if TYPE_CHECKING:
@@ -90,12 +90,7 @@ class LockObject(ABC):
         stack.append(lease)
         return lease
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stack().pop().release()
 
     def __repr__(self) -> str:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from .admin_mutex import acquire_mutex, mutex_held
 from .errors import AccessRefused, ModeMismatch, TokenSemaphoreNotFound
+from .held import HeldState
 from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, Reading, pick_holder
-from .lease import HeldState
 from .lockobject import LockObject
 from .names import quorum_mutex_name, token_queue, validate_name
 from .records import LockStatus

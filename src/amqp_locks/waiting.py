@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import aiormq.exceptions
 
-from .errors import AmqpLocksError, ConfigurationError, ConnectionLost
+from .errors import AmqpLocksError, ClusterUnreachable, ConfigurationError, ConnectionLost
 from .transport.broker import BrokerCore
 from .transport.errors import channel_error
 from .transport.session import Session
@@ -31,6 +31,8 @@ SETTLE_DELAYS = (0.005, 0.02, 0.05, 0.15, 0.4)
 #: first when there are any (it would win nearly every race: its attempt starts before
 #: the woken waiter has even read its notice).
 POLITE_WINDOW = 1.0
+#: How long a cluster-mode waiter that reached no node pauses before trying them again.
+RECONNECT_PAUSE = 1.0
 
 
 async def _defer_to_waiters(session: Session, wakeups: str) -> bool:
@@ -77,6 +79,17 @@ class Backoff:
             raise ConfigurationError(
                 f"poll back-off needs 0 < initial <= maximum, got {self.initial}, {self.maximum}"
             )
+
+
+async def pause_for_a_node(exc: ClusterUnreachable, deadline: float | None) -> None:
+    """A blocking wait that reached no node of its cluster (each down, or unable to prove
+    it is on the majority side yet: a node that cannot create its quorum probe queue while
+    a cut node is not yet noticed) tries them again after a pause, until its deadline:
+    waiters never fail because a node died. Past the deadline it raises `exc`."""
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise exc
+    await asyncio.sleep(RECONNECT_PAUSE if left is None else min(RECONNECT_PAUSE, left))
 
 
 def check_timeout(timeout: float | None) -> float | None:

@@ -166,9 +166,13 @@ def test_elect_standby_line_on_a_terminal(cli: Cli, name: str) -> None:
 # --- 3. warnings visible by default --------------------------------------------------------------
 
 
+def _lease_db_elect(name: str, port: int) -> list[str]:
+    url = f"postgresql+psycopg://nobody@127.0.0.1:{port}/nothing"
+    return ["elect", name, "--locker", "lease-database", "--db-url", url, "--interval", "0.3"]
+
+
 def test_library_warnings_are_shown_by_default(cli: Cli, name: str) -> None:
-    url = f"postgresql+psycopg://nobody@127.0.0.1:{_free_port()}/nothing"
-    args = ["elect", name, "--locker", "lease-database", "--db-url", url, "--interval", "0.3"]
+    args = _lease_db_elect(name, _free_port())
     p = cli.start(*args, "--", "echo", "master")
     line = p.expect("database unavailable while standing by", which="err")
     assert line.startswith("amqp-locks: warning: LeaseDatabaseLocker(")
@@ -178,8 +182,16 @@ def test_library_warnings_are_shown_by_default(cli: Cli, name: str) -> None:
     assert "Traceback" not in err
     assert all(line.startswith("amqp-locks: ") for line in err.splitlines()), err
 
-    quiet = cli.start("-q", *args, "--", "echo", "master")
-    time.sleep(2)  # several failed attempts
+    # Quiet through several failed attempts: a listener on the database's port counts
+    # them (each connection closed at once, so the locker finds the database unavailable).
+    with socket.socket() as db:
+        db.bind(("127.0.0.1", 0))
+        db.listen(8)
+        db.settimeout(30)
+        quiet = cli.start("-q", *_lease_db_elect(name, db.getsockname()[1]), "--", "echo", "x")
+        for _ in range(3):
+            conn, _ = db.accept()  # TimeoutError if the locker never tries
+            conn.close()
     quiet.popen.send_signal(signal.SIGTERM)
     rc, out, err = quiet.finish()
     assert (rc, out, err) == (0, "", "")

@@ -17,6 +17,7 @@ import pytest
 from amqp_locks import Lease, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
 from amqp_locks.names import quorum_mutex_name
 from amqp_locks.semaphore.cluster import slots_name
+from amqp_locks_dev import devbroker
 
 from .conftest import Nodes, wait_until
 from .resource import FencedResource
@@ -29,11 +30,25 @@ LOSS_BOUND = 5.0
 #: How long a waiter on a surviving node may take to get the freed lock.
 REGRANT_BOUND = 15.0
 
+
 def _background(acquire: Callable[[], Lease | None]) -> tuple[threading.Thread, list[Lease | None]]:
     box: list[Lease | None] = []
     t = threading.Thread(target=lambda: box.append(acquire()), daemon=True)
     t.start()
     return t, box
+
+
+def _kept_or_told(lease: Lease) -> bool:
+    """After the killed node rejoins, a holder on a surviving node still holds its lock.
+    RabbitMQ 3.10.8 may instead close that holder's connection while its quorum queues
+    change leaders or a member restarts (docs/cluster.md, "RabbitMQ 3.10"); the holder
+    must then have been told. Never on 4.x."""
+    if lease.verify():
+        return True
+    assert devbroker.default_version() == "3.10", f"surviving holder lost: {lease.lost_reason}"
+    assert lease.lost.is_set() and lease.lost_reason, "lost without being told"
+    print(f"3.10: surviving holder told it lost its lock: {lease.lost_reason}")
+    return False
 
 
 def _got(t: threading.Thread, box: list[Lease | None], timeout: float) -> Lease:
@@ -102,11 +117,11 @@ def test_persistent_semaphore_keeps_its_slots(nodes: Nodes, name: str) -> None:
     assert PersistentSemaphore(b2, name).acquire(blocking=False) is None  # still 2 held
 
     nodes.restart(1)
-    assert h2.verify() and new.verify()
+    kept = [h for h in (h2, new) if _kept_or_told(h)]
     admin2 = SemaphoreAdmin(b2, name, quorum=True)
-    assert sorted(admin2.holders()) == sorted([h2.number, new.number])
-    h2.release()
-    new.release()
+    assert sorted(admin2.holders()) == sorted(h.number for h in kept)
+    for h in (h2, new):
+        h.release(wait=h in kept)
     assert admin2.holders() == [] and admin2.max_slots() == 2
     # Cluster mode: each slot is a token carrying its own counter, so fencing tokens rise
     # per slot (docs/protocol.md section 11), as a token semaphore's do per permit.
@@ -140,8 +155,9 @@ def test_token_semaphore_keeps_its_tokens(nodes: Nodes, name: str) -> None:
     nodes.restart(1)
     # Confirmed releases: a plain release returns before the broker has the token back,
     # and the status read right after raced it (2 of 17 runs on 4.3 saw ready 1).
-    h2.release(wait=True)
-    new.release(wait=True)
+    kept = [h for h in (h2, new) if _kept_or_told(h)]
+    for h in (h2, new):
+        h.release(wait=h in kept)
     sem2 = TokenSemaphore(b2, name)
     status = sem2.status()
     assert (status.permits, status.ready) == (2, 2)

@@ -76,7 +76,7 @@ def test_cluster_mode_permissions(nodes: Nodes, name: str) -> None:
     node = nodes.info.node(1)
     user, vhost = f"u{uuid.uuid4().hex[:8]}", f"v{uuid.uuid4().hex[:8]}"
     locks = r"(images|reindex)(\.(mutex|slots))?(\.semaphore(-ledger)?|-fence)?"
-    extra = r"|amqp-locks\.quorum-probe\..*|amqp-locks\.holder(s|\.[0-9a-f]{32})"
+    extra = r"|amqp-locks\.quorum-guard\..*|amqp-locks\.holder(s|\.[0-9a-f]{32})"
     full = f"^({locks}{extra})$"
     write = r"^(amq\.default|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
     devbroker.rabbitmqctl(node, "add_vhost", vhost)
@@ -88,7 +88,7 @@ def test_cluster_mode_permissions(nodes: Nodes, name: str) -> None:
         ]
         devbroker.rabbitmqctl(node, "set_permissions", "-p", vhost, user, f"^({locks})$",
                               write, f"^({locks})$")
-        with pytest.raises(AccessRefused, match="quorum-probe"):
+        with pytest.raises(AccessRefused, match="quorum-guard"):
             Broker(urls).connect()
         devbroker.rabbitmqctl(node, "set_permissions", "-p", vhost, user, full, write, full)
         with Broker(urls) as b, Broker(urls) as other:

@@ -4,12 +4,14 @@ node when none does, and the asyncio facade taking the same URLs."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import time
 
 import pytest
 
 from amqp_locks import Broker, ClusterUnreachable, ConfigurationError, Mutex, aio
-from amqp_locks.transport.broker import resolve_urls
+from amqp_locks.transport.urls import resolve_urls
 from amqp_locks_dev import devcluster
 
 
@@ -57,3 +59,21 @@ def test_aio_broker_takes_the_same_urls(cluster: devcluster.ClusterInfo, name: s
                 assert lease.fencing_token >= 1
 
     asyncio.run(go())
+
+
+def test_a_waiter_that_reaches_no_node_keeps_trying_until_its_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Waiters never fail because a node died: a blocking acquire in cluster mode that
+    reaches no node tries the nodes again until its own deadline, then raises."""
+    urls = [f"amqp://guest:guest@127.0.0.1:{_dead_port()}/%2F" for _ in range(2)]
+    caplog.set_level(logging.INFO, logger="amqp_locks.transport")
+    with Broker(urls, connect_timeout=1) as b:
+        started = time.monotonic()
+        with pytest.raises(ClusterUnreachable):
+            Mutex(b, "nobody-home").acquire(timeout=2.5)
+        assert time.monotonic() - started >= 2.5
+        tries = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(tries) >= 4, "it gave up after one round"
+        with pytest.raises(ClusterUnreachable):  # not blocking: one round, then the error
+            Mutex(b, "nobody-home").acquire(blocking=False)

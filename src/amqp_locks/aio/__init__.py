@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 from .. import holders as _holders
@@ -23,7 +22,7 @@ from .. import rwlock as _rwlock
 from .. import status as _status
 from .. import tokens as _tokens
 from ..errors import LockError
-from ..lease import HeldState
+from ..held import HeldState
 from ..lockobject import LockObject, timeout_error
 from ..semaphore import admin as _admin
 from ..semaphore import client as _client
@@ -79,12 +78,7 @@ class Broker(BrokerBase):
     async def __aenter__(self) -> Broker:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 
@@ -145,12 +139,7 @@ class Lease:
     async def __aenter__(self) -> Lease:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.release()
 
 
@@ -191,12 +180,7 @@ class _Acquirable:
         leases.append(lease)
         return lease
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         task = asyncio.current_task()
         leases = self._held[task]
         lease = leases.pop()
@@ -229,12 +213,7 @@ class _AcquireCall:
             raise timeout_error(self._owner, self._blocking, self._timeout)
         return self._lease
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._lease is not None:
             await self._lease.release()
 

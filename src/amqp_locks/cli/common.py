@@ -27,7 +27,8 @@ from ..errors import (
 )
 from ..names import validate_name
 from ..tokens import TokenSemaphoreNotFound
-from ..transport.broker import Broker, default_connection_name
+from ..transport.broker import Broker
+from ..transport.urls import default_connection_name
 from .exitcodes import Exit
 
 

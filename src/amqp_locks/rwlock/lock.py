@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 
 from ..admin_mutex import held_mutex
-from ..errors import ConnectionLost, QueueNotFound
+from ..errors import ClusterUnreachable, ConnectionLost, QueueNotFound
 from ..holders import HolderQueries, Reading
 from ..lease import Lease
 from ..lockobject import LockObject
 from ..records import LockStatus
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
-from ..waiting import Backoff, check_timeout
+from ..waiting import Backoff, check_timeout, pause_for_a_node
 from .admin import (
     RWLockStatus,
     base_name,
@@ -68,6 +68,10 @@ class _Half(LockObject):
                 if (nonblocking and retried) or expired:
                     raise
                 retried = True
+            except ClusterUnreachable as exc:
+                if nonblocking:
+                    raise
+                await pause_for_a_node(exc, deadline)
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """A read (or write) hold: a :class:`Lease`, or None when not blocking / timed out."""

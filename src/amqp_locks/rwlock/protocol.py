@@ -18,7 +18,7 @@ from pamqp.commands import Basic
 from ..admin_mutex import held_mutex
 from ..errors import ConnectionLost, LeaseReleased, LockError, QueueNotFound
 from ..fencing import ensure_fence, take_token
-from ..lease import HeldState
+from ..held import HeldState
 from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
 from ..transport.session import Session
@@ -211,13 +211,9 @@ class HoldState(HeldState):
         """Reader: cancel and requeue its token (no round trip). Writer: close the tokens'
         channel, which returns all R tokens to the waiting readers first (close-ok), then
         hand the turn to the next writer."""
-        if self.released:
+        if not self.begin_release():
             return
-        self.released = True
-        self._emit_release()
         session = self.session
-        session.remove_listener(self._listener)
-        session.leases.discard(self)
         for box in self.inboxes:
             box.detach()
         if not session.alive:

@@ -33,8 +33,9 @@ from ..errors import (
     SemaphoreNotFound,
 )
 from ..fencing import ensure_fence, take_token
+from ..held import HeldState
 from ..holders import HolderQueries, Reading
-from ..lease import HeldState, Lease, LeaseState, grant
+from ..lease import Lease
 from ..lockobject import LockObject
 from ..names import (
     holder_queue,
@@ -45,6 +46,7 @@ from ..names import (
     validate_name,
     wakeup_queue,
 )
+from ..queue_lease import LeaseState, grant
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, acquire_loop

@@ -31,8 +31,8 @@ from ..errors import (
     SemaphoreNotFound,
     TokenSemaphoreNotFound,
 )
+from ..held import HeldState
 from ..holders import read_holders
-from ..lease import HeldState
 from ..names import slot_queue, slots_name, token_queue
 from ..records import HOLDER_TIMEOUT
 from ..tokens.admin import TokenAdminCore

@@ -15,7 +15,13 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from ..errors import ConfigurationError, ConnectionLost, QueueNotFound, TokenSemaphoreNotFound
+from ..errors import (
+    ClusterUnreachable,
+    ConfigurationError,
+    ConnectionLost,
+    QueueNotFound,
+    TokenSemaphoreNotFound,
+)
 from ..holders import HolderQueries, Reading
 from ..lease import Lease
 from ..lockobject import LockObject
@@ -23,10 +29,9 @@ from ..names import token_queue, validate_name
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.errors import channel_error
-from ..transport.features import broker_version
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
-from ..waiting import check_timeout
+from ..waiting import check_timeout, pause_for_a_node
 from .admin import MUTEX_TIMEOUT, TokenAdmin
 from .drain import MAX_PRIORITY
 from .fencing import carried_fencing, fencing_for
@@ -57,12 +62,10 @@ async def acquire_permit(
     """Consume one token (push). None when not blocking and none is free, or timed out."""
     session = await core.session()
     if not blocking or timeout == 0:
-        # RabbitMQ 3.x answers a passive declare of a quorum queue whose leader just died
-        # with 541, which closes the whole connection and every lease on it (seen in
-        # clean-clone CI on 3.10.8 right after a node kill): in cluster mode there, ask
-        # the broker by consuming for the grace period instead.
-        quick = not (session.cluster and broker_version(session) < (4, 0))
-        if quick and await _ready_tokens(session, name) == 0:
+        # A passive declare is safe during a quorum queue's election on every line (the
+        # queue's stat answers 0 when no leader does); a consume is not on 3.10.8 (a
+        # checkout that meets no leader crashes the channel, 541: docs/cluster.md).
+        if await _ready_tokens(session, name) == 0:
             return None
         timeout = NONBLOCKING_GRACE  # another client may take the ready token first
     # Without fencing the release returns the token as it came (`basic.reject`), which
@@ -295,6 +298,10 @@ class TokenSemaphore(LockObject, HolderQueries):
                 if (not blocking and retried) or (left is not None and left <= 0):
                     raise
                 retried = True
+            except ClusterUnreachable as exc:
+                if not blocking:
+                    raise
+                await pause_for_a_node(exc, deadline)
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""

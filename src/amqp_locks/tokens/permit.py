@@ -12,7 +12,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from ..errors import LeaseReleased
-from ..lease import HeldState, release_barrier
+from ..held import HeldState, release_barrier
 from ..names import token_queue
 from ..transport.aiormq_compat import forget_consumer, publish_frames, send_together
 from ..transport.shield import close_quietly
@@ -85,12 +85,8 @@ class PermitState(HeldState):
         Without fencing there is no transaction: the reject alone returns the token as it
         came, flagged redelivered, so a fencing holder after us takes a fresh epoch from
         the fence queue instead of reading the carried counter."""
-        if self.released:
+        if not self.begin_release():
             return
-        self.released = True
-        self._emit_release()
-        self.session.remove_listener(self._listener)
-        self.session.leases.discard(self)
         ch = self.channel
         self._detach()
         if not self.session.alive:

@@ -46,7 +46,7 @@ class Link(Protocol):
 
 
 class Releasable(Protocol):
-    """A held lock, as the Broker releases it (lease.HeldState is one)."""
+    """A held lock, as the Broker releases it (held.HeldState is one)."""
 
     kind: str
     name: str

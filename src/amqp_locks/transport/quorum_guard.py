@@ -30,8 +30,13 @@ leader with a channel crash, 541 INTERNAL_ERROR, which closes the whole connecti
 costs a probe and a reconnect, never the locks held through the session. The probe link
 proves the same node's membership, which is all the guard needs to know.
 
-The probe queue is one quorum queue per node URL, ``amqp-locks.quorum-probe.HOST:PORT``
-(``x-max-length: 1``, dropping the older probe; it expires unused after 10 minutes). Its
+The probe queue is one quorum queue per node URL, ``amqp-locks.quorum-guard.HOST:PORT``
+(``x-max-length: 1``, dropping the older probe). It never expires: publishing does not
+count as using a queue, so an ``x-expires`` queue would vanish under a long-lived guard,
+and an unroutable publish is confirmed at once by any node, majority or not. For the same
+reason probes are mandatory: a returned probe (the queue was deleted) proves nothing, and
+the next probe declares the queue again. (Earlier versions used expiring queues named
+``amqp-locks.quorum-probe.*``; they expire by themselves.) Its
 leader is usually the node of the client that declared it first (RabbitMQ's ``client-local``
 leader locator), so on the majority side a probe never waits for a leader across the cut.
 """
@@ -47,11 +52,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiormq.abc import AbstractChannel
+from aiormq.exceptions import PublishError
 from pamqp.commands import Basic
 
 from ..errors import AccessRefused, BrokerUnreachable, ConfigurationError
 from .errors import censor, channel_error
 from .ports import Link
+from .shield import close_quietly
 
 log = logging.getLogger("amqp_locks.cluster")
 
@@ -64,8 +71,7 @@ DEFAULT_SHARE = 0.5
 MIN_MARGIN = 1.0
 #: Probes in flight at most (during a cut none is confirmed; sending more proves nothing).
 MAX_IN_FLIGHT = 8
-PROBE_PREFIX = "amqp-locks.quorum-probe."
-PROBE_EXPIRES_MS = 600_000
+PROBE_PREFIX = "amqp-locks.quorum-guard."
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,8 @@ class QuorumGuard:
         self.in_flight = 0
         self.sent = 0
         self.confirmed = 0
+        #: Probes the broker returned (no probe queue): they prove nothing.
+        self.returned = 0
         self._queue = probe_queue(session.url.host, session.url.port)
         self._channel: AbstractChannel | None = None
         self._opening = asyncio.Lock()
@@ -196,13 +204,22 @@ class QuorumGuard:
         try:
             ch = await self._probe_channel()
             await ch.basic_publish(
-                b"", routing_key=self._queue, properties=Basic.Properties(delivery_mode=1)
+                b"",
+                routing_key=self._queue,
+                properties=Basic.Properties(delivery_mode=1),
+                mandatory=True,
             )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the bound decides; a broken link or channel is reopened
             log.debug("quorum probe on %r failed: %s", self.session.connection_name, exc)
-            if self._channel is not None and self._channel.is_closed:
+            current = self._channel
+            if isinstance(exc, PublishError) and current is not None:
+                # Returned: the queue is gone. A new channel declares it again.
+                self.returned += 1
+                self._channel = None
+                await close_quietly(current)
+            elif current is not None and current.is_closed:
                 self._channel = None
         else:
             self.confirm(sent_at)
@@ -258,7 +275,6 @@ class QuorumGuard:
                 "x-queue-type": "quorum",
                 "x-max-length": 1,
                 "x-overflow": "drop-head",
-                "x-expires": PROBE_EXPIRES_MS,
             },
         )
 

@@ -16,117 +16,30 @@ import contextlib
 import logging
 import ssl
 import time
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiormq
-import aiormq.exceptions as ex
-from aiormq.abc import AbstractChannel, ChannelFrame
-from pamqp.commands import Basic
-from pamqp.header import ContentHeader
+from aiormq.abc import AbstractChannel
 from yarl import URL
 
-from ..errors import AmqpLocksError, ConnectionLost, QueueNotFound, ResourceLocked
-from .aiormq_compat import LOGGER_NAMES, TimedTransport, connection_blocked
-from .errors import censor, channel_error, connect_error
+from ..errors import ConnectionLost
+from .aiormq_compat import TimedTransport, connection_blocked
+from .errors import censor, connect_error
 from .holders import HeldLeases, HolderReader, HolderResponder, default_holder_id
+from .logfilters import OUR_LOOPS
 from .ports import LostCallback
+from .queue_ops import QueueOps
 from .quorum_guard import ClusterTiming, QuorumGuard
-from .shield import close_quietly
 
 log = logging.getLogger("amqp_locks.transport")
 
 CLOSED_BY_CLIENT = "closed by the client"
 
-_CHANNEL_ERRORS = (ex.AMQPError, ConnectionError, ex.ChannelInvalidStateError, RuntimeError)
-
 #: The watchdog asks the broker for a reply this many times per ``loss_timeout``.
 PINGS_PER_LOSS_TIMEOUT = 4
-#: Idle holder channels kept per kind (more are closed): one per concurrent holder.
-HOLDER_POOL = 16
-#: Spare ready channels kept open for the next leases' watch and sentinel consumers.
-READY_SPARES = 2
-#: Ready channels kept when leases give theirs back (more are closed).
-READY_POOL = 16
-#: Spare pooled channels for single RPCs kept open after an error closed one: a waiter's
-#: refused attempt (405) costs its channel, and the attempt its wake-up notice starts
-#: should not wait for a `channel.open` + `confirm.select`.
-CALL_SPARES = 1
 
 
-class _OwnCancelsFilter(logging.Filter):
-    """aiormq warns on every broker-side consumer cancel; for us those are expected
-    (our own release deletes the watched queue) and leases log the ones that matter."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Consumer %r cancelled by the broker")
-
-
-logging.getLogger("aiormq.channel").addFilter(_OwnCancelsFilter())
-
-#: Event loops our sessions run on (the Broker's I/O threads): what aiormq logs there is
-#: about our connections.
-_OUR_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
-
-#: The broker saying we broke the protocol, or a frame we could not parse: worth a
-#: traceback, unlike the other ways a connection ends.
-_PROTOCOL_ERRORS = (
-    ex.ConnectionSyntaxError,
-    ex.ConnectionFrameError,
-    ex.ConnectionCommandInvalid,
-    ex.ConnectionUnexpectedFrame,
-    ex.ConnectionNotImplemented,
-    ex.ProtocolSyntaxError,
-)
-_CONNECTION_FORCED = 320
-
-
-def _expected(record: logging.LogRecord) -> bool:
-    """A connection ending as connections do (reset, EOF, timeout, a broker's forced
-    close), which the session reports itself, once, with the reason; a connection attempt
-    failing, which the caller gets as an exception; or a channel closed because we
-    cancelled its call (a timed-out acquire, a closing Broker)."""
-    msg = str(record.msg)
-    if msg.startswith("Closing channel") and "cancelled" in msg:
-        return True
-    if msg.startswith("error when creating transport"):
-        return True  # the caller gets it as BrokerUnreachable (connect_error)
-    if msg.startswith("Unexpected connection close from remote"):
-        return len(record.args or ()) >= 2 and record.args[1] == _CONNECTION_FORCED  # type: ignore[index]
-    exc = record.exc_info[1] if record.exc_info else None
-    return isinstance(exc, (ConnectionError, OSError, asyncio.IncompleteReadError)) and (
-        not isinstance(exc, _PROTOCOL_ERRORS)
-    )
-
-
-class _OwnConnectionsFilter(logging.Filter):
-    """aiormq logs an ordinary connection loss as a WARNING with two chained tracebacks
-    ("Cancelling cause reader exited abnormally" ... "AMQPConnectionError: Server
-    connection reset") and a broker's close as an ERROR: on a user's stderr through
-    logging's last resort when the application configured no logging, for a loss the lease
-    already reports; and a WARNING for every channel whose call we cancelled. Records
-    emitted on our I/O loops go to `amqp_locks.transport` instead: DEBUG for those, their
-    own level (with the traceback) for the rest (a malformed frame, a protocol error).
-    Other aiormq users' records pass untouched."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return True
-        if loop not in _OUR_LOOPS:
-            return True
-        level = logging.DEBUG if _expected(record) else record.levelno
-        log.log(level, "aiormq: %s", record.getMessage(), exc_info=record.exc_info)
-        return False
-
-
-for _name in LOGGER_NAMES:
-    logging.getLogger(_name).addFilter(_OwnConnectionsFilter())
-
-
-class Session:
+class Session(QueueOps):
     """One live AMQP connection; dies once, never reconnects (the Broker makes a new one)."""
 
     def __init__(
@@ -187,14 +100,7 @@ class Session:
         self.waiters: set[Any] = set()
         self._listeners: dict[int, LostCallback] = {}
         self._next_listener = 0
-        self._idle: list[AbstractChannel] = []
-        #: Channels ready to hold a token (prefetch 1 set; transactional ones for the
-        #: token semaphore's counter-carrying release), so an acquire opens none.
-        self._holder_idle: dict[bool, list[AbstractChannel]] = {False: [], True: []}
-        #: Spare channels with prefetch 1 set (`ready_channel`).
-        self._ready: list[AbstractChannel] = []
-        #: Spares being opened per pool (`_refill`), by the pool's id.
-        self._opening: dict[int, int] = {}
+        self._init_pools()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog_task: asyncio.Task[None] | None = None
         self._ping_task: asyncio.Task[None] | None = None
@@ -204,7 +110,7 @@ class Session:
     async def connect(self, timeout: float) -> None:
         hb = max(1, round(self.heartbeat))
         url = self.url.update_query(heartbeat=str(hb))
-        _OUR_LOOPS.add(asyncio.get_running_loop())
+        OUR_LOOPS.add(asyncio.get_running_loop())
         self.conn = aiormq.Connection(
             url,
             context=self.ssl_context,
@@ -387,321 +293,3 @@ class Session:
     def check(self) -> None:
         if not self.alive:
             raise ConnectionLost(f"connection to {censor(self.url)} lost: {self.lost_reason}")
-
-    # --- channels -----------------------------------------------------------------------
-
-    async def open_channel(self) -> AbstractChannel:
-        self.check()
-        assert self.conn is not None
-        try:
-            return await self.conn.channel(publisher_confirms=True)
-        except _CHANNEL_ERRORS as exc:
-            raise channel_error(exc) from exc
-
-    def idle_holder_channel(self, transactional: bool) -> AbstractChannel | None:
-        """A pooled holder channel, if one is idle (no round trip, no await)."""
-        return _take_open(self._holder_idle[transactional])
-
-    async def holder_channel(self, transactional: bool) -> AbstractChannel:
-        """A channel with prefetch 1 (and, if `transactional`, tx selected) for holding a
-        token; hand it back with :meth:`return_holder_channel` once it holds nothing."""
-        ch = self.idle_holder_channel(transactional)
-        if ch is not None:
-            return ch
-        self.check()
-        assert self.conn is not None
-        try:
-            # Transactions and publisher confirms exclude each other on a channel.
-            ch = await self.conn.channel(publisher_confirms=not transactional)
-            await ch.basic_qos(prefetch_count=1)
-            if transactional:
-                await ch.tx_select()
-        except _CHANNEL_ERRORS as exc:
-            raise channel_error(exc) from exc
-        return ch
-
-    async def ready_channel(self) -> AbstractChannel:
-        """A fresh channel with prefetch 1 already set, for one lease's watch or sentinel
-        consumers (handed back clean by `recycle_ready` when the lease ends, else closed).
-        Spares are opened in the background so an acquire waits for none."""
-        ch = _take_open(self._ready) or await self._open_ready()
-        self._refill_ready()
-        return ch
-
-    async def _open_ready(self) -> AbstractChannel:
-        self.check()
-        assert self.conn is not None
-        try:
-            ch = await self.conn.channel(publisher_confirms=True)
-            await ch.basic_qos(prefetch_count=1)
-        except _CHANNEL_ERRORS as exc:
-            raise channel_error(exc) from exc
-        return ch
-
-    def _refill_ready(self) -> None:
-        self._refill(self._ready, READY_SPARES, self._open_ready)
-
-    def _refill(
-        self,
-        pool: list[AbstractChannel],
-        spares: int,
-        opener: Callable[[], Awaitable[AbstractChannel]],
-    ) -> None:
-        """Open channels for `pool` in the background until it holds `spares` (counting
-        those still being opened), so the next taker waits for none."""
-        opening = self._opening.get(id(pool), 0)
-        for _ in range(max(0, spares - len(pool) - opening) if self.alive else 0):
-            self._opening[id(pool)] = self._opening.get(id(pool), 0) + 1
-            self.spawn(self._add_spare(pool, opener))
-
-    async def _add_spare(
-        self, pool: list[AbstractChannel], opener: Callable[[], Awaitable[AbstractChannel]]
-    ) -> None:
-        try:
-            ch = await opener()
-        except AmqpLocksError as exc:
-            log.debug("could not open a spare channel: %s", exc)
-        else:
-            self._keep(pool, ch, READY_POOL)
-        finally:
-            self._opening[id(pool)] -= 1
-
-    def return_ready(self, ch: AbstractChannel) -> None:
-        """Keep a ready channel that was taken but never used (clean as it came)."""
-        self._keep(self._ready, ch, READY_POOL)
-
-    def recycle_ready(self, ch: AbstractChannel, clean: Callable[[], Awaitable[Any]]) -> None:
-        """In the background, run `clean` (what makes `ch` a clean ready channel again:
-        prefetch 1, no consumer, nothing unacked) and keep the channel for the next lease;
-        a channel that fails to clean is closed (what it holds goes back)."""
-
-        async def go() -> None:
-            try:
-                await clean()
-            except Exception:
-                await close_quietly(ch)
-            else:
-                self._keep(self._ready, ch, READY_POOL)
-
-        self.spawn(go())
-
-    def return_holder_channel(self, ch: AbstractChannel, transactional: bool) -> None:
-        """Keep a channel that holds no delivery and no consumer for the next acquire."""
-        self._keep(self._holder_idle[transactional], ch, HOLDER_POOL)
-
-    def _keep(self, pool: list[AbstractChannel], ch: AbstractChannel, size: int) -> None:
-        """Put a clean channel in `pool` (at most `size`); close it if the pool is full."""
-        if self.alive and not ch.is_closed and len(pool) < size:
-            pool.append(ch)
-        elif not ch.is_closed and self.alive:
-            self.spawn(close_quietly(ch))
-
-    @contextlib.asynccontextmanager
-    async def channel(self) -> AsyncIterator[AbstractChannel]:
-        """A pooled channel; one broken by an error is dropped, never reused."""
-        ch = self._idle.pop() if self._idle else await self.open_channel()
-        while ch.is_closed:
-            ch = self._idle.pop() if self._idle else await self.open_channel()
-        try:
-            yield ch
-        except BaseException:
-            # Errors and cancellations may leave replies in flight on this channel
-            # (confirms of cancelled probes): never hand it to someone else.
-            if not ch.is_closed and self.alive:
-                self.spawn(close_quietly(ch))
-            self._refill(self._idle, CALL_SPARES, self.open_channel)
-            raise
-        if not ch.is_closed and self.alive:
-            self._idle.append(ch)
-
-    async def call(self, queue: str | None, op: Callable[[AbstractChannel], Any]) -> Any:
-        """Run one RPC on a pooled channel, translating errors to typed ones."""
-        async with self.channel() as ch:
-            try:
-                return await op(ch)
-            except AmqpLocksError:
-                raise
-            except _CHANNEL_ERRORS as exc:
-                if not self.alive:
-                    raise ConnectionLost(
-                        f"connection to {censor(self.url)} lost: {self.lost_reason}"
-                    ) from exc
-                raise channel_error(exc, queue) from exc
-
-    # --- queue operations ---------------------------------------------------------------
-
-    async def declare(
-        self,
-        queue: str,
-        *,
-        durable: bool = False,
-        exclusive: bool = False,
-        arguments: dict[str, Any] | None = None,
-    ) -> int:
-        """Declare `queue`; returns its message count."""
-        ok = await self.call(
-            queue,
-            lambda ch: ch.queue_declare(
-                queue, durable=durable, exclusive=exclusive, arguments=arguments
-            ),
-        )
-        return int(ok.message_count or 0)
-
-    async def delete(self, queue: str) -> None:
-        """Delete `queue` and wait for delete-ok (deleting a missing queue is not an error)."""
-        await self.call(queue, lambda ch: ch.queue_delete(queue))
-
-    async def declare_passive_counts(self, queue: str) -> tuple[int, int]:
-        """Passive declare: (ready messages, consumers); raises QueueNotFound."""
-        ok = await self.call(queue, lambda ch: ch.queue_declare(queue, passive=True))
-        return int(ok.message_count or 0), int(ok.consumer_count or 0)
-
-    async def declare_passive_count(self, queue: str) -> int:
-        return (await self.declare_passive_counts(queue))[0]
-
-    async def exists_passive(self, queue: str) -> bool:
-        """Passive declare: True if the queue exists and this connection may use it."""
-        try:
-            await self.call(queue, lambda ch: ch.queue_declare(queue, passive=True))
-        except (QueueNotFound, ResourceLocked):
-            return False
-        return True
-
-    async def probe(self, queues: Sequence[str]) -> list[bool]:
-        """Existence of each queue by mandatory publish with confirms, all in one round trip.
-
-        A NO_ROUTE return (always sent before the ack) means the queue is absent. Probe
-        messages expire at once (and our queues have ``x-max-length: 0``): nothing is left.
-        """
-        if not queues:
-            return []
-        found: list[bool] = await self.call(None, lambda ch: _bulk_probe(ch, queues))
-        return found
-
-    async def publish(
-        self,
-        exchange: str,
-        routing_key: str,
-        body: bytes = b"",
-        *,
-        persistent: bool = False,
-        mandatory: bool = False,
-    ) -> bool:
-        """Publish with confirm; `persistent` for records that must survive a restart.
-        With `mandatory`, False when no queue took it (the broker returned it)."""
-        props = Basic.Properties(delivery_mode=2 if persistent else 1)
-
-        async def send(ch: AbstractChannel) -> bool:
-            try:
-                await ch.basic_publish(
-                    body,
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    properties=props,
-                    mandatory=mandatory,
-                )
-            except ex.PublishError:  # returned: the channel stays usable
-                return False
-            return True
-
-        routed: bool = await self.call(None, send)
-        return routed
-
-    def notify_soon(self, wakeup_queue: str, slots: Sequence[int] = (0,)) -> asyncio.Future[bool]:
-        """Fire-and-forget wake-up notices, one per freed slot, each naming its slot (a
-        hint for the woken waiter; 0: no hint). Nobody waiting means no queue, and the
-        notice is simply dropped; a lost notice costs a waiter one back-off interval.
-
-        The returned future says whether a notice found the queue (someone waits); it is
-        False when the notices were returned, lost, or could not be sent."""
-
-        async def go() -> bool:
-            try:
-                if len(slots) == 1:  # the usual case: written in this task's first step
-                    return await self.publish(
-                        "", wakeup_queue, str(slots[0]).encode(), mandatory=True
-                    )
-                routed = await asyncio.gather(
-                    *(
-                        self.publish("", wakeup_queue, str(k).encode(), mandatory=True)
-                        for k in slots
-                    )
-                )
-            except AmqpLocksError:
-                return False
-            return any(routed)
-
-        if self.alive:
-            return self.spawn(go())
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        done.set_result(False)
-        return done
-
-
-def _take_open(pool: list[AbstractChannel]) -> AbstractChannel | None:
-    """The newest channel of `pool` still open (closed ones are dropped), or None."""
-    while pool:
-        ch = pool.pop()
-        if not ch.is_closed:
-            return ch
-    return None
-
-
-async def _bulk_probe(ch: AbstractChannel, queues: Sequence[str]) -> list[bool]:
-    """Write every probe publish in one buffer, then await all the confirms.
-
-    aiormq's `basic_publish` costs ~0.2 ms of client CPU per message (a write-queue round
-    and a future per frame set); a search over 1000 slots sends 2000 probes. Here the
-    publishes are registered in the channel's own confirm bookkeeping (`confirmations`,
-    `message_id_delivery_tag`, exactly what `basic_publish` does) and marshalled together.
-    """
-    if not hasattr(ch, "confirmations") or not hasattr(ch, "message_id_delivery_tag"):
-        return await _probe_one_by_one(ch, queues)  # pragma: no cover - other aiormq
-    chan: Any = ch
-    pending: list[tuple[asyncio.Future[Any], str]] = []
-    frames: list[Any] = []
-    async with chan.lock:
-        for q in queues:
-            chan.delivery_tag += 1
-            tag = chan.delivery_tag
-            message_id = f"amqp-locks-probe-{id(ch):x}-{tag}"
-            fut: asyncio.Future[Any] = chan.create_future()
-            chan.confirmations[tag] = fut
-            chan.message_id_delivery_tag[message_id] = tag
-            props = Basic.Properties(delivery_mode=1, expiration="0", message_id=message_id)
-            frames.append(Basic.Publish(routing_key=q, mandatory=True))
-            frames.append(ContentHeader(properties=props, body_size=0))
-            pending.append((fut, message_id))
-        await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
-    try:
-        results = await asyncio.gather(*(f for f, _ in pending), return_exceptions=True)
-    finally:
-        for _, message_id in pending:
-            chan.message_id_delivery_tag.pop(message_id, None)
-    found: list[bool] = []
-    for r in results:
-        if isinstance(r, ex.PublishError):
-            found.append(False)
-        elif isinstance(r, ex.DeliveryError):
-            found.append(True)  # nacked: the queue exists but refused the message
-        elif isinstance(r, BaseException):
-            raise r
-        else:
-            found.append(True)
-    return found
-
-
-async def _probe_one_by_one(ch: AbstractChannel, queues: Sequence[str]) -> list[bool]:
-    async def one(q: str) -> bool:
-        # A fresh properties object each time: aiormq writes the message id into it,
-        # and returns are matched to publishes by that id.
-        props = Basic.Properties(delivery_mode=1, expiration="0")
-        try:
-            await ch.basic_publish(b"", routing_key=q, mandatory=True, properties=props)
-        except ex.PublishError:
-            return False
-        except ex.DeliveryError:
-            return True
-        return True
-
-    return list(await asyncio.gather(*(one(q) for q in queues)))

@@ -18,7 +18,7 @@ import click
 from ..holders import HOLDER_TIMEOUT, HolderRecord
 from ..status import LockStatus, lock_status
 from ..transport.broker import Broker
-from .common import get_globals, lock_name
+from .common import get_globals, lock_name, seconds_option
 
 
 def since_text(since: datetime | None, now: datetime | None = None) -> str:
@@ -147,24 +147,14 @@ Examples:
   amqp-locks status deploys --watch --interval 1"""
 )
 @click.argument("names", nargs=-1, required=True, metavar="NAME...")
-@click.option(
+@seconds_option(
     "--holder-timeout",
-    type=click.FloatRange(min=0),
     default=HOLDER_TIMEOUT,
-    show_default=True,
-    metavar="SECONDS",
     help="How long to wait for holders to say who they are (0: do not ask).",
 )
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, one object per lock.")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    default=2.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="--watch refresh period.",
-)
+@seconds_option("--interval", default=2.0, minimum=0.1, help="--watch refresh period.")
 def status(
     names: tuple[str, ...], holder_timeout: float, as_json: bool, watch: bool, interval: float
 ) -> None:

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,8 @@ from .localserver import (
     HOST,
     Commands,
     Launch,
-    LocalServer,
-    ServerInfo,
+    OnePortInfo,
+    OnePortServer,
     apt_install,
     cli,
     home,
@@ -88,7 +88,7 @@ class DevDbError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class DbInfo(ServerInfo):
+class DbInfo(OnePortInfo):
     """Where a private server lives and listens; enough to connect to it or restart it."""
 
     kind: str
@@ -523,7 +523,7 @@ def _maria_ready(info: DbInfo) -> bool:
 # Both --------------------------------------------------------------------------------
 
 
-class _Servers(LocalServer[DbInfo]):
+class _Servers(OnePortServer[DbInfo]):
     """How a private server of one kind is launched, probed and stopped (see LocalServer)."""
 
     error = DevDbError
@@ -544,12 +544,6 @@ class _Servers(LocalServer[DbInfo]):
 
     def encode(self, info: DbInfo) -> dict[str, Any]:
         return {"kind": info.kind, "port": info.port}
-
-    def ports(self, info: DbInfo) -> tuple[int, ...]:
-        return (info.port,)
-
-    def with_ports(self, template: DbInfo, ports: Sequence[int]) -> DbInfo:
-        return replace(template, port=ports[0])
 
     def describe(self, info: DbInfo) -> str:
         return f"{info.kind} server in {info.base_dir}"

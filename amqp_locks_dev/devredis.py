@@ -19,7 +19,7 @@ import shutil
 import socket
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,8 @@ from .localserver import (
     HOST,
     Commands,
     Launch,
-    LocalServer,
-    ServerInfo,
+    OnePortInfo,
+    OnePortServer,
     apt_install,
     cli,
     home,
@@ -58,7 +58,7 @@ class DevRedisError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class RedisInfo(ServerInfo):
+class RedisInfo(OnePortInfo):
     """Where a private Redis lives and listens."""
 
     port: int
@@ -110,7 +110,7 @@ def ping(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-class _Redis(LocalServer[RedisInfo]):
+class _Redis(OnePortServer[RedisInfo]):
     """How a private Redis is launched, probed and stopped (see LocalServer)."""
 
     error = DevRedisError
@@ -121,12 +121,6 @@ class _Redis(LocalServer[RedisInfo]):
 
     def encode(self, info: RedisInfo) -> dict[str, Any]:
         return {"kind": "redis", "port": info.port}
-
-    def ports(self, info: RedisInfo) -> tuple[int, ...]:
-        return (info.port,)
-
-    def with_ports(self, template: RedisInfo, ports: Sequence[int]) -> RedisInfo:
-        return replace(template, port=ports[0])
 
     def describe(self, info: RedisInfo) -> str:
         return f"Redis server in {info.base_dir}"

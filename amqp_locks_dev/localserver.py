@@ -35,9 +35,9 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 HOST = "127.0.0.1"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -547,6 +547,25 @@ class LocalServer(ABC, Generic[InfoT]):
             reap(base_dir)
             self.write_state(info, None)
             return True
+
+
+class OnePortInfo(ServerInfo):
+    """A server that listens on one TCP port, its ``port`` field (a database, Redis)."""
+
+    port: int
+
+
+OnePortT = TypeVar("OnePortT", bound=OnePortInfo)
+
+
+class OnePortServer(LocalServer[OnePortT]):
+    """The lifecycle of a one-port server: its ports are its info's ``port``."""
+
+    def ports(self, info: OnePortT) -> tuple[int, ...]:
+        return (info.port,)
+
+    def with_ports(self, template: OnePortT, ports: Sequence[int]) -> OnePortT:
+        return cast(OnePortT, replace(cast(Any, template), port=ports[0]))
 
 
 # -------------------------------------------------------------------------------- CLI

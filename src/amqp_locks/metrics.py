@@ -89,52 +89,42 @@ def _create(reg: Any, name_label: bool) -> _Collectors:
     from prometheus_client import Counter, Gauge, Histogram
 
     n = ["name"] if name_label else []
+
+    def metric(cls: Any, name: str, doc: str, labels: tuple[str, ...] = (), **kw: Any) -> Any:
+        """One collector of `reg`; `labels`: the first, then ``name`` if enabled, the rest."""
+        names = [labels[0], *n, *labels[1:]] if labels else []
+        return cls(f"amqp_locks_{name}", doc, names, registry=reg, **kw)
+
     return _Collectors(
         registry=reg,
         name_label=name_label,
-        acquire=Histogram(
-            "amqp_locks_acquire_seconds",
+        acquire=metric(
+            Histogram,
+            "acquire_seconds",
             "Duration of acquire calls, waiting included",
-            ["kind", *n, "outcome"],
+            ("kind", "outcome"),
             buckets=_BUCKETS,
-            registry=reg,
         ),
-        waiters=Gauge(
-            "amqp_locks_waiters",
-            "Acquire calls in progress (waiting for the lock)",
-            ["kind", *n],
-            registry=reg,
+        waiters=metric(
+            Gauge, "waiters", "Acquire calls in progress (waiting for the lock)", ("kind",)
         ),
-        hold=Histogram(
-            "amqp_locks_hold_seconds",
-            "How long locks were held",
-            ["kind", *n, "end"],
-            buckets=_BUCKETS,
-            registry=reg,
+        hold=metric(
+            Histogram, "hold_seconds", "How long locks were held", ("kind", "end"), buckets=_BUCKETS
         ),
-        held=Gauge("amqp_locks_held", "Locks held by this process", ["kind", *n], registry=reg),
-        lost=Counter("amqp_locks_lost", "Leases lost", ["kind", *n], registry=reg),
-        master=Gauge(
-            "amqp_locks_master", "1 while this process is master", ["locker", *n], registry=reg
+        held=metric(Gauge, "held", "Locks held by this process", ("kind",)),
+        lost=metric(Counter, "lost", "Leases lost", ("kind",)),
+        master=metric(Gauge, "master", "1 while this process is master", ("locker",)),
+        demotions=metric(
+            Counter, "demotions", "Masters demoted to standby by a failed keep-alive", ("locker",)
         ),
-        demotions=Counter(
-            "amqp_locks_demotions",
-            "Masters demoted to standby by a failed keep-alive",
-            ["locker", *n],
-            registry=reg,
-        ),
-        keep_alive_failures=Counter(
-            "amqp_locks_keep_alive_failures",
+        keep_alive_failures=metric(
+            Counter,
+            "keep_alive_failures",
             "Keep-alive checks that did not confirm the lock",
-            ["locker", *n, "reason"],
-            registry=reg,
+            ("locker", "reason"),
         ),
-        connections_up=Gauge(
-            "amqp_locks_connections_up", "Open broker connections of this process", registry=reg
-        ),
-        reconnects=Counter(
-            "amqp_locks_reconnects", "Broker connections opened again after a loss", registry=reg
-        ),
+        connections_up=metric(Gauge, "connections_up", "Open broker connections of this process"),
+        reconnects=metric(Counter, "reconnects", "Broker connections opened again after a loss"),
     )
 
 

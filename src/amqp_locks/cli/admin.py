@@ -12,17 +12,14 @@ from ..semaphore import Removal, SemaphoreAdmin
 from ..status import lock_status, of_kind
 from ..tokens import Audit, TokenAdmin
 from ..transport.broker import Broker
-from .common import CliError, get_globals, lock_name
+from .common import CliError, get_globals, lock_name, seconds_option
 from .exitcodes import Exit
 
 T = TypeVar("T")
 
-ADMIN_TIMEOUT = click.option(
+ADMIN_TIMEOUT = seconds_option(
     "--admin-timeout",
-    type=click.FloatRange(min=0),
     default=30.0,
-    show_default=True,
-    metavar="SECONDS",
     help="How long to wait for the administration mutex (exit 75 after it).",
 )
 
@@ -124,11 +121,10 @@ def sem_add(name: str, count: int, admin_timeout: float) -> None:
 @semaphore.command("remove")
 @click.argument("name")
 @click.argument("count", type=click.IntRange(min=1))
-@click.option(
+@seconds_option(
     "--wait",
-    type=click.FloatRange(min=0),
     default=0.0,
-    metavar="SECONDS",
+    show_default=False,
     help="Wait up to SECONDS for holders of removed slots to let go (exit 75 if some don't).",
 )
 @ADMIN_TIMEOUT
@@ -184,13 +180,7 @@ def sem_holders(name: str, as_json: bool, admin_timeout: float) -> None:
 @semaphore.command("wait")
 @click.argument("name")
 @click.argument("slots", nargs=-1, type=click.IntRange(min=1))
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    default=None,
-    metavar="SECONDS",
-    help="Give up after SECONDS (exit 75, still-held slots printed).",
-)
+@seconds_option("--timeout", help="Give up after SECONDS (exit 75, still-held slots printed).")
 def sem_wait(name: str, slots: tuple[int, ...], timeout: float | None) -> int:
     """Wait until SLOTS of NAME (default: all) are no longer held."""
     name = lock_name(name)
@@ -228,9 +218,7 @@ def token() -> None:
     """Administer token semaphores (a queue of permit messages)."""
 
 
-def _tokens(
-    b: Broker, name: str, admin_timeout: float = 30.0, quorum: bool = False
-) -> TokenAdmin:
+def _tokens(b: Broker, name: str, admin_timeout: float = 30.0, quorum: bool = False) -> TokenAdmin:
     return TokenAdmin(b, name, mutex_timeout=admin_timeout, quorum=quorum or None)
 
 
@@ -265,11 +253,8 @@ def tok_add(name: str, count: int, admin_timeout: float) -> None:
 @token.command("remove")
 @click.argument("name")
 @click.argument("count", type=click.IntRange(min=1))
-@click.option(
+@seconds_option(
     "--timeout",
-    type=click.FloatRange(min=0),
-    default=None,
-    metavar="SECONDS",
     help="Wait up to SECONDS for held permits to come back (exit 75 if fewer were removed).",
 )
 @ADMIN_TIMEOUT
@@ -324,12 +309,9 @@ def _audit_out(a: Audit, as_json: bool) -> int:
     return Exit.OK if a.ok else Exit.DATAERR
 
 
-AUDIT_TIMEOUT = click.option(
+AUDIT_TIMEOUT = seconds_option(
     "--timeout",
-    type=click.FloatRange(min=0),
     default=5.0,
-    show_default=True,
-    metavar="SECONDS",
     help="How long to collect tokens (held ones are seen when they come back).",
 )
 

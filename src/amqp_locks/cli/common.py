@@ -202,6 +202,25 @@ def global_options(*, for_group: bool) -> list[Callable[[Any], Any]]:
     ]
 
 
+def seconds_option(
+    *decls: str,
+    default: float | None = None,
+    minimum: float = 0,
+    show_default: bool | None = None,
+    help: str,
+) -> Callable[[Any], Any]:
+    """A SECONDS option (a float >= `minimum`): one definition, so that every duration
+    option reads and checks alike. Its default is shown unless it is None."""
+    return click.option(
+        *decls,
+        type=click.FloatRange(min=minimum),
+        default=default,
+        show_default=default is not None if show_default is None else show_default,
+        metavar="SECONDS",
+        help=help,
+    )
+
+
 def add_global_options(command: click.Command) -> None:
     """Let `amqp-locks CMD ... --url U -v` work like `amqp-locks --url U -v CMD ...`."""
     for decorate in global_options(for_group=False):
@@ -312,3 +331,26 @@ class CommandLine(click.Command):
             )
             raise click.UsageError(f"{why}; did you mean: {ctx.command_path} {suggestion}", ctx=ctx)
         return super().parse_args(ctx, args)
+
+
+# --- COMMAND: after `--`, or a shell command with -c ---------------------------------------------
+
+#: `-c CMD`: COMMAND as one shell command line (run, elect).
+SHELL_COMMAND = click.option(
+    "-c",
+    "--command",
+    "shell_command",
+    metavar="CMD",
+    allow_from_autoenv=False,
+    help="Run CMD with /bin/sh -c.",
+)
+
+
+def command_argv(command: tuple[str, ...], shell_command: str | None, usage: str) -> list[str]:
+    """COMMAND's argv from the words after NAME or from -c (exactly one of them; `usage`
+    is the hint when neither is given)."""
+    if shell_command is not None and command:
+        raise click.UsageError("give either -c CMD or COMMAND, not both")
+    if shell_command is None and not command:
+        raise click.UsageError(f"missing COMMAND (use: {usage})")
+    return ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)

@@ -21,9 +21,20 @@ from ..lockers.base import Locker
 from ..lockers.config import build_locker
 from ..service import LockableService, State
 from ..transport.broker import Broker
-from .common import CliError, CommandLine, Globals, error_line, get_globals, lock_name
+from .acquire import holders_probe
+from .common import (
+    SHELL_COMMAND,
+    CliError,
+    CommandLine,
+    Globals,
+    command_argv,
+    error_line,
+    get_globals,
+    lock_name,
+    seconds_option,
+)
 from .exitcodes import Exit
-from .run import Supervisor, exit_status, holders_probe, own_group, spawn
+from .supervisor import Supervisor, exit_status, own_group, spawn
 from .waitline import WaitLine, wanted
 
 STOPPING = (signal.SIGTERM, signal.SIGINT)
@@ -195,37 +206,17 @@ lock released); 69 when the locker's backend is unavailable; 78 for a bad --conf
     default=0.0,
     help="lease-database: max allowable difference from the database clock (s).",
 )
-@click.option(
+@seconds_option(
     "--interval",
-    type=click.FloatRange(min=0.01),
     default=10.0,
-    show_default=True,
-    metavar="SECONDS",
+    minimum=0.01,
     help="Standby retry interval (lockAcquireSleepInterval).",
 )
-@click.option(
-    "--keep-alive",
-    type=click.FloatRange(min=0.01),
-    default=None,
-    metavar="SECONDS",
-    help="Master keep-alive period (default: half the interval).",
+@seconds_option(
+    "--keep-alive", minimum=0.01, help="Master keep-alive period (default: half the interval)."
 )
-@click.option(
-    "--grace",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="On demotion: SIGTERM, then SIGKILL after SECONDS.",
-)
-@click.option(
-    "-c",
-    "--command",
-    "shell_command",
-    metavar="CMD",
-    allow_from_autoenv=False,
-    help="Run CMD with /bin/sh -c.",
-)
+@seconds_option("--grace", default=10.0, help="On demotion: SIGTERM, then SIGKILL after SECONDS.")
+@SHELL_COMMAND
 def elect(
     name: str,
     command: tuple[str, ...],
@@ -247,11 +238,7 @@ def elect(
     """
     g = get_globals()
     name = lock_name(name)
-    if shell_command is not None and command:
-        raise click.UsageError("give either -c CMD or COMMAND, not both")
-    if shell_command is None and not command:
-        raise click.UsageError("missing COMMAND (use: elect NAME --locker ... -- COMMAND)")
-    argv = ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)
+    argv = command_argv(command, shell_command, "elect NAME --locker ... -- COMMAND")
     kind = locker
     if config is not None and kind is not None:
         raise click.UsageError("give either --locker or --config, not both")

@@ -3,54 +3,27 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from types import FrameType
-from typing import Any
 
 import click
 
-from ..errors import LockError, SemaphoreNotFound
-from ..holders import HolderRecord, pick_holder
-from ..lease import Lease
-from ..mutex import Mutex
-from ..rwlock import ReadWriteLock
-from ..semaphore import PersistentSemaphore, SemaphoreAdmin
-from ..status import lock_status, of_kind
-from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
-from ..transport.broker import Broker
+from .acquire import acquire, holders_probe
 from .common import (
     REPORTED_BY_COMMAND,
+    SHELL_COMMAND,
     CliError,
     CommandLine,
-    Globals,
-    error_line,
+    command_argv,
     get_globals,
     lock_name,
+    seconds_option,
 )
 from .exitcodes import Exit
-from .status import since_text
-from .waitline import Probe, WaitLine, wanted
+from .supervisor import FORWARDED, Supervisor, exit_status, handlers, own_group
+from .waitline import WaitLine, wanted
 
-#: Signals forwarded to COMMAND while it runs (SIGINT too: `kill -INT` from a script must
-#: reach it; a terminal's Ctrl-C reaches both processes anyway, they share a group).
-FORWARDED = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGWINCH,
-    signal.SIGCONT,
-)
 #: Signals that stop `amqp-locks` while it still waits for the lock.
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -63,317 +36,8 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
-@contextmanager
-def _handlers(
-    handler: Callable[[int, FrameType | None], Any], sigs: tuple[int, ...]
-) -> Iterator[None]:
-    old = {s: signal.signal(s, handler) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise _Interrupted(signum)
-
-
-def _slots_conflict(name: str, kind: str, have: int, asked: int) -> CliError:
-    """-n that disagrees with the existing lock's count (`consul lock` refuses it too)."""
-    if kind == "semaphore":
-        what, unit, admin = (
-            f"semaphore {name!r}",
-            "slots",
-            f"amqp-locks semaphore add|remove {name}",
-        )
-    else:
-        what, unit, admin = (
-            f"token semaphore {name!r}",
-            "permits",
-            f"amqp-locks token add|remove {name}",
-        )
-    return CliError(
-        Exit.DATAERR,
-        f"{what} has {have} {unit}, not {asked} (-n {asked}): "
-        f"change its count with '{admin} COUNT', or leave out -n",
-    )
-
-
-def _semaphore_size(broker: Broker, name: str) -> int:
-    """The persistent semaphore's slot count, 0 if absent (read-only; no admin mutex)."""
-    st = of_kind(lock_status(broker, name, ("semaphore",)), "semaphore")
-    return 0 if st is None else st.capacity
-
-
-def ensure(broker: Broker, kind: str, name: str, slots: int | None, priority: int = 0) -> None:
-    """With -n: create the semaphore of `slots` if it is missing; refuse (65) one that
-    exists with another count.
-
-    The count is read first without the admin mutex (the common case: it matches). Any
-    other answer — absent, another count, or a semaphore half made by a concurrent
-    creator — is settled by the idempotent create/setup, which runs under the mutex and
-    refuses another count."""
-    if slots is None or kind in ("mutex", "shared", "exclusive"):
-        return
-    if kind == "semaphore":
-        if _semaphore_size(broker, name) == slots:
-            return
-        try:
-            SemaphoreAdmin(broker, name).create(slots)
-            return
-        except LockError:
-            have = _semaphore_size(broker, name)
-            if have in (0, slots):
-                raise  # not a count conflict (other queue flags, ...): as it is
-            raise _slots_conflict(name, kind, have, slots) from None
-    tokens = TokenSemaphore(broker, name, priority=priority)
-    try:
-        if tokens.status().permits == slots:
-            return
-    except TokenSemaphoreNotFound:
-        pass
-    try:
-        tokens.setup(slots)
-    except TokenSemaphoreNotFound:
-        raise
-    except LockError:
-        have = tokens.status().permits
-        if have == slots:
-            raise
-        raise _slots_conflict(name, kind, have, slots) from None
-
-
-def acquire(
-    broker: Broker,
-    kind: str,
-    name: str,
-    slots: int | None,
-    *,
-    blocking: bool,
-    timeout: float | None,
-    priority: int = 0,
-) -> Lease | None:
-    """Take the lock `name` of `kind`; with `slots`, a semaphore of that count (created if
-    missing, refused if it has another)."""
-    ensure(broker, kind, name, slots, priority)
-    if kind in ("shared", "exclusive"):
-        rw = ReadWriteLock(broker, name)
-        side = rw.read_lock if kind == "shared" else rw.write_lock
-        return side.acquire(blocking, timeout)
-    if kind == "mutex":
-        return Mutex(broker, name).acquire(blocking, timeout)
-    if kind == "semaphore":
-        try:
-            return PersistentSemaphore(broker, name).acquire(blocking, timeout)
-        except SemaphoreNotFound:
-            raise SemaphoreNotFound(
-                f"semaphore {name!r} does not exist: create it with "
-                f"'amqp-locks semaphore create {name} SLOTS' or pass -n SLOTS"
-            ) from None
-    try:
-        return TokenSemaphore(broker, name, priority=priority).acquire(blocking, timeout)
-    except TokenSemaphoreNotFound:
-        raise TokenSemaphoreNotFound(
-            f"token semaphore {name!r} does not exist: set it up with "
-            f"'amqp-locks token setup {name} PERMITS' or pass -n PERMITS"
-        ) from None
-
-
-def holders_probe(broker: Broker, kind: str, name: str) -> Probe:
-    """What the wait line says about the holders: who (holder id, host, pid, since, as
-    they answer themselves; "an unknown holder" when one does not) and how many. Read-only,
-    no admin mutex, on the wait line's own thread."""
-
-    def who(records: Sequence[HolderRecord]) -> str:
-        parts = []
-        for r in records:
-            label = {"semaphore": "slot ", "token": "permit "}.get(r.kind)
-            part = "" if label is None or r.number is None else f"{label}{r.number} "
-            part += f"held by {r.describe()}"
-            parts.append(part + (f" since {since_text(r.since)}" if r.known else ""))
-        return ", ".join(parts)
-
-    def probe() -> str | None:
-        if kind in ("shared", "exclusive"):
-            rw = ReadWriteLock(broker, name).status()
-            if rw is None:
-                return None
-            writer = "a writer has the turn" if rw.writer else "no writer"
-            return (
-                f"{rw.held} of {rw.readers} reader token(s) out, {writer}, "
-                f"{rw.writers_waiting} writer(s) waiting"
-            )
-        if kind == "mutex":
-            mutex = of_kind(lock_status(broker, name, ("mutex",), records=True), "mutex")
-            if mutex is None or not mutex.held:
-                return None
-            holder = pick_holder(mutex.records)
-            return "held elsewhere" if holder is None else who([holder])
-        if kind == "semaphore":
-            sem = of_kind(lock_status(broker, name, ("semaphore",), records=True), "semaphore")
-            if sem is None:
-                return None
-            if not sem.holders:
-                return f"{sem.capacity} slot(s), none held"
-            return f"{who(sem.records)} ({sem.held} of {sem.capacity} slot(s))"
-        tok = of_kind(lock_status(broker, name, ("token",), records=True), "token")
-        if tok is None:
-            return None
-        held = f"{tok.held} of {tok.capacity} permit(s) held"
-        if tok.records:
-            held = f"{who(tok.records)} ({held})"
-        return f"{held}, {tok.waiting} waiting"
-
-    return probe
-
-
-def exit_status(returncode: int) -> int:
-    """A child's status as a shell reports it (128 + N when killed by signal N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def own_group() -> bool:
-    """Whether COMMAND gets a process group of its own: yes unless stdin is a terminal (an
-    interactive COMMAND must stay in the terminal's foreground group to read from it)."""
-    try:
-        return not os.isatty(0)
-    except OSError:
-        return True
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """Linux: a function for the child that asks for SIGKILL when its parent dies, so a
-    COMMAND never outlives a killed `amqp-locks` (which no longer holds the lock)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:  # runs in the child between fork and exec: no locks, no allocation
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl: we are on our own
-            os._exit(Exit.UNAVAILABLE)
-
-    return arm
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def spawn(argv: list[str], env: dict[str, str], group: bool) -> subprocess.Popen[bytes]:
-    """Start COMMAND; 127 when not found, 126 when not executable (one line each)."""
-    try:
-        return subprocess.Popen(
-            argv,
-            env=env,
-            process_group=0 if group else None,
-            preexec_fn=_parent_death_signal(),
-        )
-    except FileNotFoundError:
-        raise CliError(Exit.NOT_FOUND, f"{argv[0]}: command not found") from None
-    except (PermissionError, IsADirectoryError):
-        raise CliError(Exit.NOT_EXECUTABLE, f"{argv[0]}: permission denied") from None
-    except OSError as exc:
-        raise CliError(Exit.NOT_EXECUTABLE, f"{argv[0]}: cannot execute: {exc.strerror}") from None
-
-
-class Supervisor:
-    """Runs COMMAND, forwards our signals to it, and stops it if the lock is lost:
-    SIGTERM, then SIGKILL after `grace` seconds. With `group`, COMMAND leads a process
-    group of its own and signals go to the whole group (its children too)."""
-
-    def __init__(
-        self, proc: subprocess.Popen[bytes] | None, grace: float, g: Globals, group: bool
-    ) -> None:
-        self._proc = proc
-        self.grace = grace
-        self.g = g
-        self.group = group
-        self.lost_reason: str | None = None
-        self.lost_at = 0.0
-        self._lock = threading.Lock()
-        #: Signals forwarded before COMMAND was started (see `start`).
-        self._pending: list[int] = []
-
-    @property
-    def proc(self) -> subprocess.Popen[bytes]:
-        assert self._proc is not None, "COMMAND not started"
-        return self._proc
-
-    def start(self, argv: list[str], env: dict[str, str]) -> None:
-        """Spawn COMMAND, then forward the signals that came while it was being started.
-        Install `forward` before calling this: a signal in between would otherwise get its
-        default action and kill us, leaving COMMAND unsupervised."""
-        self._proc = spawn(argv, env, self.group)
-        for signum in self._pending:
-            self.signal(signum)
-        self._pending.clear()
-
-    def signal(self, signum: int) -> None:
-        if self.proc.poll() is not None and not self.group:
-            return
-        try:
-            if self.group:
-                os.killpg(self.proc.pid, signum)
-            else:
-                self.proc.send_signal(signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def forward(self, signum: int, frame: FrameType | None) -> None:
-        if self._proc is None:
-            self._pending.append(signum)
-        else:
-            self.signal(signum)
-
-    def on_lost(self, what: str, reason: str | None) -> None:
-        with self._lock:
-            if self.lost_reason is not None or self.proc.poll() is not None:
-                return  # COMMAND already ended: it ran under the lock throughout
-            self.lost_reason = reason or "lost"
-        error_line(
-            f"{what} lost ({self.lost_reason}); stopping COMMAND "
-            f"(SIGTERM, SIGKILL after {self.grace:g}s)"
-        )
-        self.lost_at = time.monotonic()
-        self.signal(signal.SIGTERM)
-        timer = threading.Timer(self.grace, self._kill)
-        timer.daemon = True
-        timer.start()
-
-    def _kill(self) -> None:
-        self.signal(signal.SIGKILL)
-
-    def wait(self) -> int:
-        with _handlers(self.forward, FORWARDED):
-            # In slices: a signal handled by another thread of ours would not interrupt a
-            # plain waitpid, and its handler (run by this thread) would wait with it.
-            while True:
-                try:
-                    status = self.proc.wait(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            if self.lost_reason is not None and self.group:
-                self._reap_group()
-            return status
-
-    def _reap_group(self) -> None:
-        """The lock is lost and COMMAND ended: what is left of its group gets the rest of
-        the grace period, then SIGKILL (nothing keeps working without the lock)."""
-        deadline = self.lost_at + self.grace
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except (ProcessLookupError, PermissionError):
-                return
-            time.sleep(0.05)
-        self.signal(signal.SIGKILL)
 
 
 @click.command(
@@ -423,15 +87,8 @@ cannot be executed / is not found.""",
     is_flag=True,
     help="Take the write hold of the read-write lock NAME (no reader, no other writer).",
 )
-@click.option(
-    "-w",
-    "--wait",
-    "--timeout",
-    "wait",
-    type=click.FloatRange(min=0),
-    default=None,
-    metavar="SECONDS",
-    help="Give up after SECONDS without the lock (exit CODE).",
+@seconds_option(
+    "-w", "--wait", "--timeout", "wait", help="Give up after SECONDS without the lock (exit CODE)."
 )
 @click.option("--nonblock", is_flag=True, help="Give up at once if the lock is busy (exit CODE).")
 @click.option(
@@ -443,21 +100,9 @@ cannot be executed / is not found.""",
     metavar="CODE",
     help="Exit status when the lock was not obtained.",
 )
-@click.option(
-    "-c",
-    "--command",
-    "shell_command",
-    metavar="CMD",
-    allow_from_autoenv=False,
-    help="Run CMD with /bin/sh -c.",
-)
-@click.option(
-    "--grace",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="After losing the lock: SIGTERM, then SIGKILL after SECONDS.",
+@SHELL_COMMAND
+@seconds_option(
+    "--grace", default=10.0, help="After losing the lock: SIGTERM, then SIGKILL after SECONDS."
 )
 @click.option(
     "--lost-exit-code",
@@ -503,10 +148,7 @@ def run(
     """
     g = get_globals()
     name = lock_name(name)
-    if shell_command is not None and command:
-        raise click.UsageError("give either -c CMD or COMMAND, not both")
-    if shell_command is None and not command:
-        raise click.UsageError("missing COMMAND (use: run NAME -- COMMAND [ARGS...])")
+    argv = command_argv(command, shell_command, "run NAME -- COMMAND [ARGS...]")
     if nonblock and wait is not None:
         raise click.UsageError("--nonblock and -w are mutually exclusive")
     if kind == "persistent":
@@ -526,7 +168,6 @@ def run(
         raise click.UsageError("-n SLOTS needs --kind semaphore or token, not mutex")
     if priority != 0 and kind != "token":
         raise click.UsageError(f"--priority orders token semaphore waiters: not for --kind {kind}")
-    argv = ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)
 
     broker = g.broker(f"run {name}", holder_id=holder_id)
     try:
@@ -544,7 +185,7 @@ def run(
                 holders_probe(broker, kind, name),
                 enabled=not nonblock and wait != 0 and wanted(g.quiet),
             )
-            with _handlers(_raise_interrupted, STOPPING), line:
+            with handlers(_raise_interrupted, STOPPING), line:
                 lease = acquire(
                     broker,
                     kind,
@@ -577,7 +218,7 @@ def run(
             env.pop("AMQP_LOCKS_MODE", None)
         sup = Supervisor(None, grace, g, own_group())
         try:
-            with _handlers(sup.forward, FORWARDED):  # from before COMMAND starts
+            with handlers(sup.forward, FORWARDED):  # from before COMMAND starts
                 sup.start(argv, env)
                 if mode:
                     what = f"{mode} hold of {name!r}"

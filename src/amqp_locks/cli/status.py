@@ -18,7 +18,7 @@ import click
 from ..holders import HOLDER_TIMEOUT, HolderRecord
 from ..status import LockStatus, lock_status
 from ..transport.broker import Broker
-from .common import get_globals, lock_name
+from .common import get_globals, lock_name, seconds_option
 
 
 def since_text(since: datetime | None, now: datetime | None = None) -> str:
@@ -57,38 +57,41 @@ def collect(b: Broker, name: str, timeout: float = HOLDER_TIMEOUT) -> list[dict[
     return found
 
 
+#: The JSON fields of each kind with a count, and the LockStatus attribute behind each.
+_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "semaphore": (
+        ("slots", "capacity"),
+        ("held", "held"),
+        ("holders", "holders"),
+        ("free", "free"),
+    ),
+    "token": (
+        ("permits", "capacity"),
+        ("ready", "free"),
+        ("held", "held"),
+        ("consumers", "consumers"),
+        ("waiting", "waiting"),
+    ),
+    "rwlock": (
+        ("readers", "capacity"),
+        ("held", "held"),
+        ("free", "free"),
+        ("consumers", "consumers"),
+        ("writers_waiting", "waiting"),
+    ),
+}
+
+
 def _row(name: str, st: LockStatus) -> dict[str, Any]:
-    if st.kind == "semaphore":
-        return {
-            "name": name,
-            "kind": "semaphore",
-            "slots": st.capacity,
-            "held": st.held,
-            "holders": list(st.holders),
-            "free": st.free,
-        }
-    if st.kind == "token":
-        return {
-            "name": name,
-            "kind": "token",
-            "permits": st.capacity,
-            "ready": st.free,
-            "held": st.held,
-            "consumers": st.consumers,
-            "waiting": st.waiting,
-        }
-    if st.kind == "rwlock":
-        return {
-            "name": name,
-            "kind": "rwlock",
-            "readers": st.capacity,
-            "held": st.held,
-            "free": st.free,
-            "consumers": st.consumers,
-            "writers_waiting": st.waiting,
-        }
-    # a mutex, or the admin mutex of the semaphore NAME (busy admin), or absent
-    return {"name": name, "kind": st.kind, "held": bool(st.held)}
+    fields = _FIELDS.get(st.kind)
+    if fields is None:
+        # a mutex, or the admin mutex of the semaphore NAME (busy admin), or absent
+        return {"name": name, "kind": st.kind, "held": bool(st.held)}
+    row: dict[str, Any] = {"name": name, "kind": st.kind}
+    for key, attr in fields:
+        value = getattr(st, attr)
+        row[key] = list(value) if key == "holders" else value
+    return row
 
 
 def _table(rows: list[dict[str, Any]], url: str) -> Any:
@@ -147,24 +150,14 @@ Examples:
   amqp-locks status deploys --watch --interval 1"""
 )
 @click.argument("names", nargs=-1, required=True, metavar="NAME...")
-@click.option(
+@seconds_option(
     "--holder-timeout",
-    type=click.FloatRange(min=0),
     default=HOLDER_TIMEOUT,
-    show_default=True,
-    metavar="SECONDS",
     help="How long to wait for holders to say who they are (0: do not ask).",
 )
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, one object per lock.")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted.")
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.1),
-    default=2.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="--watch refresh period.",
-)
+@seconds_option("--interval", default=2.0, minimum=0.1, help="--watch refresh period.")
 def status(
     names: tuple[str, ...], holder_timeout: float, as_json: bool, watch: bool, interval: float
 ) -> None:

@@ -21,19 +21,22 @@ once; if someone else slipped in between, the row no longer names us and we stan
 from __future__ import annotations
 
 import logging
-import os
 import select as selectmod
-import socket
 import threading
 import time
-import uuid
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from .base import Locker
-from .sql import DEFAULT_CONNECT_TIMEOUT, ensure_row, lock_table, make_engine
+from .sql import (
+    DEFAULT_CONNECT_TIMEOUT,
+    ensure_row,
+    lock_table,
+    make_engine,
+    process_holder_id,
+)
 
 log = logging.getLogger("amqp_locks.lockers")
 
@@ -54,7 +57,7 @@ class DatabaseLocker(Locker):
         )
         self._sqlite = self._engine.dialect.name == "sqlite"
         self._conn: Connection | None = None
-        self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._id = process_holder_id()
         self._row_ready = False
         self._in_call = False
         self._called = threading.Event()

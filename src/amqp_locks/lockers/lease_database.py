@@ -20,12 +20,10 @@ round trip: a master cut off mid-renewal cannot keep the row locked against the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-import socket
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from sqlalchemy import case, or_, select, update
 from sqlalchemy.engine import Connection
@@ -33,7 +31,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import ConfigurationError
 from .base import Locker
-from .sql import DEFAULT_CONNECT_TIMEOUT, db_now, ensure_row, lease_table, make_engine
+from .sql import (
+    DEFAULT_CONNECT_TIMEOUT,
+    db_now,
+    ensure_row,
+    lease_table,
+    make_engine,
+    process_holder_id,
+)
 
 log = logging.getLogger("amqp_locks.lockers")
 
@@ -63,9 +68,7 @@ class LeaseDatabaseLocker(Locker):
             raise ConfigurationError(f"lease_duration must be > 0, got {lease_duration}")
         self.max_allowable_diff_from_db_time = float(max_allowable_diff_from_db_time)
         self.url = url
-        self._id = lease_holder_id or (
-            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        )
+        self._id = lease_holder_id or process_holder_id()
         if len(self._id) > 200:
             raise ConfigurationError("lease_holder_id must be at most 200 characters")
         self._clock = clock
@@ -125,16 +128,23 @@ class LeaseDatabaseLocker(Locker):
         would lock the row against the master's renewals the same way)."""
         return self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 
+    @contextlib.contextmanager
+    def _at_db_time(self) -> Iterator[tuple[Connection, float, float]]:
+        """A connection, the database's time (checked against ours by `_observe`) and the
+        monotonic time just before asking: what acquiring and renewing both start with."""
+        started = time.monotonic()
+        with self._connect() as conn:
+            now = db_now(conn)
+            self._observe(now)
+            yield conn, now, started
+
     def _try_acquire(self) -> bool:
         row = lease_table.c
         try:
             if not self._row_ready:
                 ensure_row(self._engine, lease_table, self.name)
                 self._row_ready = True
-            started = time.monotonic()
-            with self._connect() as conn:
-                now = db_now(conn)
-                self._observe(now)
+            with self._at_db_time() as (conn, now, started):
                 expires = now + self.lease_duration
                 version = conn.execute(
                     select(row.version).where(row.name == self.name)
@@ -163,10 +173,7 @@ class LeaseDatabaseLocker(Locker):
     def _keep_alive(self) -> bool:
         """Renew (only if we still hold it; never shortening it). Raises on DB errors."""
         row = lease_table.c
-        started = time.monotonic()
-        with self._connect() as conn:
-            now = db_now(conn)
-            self._observe(now)
+        with self._at_db_time() as (conn, now, started):
             wanted = now + self.lease_duration
             result = conn.execute(
                 update(lease_table)

@@ -8,6 +8,9 @@ clocks still agree on when a lease expires.
 from __future__ import annotations
 
 import math
+import os
+import socket
+import uuid
 
 from ..errors import ConfigurationError, FeatureUnavailable
 from ..extras import missing_driver
@@ -132,3 +135,8 @@ def db_now(conn: Connection) -> float:
         raise ConfigurationError(f"no database clock query for dialect {dialect!r}")
     value = conn.execute(text(sql)).scalar_one()
     return float(value)
+
+
+def process_holder_id() -> str:
+    """``HOST:PID:RANDOM``: a holder id unique to this locker object, readable by people."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

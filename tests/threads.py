@@ -1,0 +1,27 @@
+"""Running one function in several threads at once and collecting what they raised."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+def run_in_threads(
+    target: Callable[[], None], count: int, join_timeout: float = 120
+) -> list[BaseException]:
+    """Runs ``target`` in ``count`` threads started together, joins each (``join_timeout``
+    seconds at most) and returns what the threads raised, in the order they raised it."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+    return errors

@@ -32,11 +32,6 @@ from . import rwlock_workers as w
 from .spawn import spawn_held
 
 
-@pytest.fixture(params=[False, True], ids=["classic", "quorum"])
-def quorum(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
-
-
 def _consumers(broker: Broker, queue: str) -> int:
     async def count() -> int:
         session = await broker._core.session()

@@ -32,6 +32,7 @@ from amqp_locks import (
 from amqp_locks.errors import AmqpLocksError
 from amqp_locks.transport.broker import SESSION_CLOSE_BOUND
 
+from . import waiting
 from .faultproxy import FaultProxy
 from .test_round_trips import Wire, settle
 from .test_round_trips import wire as counted_wire  # noqa: F401 - a fixture
@@ -145,11 +146,7 @@ IDS = [k.id for k in KINDS]
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    waiting.wait_until(cond, timeout, what, step=0.02)
 
 
 @pytest.fixture

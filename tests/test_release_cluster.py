@@ -16,7 +16,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,10 +34,11 @@ from amqp_locks import (
 from .cluster import conftest as cluster_fixtures
 from .cluster.conftest import Nodes, wait_until
 
-# The cluster tests' fixtures, used here as they are (that conftest is not edited).
+# The cluster tests' fixtures, used here as they are.
 cluster = cluster_fixtures.cluster
 nodes = cluster_fixtures.nodes
 all_nodes_up = cluster_fixtures.all_nodes_up
+frozen = cluster_fixtures.frozen
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -130,15 +130,6 @@ def test_close_right_after_release_hands_the_lock_on(
     assert got and got[0] is not None, "the waiter was not granted within the close"
     print(f"\n{kind}: granted on node 2 {time.monotonic() - closed:.3f} s after close()")
     got[0].release()
-
-
-@pytest.fixture
-def frozen(nodes: Nodes) -> Iterator[list[int]]:
-    """Nodes frozen by the test (SIGSTOP), thawed afterwards even if it fails."""
-    stopped: list[int] = []
-    yield stopped
-    for index in stopped:
-        os.kill(nodes.pid(index), signal.SIGCONT)
 
 
 @pytest.mark.parametrize("kind", ["mutex", "token"])

@@ -25,3 +25,21 @@ def run_in_threads(
     for t in threads:
         t.join(join_timeout)
     return errors
+
+
+def start_catching(
+    target: Callable[[], object], daemon: bool = False
+) -> tuple[threading.Thread, list[BaseException]]:
+    """Starts ``target`` in a thread; returns the thread and the list that receives what
+    it raised (the test joins the thread when its scenario says so)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=daemon)
+    thread.start()
+    return thread, errors

@@ -1,9 +1,21 @@
-"""Running one function in several threads at once and collecting what they raised."""
+"""Running functions in threads and collecting what they raised."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+
+
+def _catching(target: Callable[[], object], errors: list[BaseException]) -> Callable[[], None]:
+    """``target``, appending what it raises to ``errors`` instead of raising it."""
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    return run
 
 
 def run_in_threads(
@@ -12,14 +24,7 @@ def run_in_threads(
     """Runs ``target`` in ``count`` threads started together, joins each (``join_timeout``
     seconds at most) and returns what the threads raised, in the order they raised it."""
     errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            target()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(count)]
+    threads = [threading.Thread(target=_catching(target, errors)) for _ in range(count)]
     for t in threads:
         t.start()
     for t in threads:
@@ -33,13 +38,6 @@ def start_catching(
     """Starts ``target`` in a thread; returns the thread and the list that receives what
     it raised (the test joins the thread when its scenario says so)."""
     errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            target()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=daemon)
+    thread = threading.Thread(target=_catching(target, errors), daemon=daemon)
     thread.start()
     return thread, errors

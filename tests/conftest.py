@@ -37,6 +37,12 @@ def amqp_url(node: devbroker.NodeInfo) -> str:
     return node.url
 
 
+@pytest.fixture(params=[False, True], ids=["classic", "quorum"])
+def quorum(request: pytest.FixtureRequest) -> bool:
+    """Whether the lock under test uses quorum queues: a test asking for it runs twice."""
+    return bool(request.param)
+
+
 @pytest.fixture
 def broker(amqp_url: str) -> Iterator[Broker]:
     b = Broker(amqp_url, heartbeat=10.0)

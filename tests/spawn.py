@@ -26,3 +26,18 @@ def spawn_held(module: str, *args: str) -> tuple[subprocess.Popen[str], list[int
     line = p.stdout.readline().split()
     assert line[:1] == ["HELD"], line
     return p, [int(x) for x in line[1:]]
+
+
+def run_script(
+    name: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``scripts/<name> *args`` to the end (two minutes at most) and return what it
+    printed, whatever its exit status."""
+    return subprocess.run(
+        [str(ROOT / "scripts" / name), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

@@ -32,6 +32,7 @@ from amqp_locks import (
 from amqp_locks.errors import AmqpLocksError
 from amqp_locks.transport.broker import SESSION_CLOSE_BOUND
 
+from . import waiting
 from .faultproxy import FaultProxy
 from .test_round_trips import Wire, settle
 from .test_round_trips import wire as counted_wire  # noqa: F401 - a fixture
@@ -109,35 +110,26 @@ def _rw(half: str) -> Callable[[Any, str], Any]:
     return make
 
 
+def _same_lock(
+    id: str,
+    setup: Callable[[Broker, str], None],
+    make: Callable[[Any, str], Any],
+    waiting: Callable[[Broker, Any, str], bool],
+) -> Kind:
+    """A kind whose holder and waiter take the same lock."""
+    return Kind(id, setup, make, make, waiting)
+
+
 KINDS = [
-    Kind(
-        "mutex",
-        _no_setup,
-        _sync_or_aio(Mutex, aio.Mutex),
-        _sync_or_aio(Mutex, aio.Mutex),
-        _waiters_subscribed,
-    ),
-    Kind(
+    _same_lock("mutex", _no_setup, _sync_or_aio(Mutex, aio.Mutex), _waiters_subscribed),
+    _same_lock(
         "semaphore",
         _slots,
         _sync_or_aio(PersistentSemaphore, aio.PersistentSemaphore),
-        _sync_or_aio(PersistentSemaphore, aio.PersistentSemaphore),
         _waiters_subscribed,
     ),
-    Kind(
-        "token",
-        _tokens,
-        _sync_or_aio(TokenSemaphore, aio.TokenSemaphore),
-        _sync_or_aio(TokenSemaphore, aio.TokenSemaphore),
-        _token_waiting,
-    ),
-    Kind(
-        "token-nofence",
-        _tokens,
-        _unfenced,
-        _unfenced,
-        _token_waiting,
-    ),
+    _same_lock("token", _tokens, _sync_or_aio(TokenSemaphore, aio.TokenSemaphore), _token_waiting),
+    _same_lock("token-nofence", _tokens, _unfenced, _token_waiting),
     Kind("rwlock-read", _no_setup, _rw("write_lock"), _rw("read_lock"), _reader_waiting),
     Kind("rwlock-write", _no_setup, _rw("read_lock"), _rw("write_lock"), _writer_waiting),
 ]
@@ -145,11 +137,7 @@ IDS = [k.id for k in KINDS]
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    waiting.wait_until(cond, timeout, what, step=0.02)
 
 
 @pytest.fixture

@@ -183,6 +183,17 @@ def _foreign_rule(broker: Broker) -> str:
     return "acq43" if broker._core.run(rule()) != "acq43" else "dc40"
 
 
+def _fencing_tokens(lock: Mutex | TokenSemaphore, times: int) -> list[int]:
+    """Takes and releases ``lock`` ``times`` times (5 s each at most); the tokens, in order."""
+    tokens = []
+    for _ in range(times):
+        lease = lock.acquire(timeout=5)
+        assert lease is not None
+        tokens.append(lease.fencing_token)
+        lease.release()
+    return tokens
+
+
 def test_a_fence_minted_under_another_rule_is_rebased_once_and_keeps_rising(
     broker: Broker, amqp_url: str, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -193,12 +204,7 @@ def test_a_fence_minted_under_another_rule_is_rebased_once_and_keeps_rising(
     # As if the broker had been upgraded across a change of counting rule since.
     _replace_fence(amqp_url, fence_queue(name), fence_body(1000, _foreign_rule(broker)))
     with caplog.at_level(logging.WARNING, logger="amqp_locks.fencing"):
-        tokens = []
-        for _ in range(3):
-            lease = mutex.acquire(timeout=5)
-            assert lease is not None
-            tokens.append(lease.fencing_token)
-            lease.release()
+        tokens = _fencing_tokens(mutex, 3)
     assert tokens[0] > 1000 + REBASE_STEP - 1
     assert tokens == sorted(set(tokens))  # strictly rising after the re-base
     assert sum("re-based" in r.getMessage() for r in caplog.records) == 1
@@ -281,11 +287,6 @@ def test_a_quorum_token_minted_under_another_rule_falls_back_to_the_fence(
             await conn.close()
 
     asyncio.run(swap())
-    tokens = []
-    for _ in range(2):
-        p = ts.acquire(timeout=5)
-        assert p is not None
-        tokens.append(p.fencing_token)
-        p.release()
+    tokens = _fencing_tokens(ts, 2)
     assert before < tokens[0] < tokens[1]
     assert tokens[0] >= 1 << 32  # shifted like a base: above every per-token value

@@ -17,7 +17,7 @@ from pamqp.common import FieldValue
 
 import amqp_locks_dev.devbroker as devbroker
 
-REPO = Path(__file__).resolve().parents[1]
+from .spawn import run_script
 
 pytestmark = pytest.mark.skipif(
     not (Path("/usr/lib/rabbitmq/bin/rabbitmqctl").exists() or shutil.which("rabbitmqctl"))
@@ -107,17 +107,9 @@ def test_cli_script(tmp_path: Path) -> None:
     """scripts/broker prints only the URL, so `AMQP_URL=$(scripts/broker url)` works."""
     name = _unique("cli")
     env = {**os.environ, "AMQP_LOCKS_HOME": str(tmp_path)}
-    script = str(REPO / "scripts" / "broker")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [script, *args, "--name", name],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_script("broker", *args, "--name", name, env=env)
 
     try:
         first = run("start")

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 import amqp_locks_dev.devdb as devdb
 
-REPO = Path(__file__).resolve().parents[1]
+from .spawn import run_script
 
 
 def _installable(kind: str) -> bool:
@@ -118,13 +118,7 @@ def test_cli_script() -> None:
     args = ["--name", "cli", "--base-dir", str(root / "cli")]
 
     def db(*cmd: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(REPO / "scripts" / "db"), *cmd, kind, *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_script("db", *cmd, kind, *args)
 
     try:
         started = db("url")

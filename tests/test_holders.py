@@ -8,7 +8,6 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,6 +29,7 @@ from amqp_locks import (
 )
 from amqp_locks_dev import devbroker
 
+from .permissions import restricted_url
 from .spawn import spawn_held
 
 HOST = socket.gethostname()
@@ -374,47 +374,35 @@ def test_without_permission_on_the_exchange_locks_work_and_records_are_unknown(
 ) -> None:
     """The permissions docs/operations.md gave before holder records: locks work, the
     holder logs once that records are off, a reader says it cannot ask."""
-    user, vhost = f"u{uuid.uuid4().hex[:8]}", f"v{uuid.uuid4().hex[:8]}"
-    devbroker.rabbitmqctl(node, "add_vhost", vhost)
-    devbroker.rabbitmqctl(node, "add_user", user, "pw")
     names = r"^(reindex)(-fence|-(sem|mutex)-(wakeups|watch))?$"
-    devbroker.rabbitmqctl(
-        node, "set_permissions", "-p", vhost, user, names, r"^amq\.default$", names
-    )
-    try:
-        url = f"amqp://{user}:pw@127.0.0.1:{node.amqp_port}/{vhost}"
-        with Broker(url) as b, Broker(url) as other:
-            lease = Mutex(b, "reindex").acquire(timeout=5)
-            assert lease is not None and lease.fencing_token >= 1
-            [st] = lock_status(other, "reindex", ("mutex",), records=True, timeout=0.3)
-            assert st.records == (HolderRecord("reindex", "mutex", 1),)
-            assert st.records_note is not None
-            assert "exchange" in st.records_note or "403" in st.records_note
-            lease.release()
-    finally:
-        devbroker.rabbitmqctl(node, "delete_user", user)
-        devbroker.rabbitmqctl(node, "delete_vhost", vhost)
+    with (
+        restricted_url(node, names, r"^amq\.default$", names) as url,
+        Broker(url) as b,
+        Broker(url) as other,
+    ):
+        lease = Mutex(b, "reindex").acquire(timeout=5)
+        assert lease is not None and lease.fencing_token >= 1
+        [st] = lock_status(other, "reindex", ("mutex",), records=True, timeout=0.3)
+        assert st.records == (HolderRecord("reindex", "mutex", 1),)
+        assert st.records_note is not None
+        assert "exchange" in st.records_note or "403" in st.records_note
+        lease.release()
 
 
 def test_documented_permissions_give_records(node: devbroker.NodeInfo) -> None:
     """docs/operations.md's set_permissions example, with the holder exchange and queues."""
-    user, vhost = f"u{uuid.uuid4().hex[:8]}", f"v{uuid.uuid4().hex[:8]}"
-    devbroker.rabbitmqctl(node, "add_vhost", vhost)
-    devbroker.rabbitmqctl(node, "add_user", user, "pw")
     names = (
         r"^((images|reindex)(-[0-9]+-[AB]|-fence|-(sem|mutex)-(wakeups|watch))?"
         r"|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
     )
     write = r"^(amq\.default|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
-    devbroker.rabbitmqctl(node, "set_permissions", "-p", vhost, user, names, write, names)
-    try:
-        url = f"amqp://{user}:pw@127.0.0.1:{node.amqp_port}/{vhost}"
-        with Broker(url, holder_id="ops") as b, Broker(url) as other:
-            lease = Mutex(b, "reindex").acquire(timeout=5)
-            assert lease is not None
-            rec = Mutex(other, "reindex").holder()
-            assert rec is not None and rec.holder_id == "ops"
-            assert rec.fencing_token == lease.fencing_token
-    finally:
-        devbroker.rabbitmqctl(node, "delete_user", user)
-        devbroker.rabbitmqctl(node, "delete_vhost", vhost)
+    with (
+        restricted_url(node, names, write, names) as url,
+        Broker(url, holder_id="ops") as b,
+        Broker(url) as other,
+    ):
+        lease = Mutex(b, "reindex").acquire(timeout=5)
+        assert lease is not None
+        rec = Mutex(other, "reindex").holder()
+        assert rec is not None and rec.holder_id == "ops"
+        assert rec.fencing_token == lease.fencing_token

@@ -24,6 +24,8 @@ from amqp_locks import (
 )
 from amqp_locks.lockobject import LockObject
 
+from .threads import run_in_threads
+
 Factory = Callable[..., LockObject]
 
 
@@ -69,27 +71,19 @@ def test_one_lock_object_shared_by_threads(broker: Broker, name: str) -> None:
     most = 0
     tokens: list[int] = []
     guard = threading.Lock()
-    errors: list[BaseException] = []
 
     def worker() -> None:
         nonlocal inside, most
-        try:
-            for _ in range(3):
-                with lock as lease:
-                    with guard:
-                        inside += 1
-                        most = max(most, inside)
-                        tokens.append(lease.fencing_token)
-                    with guard:
-                        inside -= 1
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(3):
+            with lock as lease:
+                with guard:
+                    inside += 1
+                    most = max(most, inside)
+                    tokens.append(lease.fencing_token)
+                with guard:
+                    inside -= 1
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = run_in_threads(worker, 4)
     assert not errors, errors
     assert most == 1 and len(tokens) == 12
     assert tokens == sorted(tokens) and len(set(tokens)) == 12  # one grant after another

@@ -16,7 +16,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,8 +23,6 @@ import pytest
 from amqp_locks import (
     Broker,
     Lease,
-    Mutex,
-    PersistentSemaphore,
     ReadWriteLock,
     ReleaseUnconfirmed,
     SemaphoreAdmin,
@@ -34,11 +31,13 @@ from amqp_locks import (
 
 from .cluster import conftest as cluster_fixtures
 from .cluster.conftest import Nodes, wait_until
+from .cluster.locks import lock_of
 
-# The cluster tests' fixtures, used here as they are (that conftest is not edited).
+# The cluster tests' fixtures, used here as they are.
 cluster = cluster_fixtures.cluster
 nodes = cluster_fixtures.nodes
 all_nodes_up = cluster_fixtures.all_nodes_up
+frozen = cluster_fixtures.frozen
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -47,16 +46,6 @@ pytestmark = pytest.mark.timeout(240)
 HANDOFF = 2.0
 QUORUM_TIMEOUT = 3.0  # the holder's, for the cut-off test
 SLACK = 3.0  # scheduling on a loaded 2-core machine
-
-
-def _lock(kind: str, broker: Broker, name: str) -> Any:
-    if kind == "mutex":
-        return Mutex(broker, name)
-    if kind == "semaphore":
-        return PersistentSemaphore(broker, name)
-    if kind == "token":
-        return TokenSemaphore(broker, name)
-    return getattr(ReadWriteLock(broker, name), "write_lock" if kind == "write" else "read_lock")
 
 
 def _setup(kind: str, broker: Broker, name: str) -> None:
@@ -72,7 +61,7 @@ def _waiter(kind: str, broker: Broker, name: str) -> tuple[threading.Thread, lis
     other = {"read": "write", "write": "read"}.get(kind, kind)
     got: list[Lease | None] = []
     thread = threading.Thread(
-        target=lambda: got.append(_lock(other, broker, name).acquire(timeout=60)), daemon=True
+        target=lambda: got.append(lock_of(broker, other, name).acquire(timeout=60)), daemon=True
     )
     thread.start()
     return thread, got
@@ -97,7 +86,7 @@ def test_release_wait_hands_the_lock_to_a_waiter_on_another_node(
     b1, b2 = nodes.broker(1), nodes.broker(2)
     assert b1.cluster and b2.cluster
     _setup(kind, b1, name)
-    held = _lock(kind, b1, name).acquire(timeout=30)
+    held = lock_of(b1, kind, name).acquire(timeout=30)
     assert held is not None
     thread, got = _waiter(kind, b2, name)
     wait_until(lambda: _waiting(kind, b1, name), 30, "the waiter on node 2 to wait")
@@ -119,7 +108,7 @@ def test_close_right_after_release_hands_the_lock_on(
     connection."""
     b1, b2 = nodes.broker(1), nodes.broker(2)
     _setup(kind, b1, name)
-    held = _lock(kind, b1, name).acquire(timeout=30)
+    held = lock_of(b1, kind, name).acquire(timeout=30)
     assert held is not None
     thread, got = _waiter(kind, b2, name)
     wait_until(lambda: _waiting(kind, b1, name), 30, "the waiter on node 2 to wait")
@@ -132,15 +121,6 @@ def test_close_right_after_release_hands_the_lock_on(
     got[0].release()
 
 
-@pytest.fixture
-def frozen(nodes: Nodes) -> Iterator[list[int]]:
-    """Nodes frozen by the test (SIGSTOP), thawed afterwards even if it fails."""
-    stopped: list[int] = []
-    yield stopped
-    for index in stopped:
-        os.kill(nodes.pid(index), signal.SIGCONT)
-
-
 @pytest.mark.parametrize("kind", ["mutex", "token"])
 def test_release_wait_raises_on_a_node_cut_off_from_the_majority(
     nodes: Nodes, name: str, kind: str, frozen: list[int]
@@ -150,7 +130,7 @@ def test_release_wait_raises_on_a_node_cut_off_from_the_majority(
     guard gives the connection up), not return as if the lock were free."""
     b1 = nodes.broker(1, quorum_timeout=QUORUM_TIMEOUT)
     _setup(kind, b1, name)
-    held = _lock(kind, b1, name).acquire(timeout=30)
+    held = lock_of(b1, kind, name).acquire(timeout=30)
     assert held is not None
     for index in (2, 3):
         os.kill(nodes.pid(index), signal.SIGSTOP)
@@ -164,7 +144,7 @@ def test_release_wait_raises_on_a_node_cut_off_from_the_majority(
     for index in frozen:
         os.kill(nodes.pid(index), signal.SIGCONT)
     frozen.clear()
-    again = _lock(kind, nodes.broker(2), name).acquire(timeout=90)
+    again = lock_of(nodes.broker(2), kind, name).acquire(timeout=90)
     assert again is not None, "the lock was not granted again after the thaw"
     again.release()
 

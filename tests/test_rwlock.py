@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,11 +30,6 @@ from amqp_locks.rwlock import readers_queue, writer_queue
 
 from . import rwlock_workers as w
 from .spawn import spawn_held
-
-
-@pytest.fixture(params=[False, True], ids=["classic", "quorum"])
-def quorum(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
 
 
 def _consumers(broker: Broker, queue: str) -> int:
@@ -164,6 +161,33 @@ def test_processes_never_overlap_a_writer(
 # --- starvation -------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _contending(
+    amqp_url: str, name: str, *, shared: bool, hold: float, processes: int
+) -> Iterator[tuple[Any, Any]]:
+    """``processes`` spawned workers take the read (``shared``) or write half back to back,
+    holding each grant ``hold`` seconds, until the block ends; yields the lock and the
+    shared counters they record in (rwlock_workers)."""
+    ctx = multiprocessing.get_context("spawn")
+    lock, stop = ctx.Lock(), ctx.Event()
+    counters = ctx.Array("i", 6, lock=False)
+    procs = [
+        ctx.Process(
+            target=w.contend,
+            args=(amqp_url, name, shared, 10**6, hold, lock, counters, False, stop),
+        )
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        yield lock, counters
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(60)
+
+
 def test_a_waiting_writer_goes_ahead_of_waiting_readers(
     broker: Broker, amqp_url: str, name: str
 ) -> None:
@@ -208,19 +232,7 @@ def test_writer_is_not_starved_by_a_stream_of_readers(
     wait; a writer still gets in, and while it waits no reader is let in that was not
     already on its way (at most one grant per reader process)."""
     ReadWriteLock(broker, name, readers=2).setup()
-    ctx = multiprocessing.get_context("spawn")
-    lock, stop = ctx.Lock(), ctx.Event()
-    counters = ctx.Array("i", 6, lock=False)
-    readers = [
-        ctx.Process(
-            target=w.contend,
-            args=(amqp_url, name, True, 10**6, 0.3, lock, counters, False, stop),
-        )
-        for _ in range(4)
-    ]
-    for p in readers:
-        p.start()
-    try:
+    with _contending(amqp_url, name, shared=True, hold=0.3, processes=4) as (lock, counters):
         _wait_for(lambda: counters[w.READ_GRANTS] >= 6, "the readers going", 60)
         before = counters[w.READ_GRANTS]
         lease = _acquired(ReadWriteLock(broker, name).write_lock.acquire(timeout=30))
@@ -228,10 +240,6 @@ def test_writer_is_not_starved_by_a_stream_of_readers(
             granted_meanwhile = counters[w.READ_GRANTS] - before
             readers_now = counters[w.READERS_NOW]
         lease.release()
-    finally:
-        stop.set()
-        for p in readers:
-            p.join(60)
     assert readers_now == 0
     assert granted_meanwhile <= 4, f"{granted_meanwhile} readers went ahead of a waiting writer"
     assert counters[w.VIOLATIONS] == 0
@@ -243,20 +251,8 @@ def test_readers_are_not_starved_by_a_stream_of_writers(
     """Two processes write back to back; a reader gets in at the next hand-off: at most
     one writer is granted between its request and its grant."""
     ReadWriteLock(broker, name, readers=8).setup()
-    ctx = multiprocessing.get_context("spawn")
-    lock, stop = ctx.Lock(), ctx.Event()
-    counters = ctx.Array("i", 6, lock=False)
-    writers = [
-        ctx.Process(
-            target=w.contend,
-            args=(amqp_url, name, False, 10**6, 0.1, lock, counters, False, stop),
-        )
-        for _ in range(2)
-    ]
-    for p in writers:
-        p.start()
     rw = ReadWriteLock(broker, name)
-    try:
+    with _contending(amqp_url, name, shared=False, hold=0.1, processes=2) as (lock, counters):
         _wait_for(lambda: counters[w.WRITE_GRANTS] >= 4, "the writers going", 60)
         ahead = []
         for _ in range(3):
@@ -267,10 +263,6 @@ def test_readers_are_not_starved_by_a_stream_of_writers(
                 writing = counters[w.WRITERS_NOW]
             lease.release()
             assert writing == 0
-    finally:
-        stop.set()
-        for p in writers:
-            p.join(60)
     assert max(ahead) <= 1, f"writers granted ahead of a waiting reader: {ahead}"
     assert counters[w.VIOLATIONS] == 0
 

@@ -18,6 +18,8 @@ from amqp_locks import (
 )
 from amqp_locks.names import slot_queue
 
+from .threads import run_in_threads
+
 
 def queue_exists(broker: Broker, queue: str) -> bool:
     async def check() -> bool:
@@ -173,22 +175,14 @@ def test_admin_waits_for_the_mutex_and_times_out(broker: Broker, amqp_url: str, 
 def test_concurrent_administrators_are_serialised(amqp_url: str, name: str) -> None:
     with Broker(amqp_url) as b0:
         SemaphoreAdmin(b0, name).create(1)
-    errors: list[BaseException] = []
 
     def add_many() -> None:
-        try:
-            with Broker(amqp_url) as b:
-                admin = SemaphoreAdmin(b, name, mutex_timeout=60)
-                for _ in range(8):
-                    admin.add_slots(1)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        with Broker(amqp_url) as b:
+            admin = SemaphoreAdmin(b, name, mutex_timeout=60)
+            for _ in range(8):
+                admin.add_slots(1)
 
-    threads = [threading.Thread(target=add_many) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = run_in_threads(add_many, 4)
     assert not errors
     with Broker(amqp_url) as b:
         admin = SemaphoreAdmin(b, name)

@@ -108,13 +108,7 @@ def test_waiter_is_woken_by_the_release_notice(amqp_url: str, broker: Broker, na
     assert holder is not None
     got: list[Lease | None] = []
     with Broker(amqp_url) as other:
-        slow = PersistentSemaphore(other, name, backoff=Backoff(initial=30, maximum=30))
-        waiting = threading.Thread(target=lambda: got.append(slow.acquire(timeout=60)))
-        waiting.start()
-        # the waiter's notice binding exists once it is waiting; poll the broker for it
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not _bound(other):
-            time.sleep(0.01)
+        waiting = _slow_waiter(other, name, got)
         holder.release()
         waiting.join(15)
         assert not waiting.is_alive(), "waiter was not woken by the release notice"
@@ -128,6 +122,20 @@ def _bound(broker: Broker) -> bool:
         return any(w.ready for w in session.waiters)
 
     return broker._core.run(check())
+
+
+def _slow_waiter(other: Broker, name: str, got: list[Lease | None]) -> threading.Thread:
+    """A thread waiting on ``name`` through ``other`` with fallback polling set to 30 s (so
+    only a push notice wakes it in time), appending its lease to ``got``; returned once
+    it is waiting."""
+    slow = PersistentSemaphore(other, name, backoff=Backoff(initial=30, maximum=30))
+    waiting = threading.Thread(target=lambda: got.append(slow.acquire(timeout=60)))
+    waiting.start()
+    # the waiter's notice binding exists once it is waiting; poll the broker for it
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _bound(other):
+        time.sleep(0.01)
+    return waiting
 
 
 def test_removed_slot_marks_lease_lost_and_gets_no_new_holder(
@@ -320,12 +328,7 @@ def test_woken_waiter_gets_the_freed_slot(amqp_url: str, broker: Broker, name: s
     held = [sem.acquire() for _ in range(5)]
     got: list[Lease | None] = []
     with Broker(amqp_url) as other:
-        slow = PersistentSemaphore(other, name, backoff=Backoff(initial=30, maximum=30))
-        waiting = threading.Thread(target=lambda: got.append(slow.acquire(timeout=60)))
-        waiting.start()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not _bound(other):
-            time.sleep(0.01)
+        waiting = _slow_waiter(other, name, got)
         assert held[3] is not None and held[3].number == 4
         held[3].release()
         waiting.join(15)

@@ -22,11 +22,6 @@ from . import workers
 from .test_semaphore_client import _spawn_holder
 
 
-@pytest.fixture(params=[False, True], ids=["classic", "quorum"])
-def quorum(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
-
-
 def _consumers(ts: TokenSemaphore) -> int:
     async def count() -> int:
         session = await ts._core.session()

@@ -214,9 +214,11 @@ def test_read_write_lock(tooz_url: str, coordinator: Any) -> None:
         other.stop()
 
 
-def test_killed_reader_frees_the_lock(tooz_url: str, coordinator: Any) -> None:
+def _killed_child_frees_the_lock(tooz_url: str, coordinator: Any, acquire_args: str) -> None:
+    """A child process takes the lock with ``acquire(acquire_args)`` and is killed: the
+    lock is busy while it lives and free for this coordinator once it is gone."""
     name = uuid.uuid4().hex.encode()
-    child = _child(tooz_url, f"assert coord.get_lock({name!r}).acquire(shared=True)")
+    child = _child(tooz_url, f"assert coord.get_lock({name!r}).acquire({acquire_args})")
     lock = coordinator.get_lock(name)
     try:
         assert not lock.acquire(blocking=False)
@@ -224,15 +226,11 @@ def test_killed_reader_frees_the_lock(tooz_url: str, coordinator: Any) -> None:
         _kill(child)
     assert lock.acquire(blocking=5)
     assert lock.release()
+
+
+def test_killed_reader_frees_the_lock(tooz_url: str, coordinator: Any) -> None:
+    _killed_child_frees_the_lock(tooz_url, coordinator, "shared=True")
 
 
 def test_killed_holder_frees_the_lock(tooz_url: str, coordinator: Any) -> None:
-    name = uuid.uuid4().hex.encode()
-    child = _child(tooz_url, f"assert coord.get_lock({name!r}).acquire()")
-    lock = coordinator.get_lock(name)
-    try:
-        assert not lock.acquire(blocking=False)
-    finally:
-        _kill(child)
-    assert lock.acquire(blocking=5)
-    assert lock.release()
+    _killed_child_frees_the_lock(tooz_url, coordinator, "")

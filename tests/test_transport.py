@@ -23,6 +23,7 @@ from amqp_locks.names import fence_queue, slot_queue
 from amqp_locks_dev import devbroker
 
 from .conftest import fence_messages
+from .permissions import restricted_url
 
 
 def test_unreachable_broker_is_a_typed_error() -> None:
@@ -129,33 +130,26 @@ def test_repair_fence_keeps_tokens_rising(
 
 def test_documented_permissions_are_enough(node: devbroker.NodeInfo) -> None:
     """docs/operations.md's set_permissions example, for locks `images` and `reindex`."""
-    user, vhost = f"u{uuid.uuid4().hex[:8]}", f"v{uuid.uuid4().hex[:8]}"
-    devbroker.rabbitmqctl(node, "add_vhost", vhost)
-    devbroker.rabbitmqctl(node, "add_user", user, "pw")
     names = r"^(images|reindex)(-[0-9]+-[AB]|-fence|-(sem|mutex)-(wakeups|watch))?$"
-    devbroker.rabbitmqctl(
-        node, "set_permissions", "-p", vhost, user, names, r"^amq\.default$", names
-    )
-    try:
-        url = f"amqp://{user}:pw@127.0.0.1:{node.amqp_port}/{vhost}"
-        with Broker(url) as b, Broker(url) as other:
-            SemaphoreAdmin(b, "images").create(1)
-            held = PersistentSemaphore(b, "images").acquire()
-            assert held is not None
-            got: list[object] = []
-            waiter = threading.Thread(
-                target=lambda: got.append(PersistentSemaphore(other, "images").acquire(timeout=30))
-            )
-            waiter.start()
-            held.release()
-            waiter.join(30)
-            assert got and got[0] is not None
-            with Mutex(b, "reindex").acquire(timeout=5) as lease:  # type: ignore[union-attr]
-                assert lease.fencing_token >= 1
-            SemaphoreAdmin(other, "images").destroy()
-    finally:
-        devbroker.rabbitmqctl(node, "delete_user", user)
-        devbroker.rabbitmqctl(node, "delete_vhost", vhost)
+    with (
+        restricted_url(node, names, r"^amq\.default$", names) as url,
+        Broker(url) as b,
+        Broker(url) as other,
+    ):
+        SemaphoreAdmin(b, "images").create(1)
+        held = PersistentSemaphore(b, "images").acquire()
+        assert held is not None
+        got: list[object] = []
+        waiter = threading.Thread(
+            target=lambda: got.append(PersistentSemaphore(other, "images").acquire(timeout=30))
+        )
+        waiter.start()
+        held.release()
+        waiter.join(30)
+        assert got and got[0] is not None
+        with Mutex(b, "reindex").acquire(timeout=5) as lease:  # type: ignore[union-attr]
+            assert lease.fencing_token >= 1
+        SemaphoreAdmin(other, "images").destroy()
 
 
 def test_the_io_thread_leaves_outside_signals_to_the_main_thread() -> None:

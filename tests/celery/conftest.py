@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from typing import Any
 import pytest
 
 from amqp_locks_dev import devbroker
+
+from .. import waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,14 +64,7 @@ def max_running(events: list[Event]) -> int:
 
 def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
     """Poll `predicate` (a file or broker read) until it is truthy; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
+    return waiting.wait_until(predicate, timeout, what, step=0.02)
 
 
 class Worker:

@@ -10,9 +10,11 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from billiard.exceptions import WorkerLostError
+from celery.result import AsyncResult
 
 from amqp_locks_dev import devbroker
 
@@ -24,16 +26,25 @@ from .conftest import Worker, key, max_running
 FREED_WITHIN = 5.0
 
 
+def _kill_the_holder_of(
+    prefork: Worker, k: str, task: Any, waiter_seconds: float
+) -> tuple[AsyncResult, AsyncResult, int, float]:
+    """Calls ``task`` (60 s) for key ``k``, then ``hold`` (``waiter_seconds``) for the same
+    key; once that waiter began (it waits for the lock), SIGKILLs the child running
+    ``task``. Returns both results, the killed pid and when it was killed."""
+    holder = task.apply_async((k, 60.0), queue=prefork.queue)
+    victim = prefork.wait_events(k, "start", 1)[0].pid
+    waiter = hold.apply_async((k, waiter_seconds), queue=prefork.queue)
+    prefork.wait_called(k, 2)  # the waiter began: it waits for the lock
+    os.kill(victim, signal.SIGKILL)
+    return holder, waiter, victim, time.time()
+
+
 def test_killed_child_frees_the_lock_for_the_next_call(
     prefork: Worker, record_property: Callable[[str, object], None]
 ) -> None:
     k = key()
-    holder = hold.apply_async((k, 60.0), queue=prefork.queue)
-    victim = prefork.wait_events(k, "start", 1)[0].pid
-    waiter = hold.apply_async((k, 0.1), queue=prefork.queue)
-    prefork.wait_called(k, 2)  # the waiter began: it waits for the lock
-    os.kill(victim, signal.SIGKILL)
-    killed_at = time.time()
+    holder, waiter, victim, killed_at = _kill_the_holder_of(prefork, k, hold, 0.1)
     events = prefork.wait_events(k, "start", 2, timeout=30)
     took = events[-1].t - killed_at
     print(f"\nSIGKILL of the holder -> next call of the key started: {took * 1000:.0f} ms")
@@ -49,14 +60,9 @@ def test_redelivered_task_runs_once_never_beside_a_live_copy(
     prefork: Worker, record_property: Callable[[str, object], None]
 ) -> None:
     k = key()
-    result = durable.apply_async((k, 60.0), queue=prefork.queue)
-    victim = prefork.wait_events(k, "start", 1)[0].pid
     # A second call of the key waits meanwhile: after the kill, it or the redelivered
     # copy runs first, never both at once.
-    other = hold.apply_async((k, 0.3), queue=prefork.queue)
-    prefork.wait_called(k, 2)
-    os.kill(victim, signal.SIGKILL)
-    killed_at = time.time()
+    result, other, victim, killed_at = _kill_the_holder_of(prefork, k, durable, 0.3)
     assert result.get(timeout=60)["pid"] != victim  # the redelivery ran to completion
     other.get(timeout=60)
     events = prefork.events_of(k)

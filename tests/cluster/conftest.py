@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from amqp_locks import Broker, TokenSemaphore
 from amqp_locks_dev import devcluster, partition
 
+from .. import waiting
 from ..nodes import node_name, test_home
 
 CLUSTER = node_name("amqplocksc") + ("-" if test_home() else "")
@@ -104,15 +106,19 @@ def nodes(cluster: devcluster.ClusterInfo) -> Iterator[Nodes]:
     n.close()
 
 
+@pytest.fixture
+def frozen(nodes: Nodes) -> Iterator[list[int]]:
+    """Nodes frozen by the test (SIGSTOP; it appends their index), thawed (SIGCONT)
+    afterwards even if the test fails."""
+    stopped: list[int] = []
+    yield stopped
+    for index in stopped:
+        os.kill(nodes.pid(index), signal.SIGCONT)
+
+
 def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll `cond` until true or fail naming `what` (a condition, not a fixed sleep)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    waiting.wait_until(cond, timeout, what, step=0.05)
 
 
 #: Makes a partition harness: ``make_partition(net_ticktime=10)``; see the fixture.

@@ -57,6 +57,27 @@ def _got(t: threading.Thread, box: list[Lease | None], timeout: float) -> Lease:
     return box[0]
 
 
+def _regranted_after_killing_node_1(
+    nodes: Nodes,
+    what: str,
+    h1: Lease,
+    t: threading.Thread,
+    box: list[Lease | None],
+    resource: FencedResource,
+) -> Lease:
+    """Kills node 1, where ``h1`` holds: ``h1`` is told, the waiter in ``t`` gets the same
+    slot or permit with a higher fencing token, and ``resource`` takes only the new one."""
+    killed = time.monotonic()
+    nodes.kill(1)
+    assert h1.lost.wait(LOSS_BOUND), "holder on the killed node was not told"
+    new = _got(t, box, REGRANT_BOUND)
+    print(f"{what}: re-granted after {time.monotonic() - killed:.3f}s")
+    assert new.number == h1.number and new.fencing_token > h1.fencing_token
+    assert resource.write(new.number, new.fencing_token)
+    assert not resource.write(h1.number, h1.fencing_token), "stale write accepted"
+    return new
+
+
 def test_mutex_survives_killing_the_holders_node(nodes: Nodes, name: str) -> None:
     resource = FencedResource(permits=1)
     b1, b2 = nodes.broker(1), nodes.broker(2)
@@ -104,14 +125,7 @@ def test_persistent_semaphore_keeps_its_slots(nodes: Nodes, name: str) -> None:
     t, box = _background(lambda: PersistentSemaphore(b3, name).acquire(timeout=60))
     wait_until(lambda: nodes.waiting(b3, tokens=slots_name(name)), 10, "the waiter to wait")
 
-    killed = time.monotonic()
-    nodes.kill(1)
-    assert h1.lost.wait(LOSS_BOUND), "holder on the killed node was not told"
-    new = _got(t, box, REGRANT_BOUND)
-    print(f"semaphore: re-granted after {time.monotonic() - killed:.3f}s")
-    assert new.number == h1.number and new.fencing_token > h1.fencing_token
-    assert resource.write(new.number, new.fencing_token)
-    assert not resource.write(h1.number, h1.fencing_token), "stale write accepted"
+    new = _regranted_after_killing_node_1(nodes, "semaphore", h1, t, box, resource)
     # The holder on a surviving node keeps its slot (quorum slot queue, new leader).
     assert not h2.lost.is_set() and h2.verify()
     assert PersistentSemaphore(b2, name).acquire(blocking=False) is None  # still 2 held
@@ -142,14 +156,7 @@ def test_token_semaphore_keeps_its_tokens(nodes: Nodes, name: str) -> None:
     t, box = _background(lambda: TokenSemaphore(b3, name).acquire(timeout=60))
     wait_until(lambda: TokenSemaphore(b3, name).status().waiting >= 1, 10, "waiter consuming")
 
-    killed = time.monotonic()
-    nodes.kill(1)
-    assert h1.lost.wait(LOSS_BOUND), "holder on the killed node was not told"
-    new = _got(t, box, REGRANT_BOUND)
-    print(f"token semaphore: re-granted after {time.monotonic() - killed:.3f}s")
-    assert new.number == h1.number and new.fencing_token > h1.fencing_token
-    assert resource.write(new.number, new.fencing_token)
-    assert not resource.write(h1.number, h1.fencing_token), "stale write accepted"
+    new = _regranted_after_killing_node_1(nodes, "token semaphore", h1, t, box, resource)
     assert not h2.lost.is_set() and h2.verify()
 
     nodes.restart(1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,15 +23,6 @@ pytestmark = pytest.mark.timeout(180)
 
 BOUND = 3.0  # quorum_timeout given to the holder's Broker
 SLACK = 2.0  # scheduling on a loaded 2-core machine
-
-
-@pytest.fixture
-def frozen(nodes: Nodes) -> Iterator[list[int]]:
-    """Freeze nodes 2 and 3 on demand (append their index); thawed even if the test fails."""
-    stopped: list[int] = []
-    yield stopped
-    for index in stopped:
-        os.kill(nodes.pid(index), signal.SIGCONT)
 
 
 def _freeze(nodes: Nodes, frozen: list[int]) -> float:

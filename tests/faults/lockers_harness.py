@@ -19,31 +19,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from amqp_locks.lockers import LockedElsewhere, Locker
 
+from ..waiting import wait_until
 from .checker import Verdict, check, intervals
 from .history import Event, Recorder, load
 from .lockers_worker import make_locker
 from .resource import ProtectedResource
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(cond: Callable[[], Any], timeout: float, what: str, step: float = 0.01) -> Any:
-    """Poll `cond` until it is truthy (returned) or `timeout` passes (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)
 
 
 class Worker:

@@ -14,12 +14,13 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from amqp_locks_dev import devbroker, devdb
 
-from .lockers_harness import Run, leak_check
+from .lockers_harness import Run, Worker, leak_check
 from .lockers_targets import (  # noqa: F401 - lockfaults_dbs is a fixture
     ALL,
     DB_NAME,
@@ -71,14 +72,20 @@ def _run(target: Target, run_dir: Path, fencing: bool = True) -> Run:
     return Run(run_dir, target.cfg, fencing=fencing)
 
 
+def _master_and_standby(run: Run, **master_cfg: Any) -> tuple[Worker, Worker]:
+    """Worker a (with ``master_cfg``) up as master, then worker b tried and waiting."""
+    master = run.spawn("a", **master_cfg)
+    master.wait_for("MASTER", 30)
+    standby = run.spawn("b")
+    standby.wait_for("WAITING", 30)
+    return master, standby
+
+
 @pytest.mark.parametrize("target", params(ALL, FAST_KILL), indirect=True)
 def test_master_killed_standby_takes_over(target: Target, run_dir: Path) -> None:
     run = _run(target, run_dir)
     try:
-        first = run.spawn("a")
-        first.wait_for("MASTER", 30)
-        b = run.spawn("b")
-        b.wait_for("WAITING", 30)  # the standby tried and is waiting before the crash
+        first, b = _master_and_standby(run)  # the standby tried and is waiting before the crash
         assert not b.is_master()
         killed_at = first.kill()
         b.wait_for("MASTER", target.detection + 10)
@@ -110,10 +117,7 @@ PAUSED_BEYOND_REGRANT = 0.3
 
 def _pause_scenario(target: Target, run: Run) -> dict[str, float | None]:
     """Pause the master past its lease/heartbeats, resume it; the figures measured."""
-    master = run.spawn("a")
-    master.wait_for("MASTER", 30)
-    standby = run.spawn("b")
-    standby.wait_for("WAITING", 30)
+    master, standby = _master_and_standby(run)
     if target.backend == "sqlite":
         # SQLite has one write lock for the whole file: a master frozen inside its
         # renewal's UPDATE (and fsync) holds it for the whole freeze, and no standby can
@@ -216,10 +220,7 @@ def test_partition_between_master_and_server(target: Target, run_dir: Path, leng
     cfg, proxy = target.proxied_cfg()
     run = _run(target, run_dir)
     try:
-        master = run.spawn("a", **cfg)
-        master.wait_for("MASTER", 30)
-        standby = run.spawn("b")
-        standby.wait_for("WAITING", 30)
+        master, _standby = _master_and_standby(run, **cfg)
         proxy.blackhole()
         cut = time.monotonic()
         time.sleep(seconds)  # the scenario: a partition this long
@@ -269,10 +270,7 @@ def test_partition_then_the_database_ends_the_masters_session(
     cfg, proxy = target.proxied_cfg()
     run = _run(target, run_dir)
     try:
-        master = run.spawn("a", **cfg)
-        master.wait_for("MASTER", 30)
-        standby = run.spawn("b")
-        standby.wait_for("WAITING", 30)
+        _master, standby = _master_and_standby(run, **cfg)
         ports = upstream_ports(proxy)
         proxy.blackhole()
         cut = time.monotonic()
@@ -315,10 +313,7 @@ def test_database_restart_under_a_master(target: Target, run_dir: Path, how: str
     assert db is not None
     run = _run(target, run_dir)
     try:
-        master = run.spawn("a")
-        master.wait_for("MASTER", 30)
-        standby = run.spawn("b")
-        standby.wait_for("WAITING", 30)
+        master, _standby = _master_and_standby(run)
         down = time.monotonic()
         if how == "restart":
             devdb.restart(db.kind, name=DB_NAME, base_dir=db.base_dir)
@@ -359,10 +354,7 @@ def test_lock_file_deleted_under_the_master(target: Target, run_dir: Path) -> No
     above every earlier one: the counter cannot live only in the deleted file."""
     run = _run(target, run_dir)
     try:
-        master = run.spawn("a")
-        master.wait_for("MASTER", 30)
-        standby = run.spawn("b")
-        standby.wait_for("WAITING", 30)
+        master, _standby = _master_and_standby(run)
         deleted = time.monotonic()
         os.unlink(Path(target.cfg["dir"]) / "lock")
         master.wait_for("DEMOTED", 10)
@@ -396,10 +388,7 @@ def test_broker_restart_under_an_amqp_master(
     cfg = {**target.cfg, "amqp_url": node.url}
     run = Run(run_dir, cfg)
     try:
-        master = run.spawn("a")
-        master.wait_for("MASTER", 30)
-        standby = run.spawn("b")
-        standby.wait_for("WAITING", 30)
+        master, _standby = _master_and_standby(run)
         down = time.monotonic()
         devbroker.restart(name=DB_NAME, base_dir=node.base_dir)
         up = time.monotonic()

@@ -8,7 +8,6 @@ libpq waits for ever by default, so the standby never took over and could not be
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,6 +16,8 @@ import pytest
 from amqp_locks import ConfigurationError
 from amqp_locks.lockers import DatabaseLocker, LeaseDatabaseLocker, Locker, LockerStopped
 from amqp_locks.lockers.sql import DEFAULT_CONNECT_TIMEOUT
+
+from ..threads import start_catching
 
 
 @pytest.fixture
@@ -34,17 +35,8 @@ def test_standby_attempts_time_out_and_stop_interrupts(
 ) -> None:
     url = f"{driver}://u:p@127.0.0.1:{silent_server}/db"
     locker = cls(url, "x", connect_timeout=1, lock_acquire_sleep_interval=0.05)  # type: ignore[call-arg]
-    errors: list[BaseException] = []
-
-    def standby() -> None:
-        try:
-            locker.start()
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=standby, daemon=True)
     started = time.monotonic()
-    t.start()
+    t, errors = start_catching(locker.start, daemon=True)
     deadline = started + 10
     while locker.attempts < 1:  # an attempt ends (unavailable) instead of hanging
         assert time.monotonic() < deadline, "a connection attempt hung"

@@ -84,32 +84,34 @@ def test_hung_keep_alive_demotes_after_the_timeout(tmp_path: Path) -> None:
         service.stop(10)
 
 
-def test_a_keep_alive_answering_within_the_timeout_keeps_mastership(tmp_path: Path) -> None:
+def _states_after_a_hang(
+    tmp_path: Path, keep_alive_timeout: float, hang: float, then: float
+) -> list[State]:
+    """The states a service went through when its keep-alives hung for ``hang`` seconds
+    and then answered again for ``then`` seconds."""
     locker = HangingFileLocker(tmp_path)
-    service, states = _serve(locker, keep_alive_timeout=2.0)
+    service, states = _serve(locker, keep_alive_timeout=keep_alive_timeout)
     try:
         locker.hang.set()
-        time.sleep(0.5)  # the scenario: keep-alives stuck this long, well under 2 s
+        time.sleep(hang)  # the scenario: keep-alives stuck this long
         locker.hang.clear()
         locker.unblock.set()
-        time.sleep(0.5)  # the scenario: then keep-alives answer again for a while
-        assert [s for _, s in states] == [State.STANDBY, State.MASTER]
+        time.sleep(then)  # the scenario: then keep-alives answer again for a while
+        return [s for _, s in states]
     finally:
         service.stop(10)
+
+
+def test_a_keep_alive_answering_within_the_timeout_keeps_mastership(tmp_path: Path) -> None:
+    # stuck 0.5 s, well under the 2 s timeout
+    states = _states_after_a_hang(tmp_path, keep_alive_timeout=2.0, hang=0.5, then=0.5)
+    assert states == [State.STANDBY, State.MASTER]
 
 
 def test_an_infinite_timeout_waits_for_the_answer(tmp_path: Path) -> None:
-    locker = HangingFileLocker(tmp_path)
-    service, states = _serve(locker, keep_alive_timeout=math.inf)
-    try:
-        locker.hang.set()
-        time.sleep(0.6)  # the scenario: keep-alives stuck this long, answering afterwards
-        locker.hang.clear()
-        locker.unblock.set()
-        time.sleep(0.3)  # the scenario: then keep-alives answer again for a while
-        assert [s for _, s in states] == [State.STANDBY, State.MASTER]
-    finally:
-        service.stop(10)
+    # stuck 0.6 s, answering afterwards
+    states = _states_after_a_hang(tmp_path, keep_alive_timeout=math.inf, hang=0.6, then=0.3)
+    assert states == [State.STANDBY, State.MASTER]
 
 
 def test_default_timeouts(tmp_path: Path, amqp_url: str) -> None:

@@ -26,6 +26,7 @@ from amqp_locks.lockers import (
 )
 from amqp_locks.service import LockableService, State
 
+from ..threads import start_catching
 from .masters import MasterLedger
 
 LEDGER = MasterLedger()
@@ -103,16 +104,7 @@ def test_stop_without_start_and_stop_interrupts_start(make_locker: LockerFactory
     idle.stop()  # nothing held: a no-op
     holder, waiter = make_locker(), make_locker()
     holder.start()
-    errors: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            waiter.start()
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=wait)
-    t.start()
+    t, errors = start_catching(waiter.start)
     assert waiter.standing_by.wait(10)  # the scenario: a standby is waiting
     waiter.stop()
     t.join(5)

@@ -1,0 +1,43 @@
+"""Running functions in threads and collecting what they raised."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+def _catching(target: Callable[[], object], errors: list[BaseException]) -> Callable[[], None]:
+    """``target``, appending what it raises to ``errors`` instead of raising it."""
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    return run
+
+
+def run_in_threads(
+    target: Callable[[], None], count: int, join_timeout: float = 120
+) -> list[BaseException]:
+    """Runs ``target`` in ``count`` threads started together, joins each (``join_timeout``
+    seconds at most) and returns what the threads raised, in the order they raised it."""
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=_catching(target, errors)) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+    return errors
+
+
+def start_catching(
+    target: Callable[[], object], daemon: bool = False
+) -> tuple[threading.Thread, list[BaseException]]:
+    """Starts ``target`` in a thread; returns the thread and the list that receives what
+    it raised (the test joins the thread when its scenario says so)."""
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=_catching(target, errors), daemon=daemon)
+    thread.start()
+    return thread, errors

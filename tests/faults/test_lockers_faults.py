@@ -390,7 +390,7 @@ def test_broker_restart_under_an_amqp_master(
     try:
         master, _standby = _master_and_standby(run)
         down = time.monotonic()
-        devbroker.restart(name=DB_NAME, base_dir=node.base_dir)
+        devbroker.restart(name=node.name, base_dir=node.base_dir, version=node.version)
         up = time.monotonic()
         master.wait_for("DEMOTED", 30)
         again = run.master(30)

@@ -16,7 +16,8 @@ database ``amqplocks`` owned by / granted to user ``amqplocks`` (password
 through the unix socket inside ``base_dir``.
 
 Durability is relaxed for speed (``fsync=off`` / ``innodb_flush_log_at_trx_commit=2``):
-committed data survives server restarts and kills, not a host crash.
+each commit is written to the OS before it is acknowledged, so committed data survives
+server restarts and kills, not a host crash.
 
 CLI: ``python -m amqp_locks_dev.devdb start|stop|status|restart|url|kill postgresql|mariadb
 [--name NAME]``.
@@ -404,7 +405,10 @@ def _pg_prepare(info: DbInfo, tools: _Tools, acct: _Account | None) -> list[str]
         "unix_socket_permissions = 0700\n"
         "max_connections = 200\n"
         "fsync = off\n"
-        "synchronous_commit = off\n"
+        # on: a commit's WAL is written (not fsynced) before it is acknowledged, so a
+        # killed server keeps it; off lost acknowledged lease renewals in the fault
+        # tests (a fencing token granted twice after a kill).
+        "synchronous_commit = on\n"
         "full_page_writes = off\n"
         "log_min_messages = warning\n"
     )

@@ -14,9 +14,9 @@
     python -m benchmarks.run profile-acquire [-n 1000]       # docs/benchmarks.md's profiles
     python -m benchmarks.run profile-handoff [-n 200] [--settle 0.05]
 
-The report's node (``amqplocksbench``, separate from the tests' ``amqplockstest``) is
-started by the run and stopped at the end unless it was already running; ``--url`` uses
-another broker.
+The report's node (``amqplocksbench-<checkout hash>``, separate from the tests'
+``amqplockstest``) is started by the run and stopped at the end unless it was already
+running; ``--url`` uses another broker.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -62,7 +63,9 @@ from benchmarks.stats import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-NODE = "amqplocksbench"
+#: The report's private node, one per checkout: Erlang node names are machine-wide, and two
+#: checkouts benchmarking at once on one machine stopped each other's node.
+NODE = f"amqplocksbench-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:6]}"
 
 
 def _log(msg: str) -> None:

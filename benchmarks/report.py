@@ -146,11 +146,38 @@ def floors_table(r: dict[str, Any]) -> Table:
 
 
 def primitives_table(r: dict[str, Any]) -> Table:
+    rtt = r["floors"]["broker_round_trip"]["p50_ms"]
     rows = [
-        [label, num(p["p50_ms"], 3), num(p["p99_ms"], 3), f"{p['p50_x_rtt']}x"]
+        [label, num(p["p50_ms"], 3), num(p["p99_ms"], 3), times(p["p50_ms"], rtt)]
         for label, p in r.get("primitives", {}).items()
     ]
     return Table(["step", "p50 ms", "p99 ms", "p50 / RTT"], rows)
+
+
+def search_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sweep's rows with the figures derived from them: ratios to C=1 (one slot, first
+    and last alike) and to the RTT; client + broker CPU per probe beyond those of the
+    free-slot-first cell of the same C (same holders), and holders' CPU per held-slot probe."""
+    rows, rtt = r["search"], r["floors"]["broker_round_trip"]["p50_ms"]
+    out = []
+    for s in rows:
+        cpu, ref = s["cpu_per_acquire_ms"], rows[0]
+        same_c = [x for x in rows if x["capacity"] == s["capacity"] and x["free_slot"] == "first"]
+        base = (same_c or [ref])[0]
+        base_cpu = base["cpu_per_acquire_ms"]["client"] + base["cpu_per_acquire_ms"]["broker"]
+        extra, held = s["probes_sent"] - base["probes_sent"], s["held_probes"]
+        marginal = (
+            1000 * (cpu["client"] + cpu["broker"] - base_cpu) / extra if extra >= 100 else None
+        )
+        holders = 1000 * cpu["holders"] / held if held >= 100 else None
+        out.append({
+            **s, "p50_x_c1": round(s["p50_ms"] / ref["p50_ms"], 1),
+            "p99_x_c1": round(s["p99_ms"] / ref["p99_ms"], 1),
+            "p50_x_rtt": round(s["p50_ms"] / rtt, 1),
+            "marginal_cpu_per_probe_us": None if marginal is None else round(marginal, 1),
+            "holder_cpu_per_held_probe_us": None if holders is None else round(holders, 1),
+        })  # fmt: skip
+    return out
 
 
 def search_table(r: dict[str, Any]) -> Table:
@@ -161,7 +188,7 @@ def search_table(r: dict[str, Any]) -> Table:
                                            for k in ("client", "broker", "holders")),
          num(s.get("marginal_cpu_per_probe_us"), 0),
          num(s.get("holder_cpu_per_held_probe_us"), 0), f"{s['n']} ({s['reps']})"]
-        for s in r["search"]
+        for s in search_rows(r)
     ]  # fmt: skip
     header = ["C", "free slot", "p50 ms", "p99 ms", "p50 / C=1", "p99 / C=1", "p50 / RTT"]
     header += ["probes sent", "CPU ms client / broker / holders"]
@@ -573,7 +600,7 @@ def line(r: dict[str, Any]) -> dict[str, Any]:
 def floors_targets(r: dict[str, Any], also: list[dict[str, Any]]) -> dict[str, Any]:
     """This run's line, the other lines' (each judged against its own floors), the
     fairness plan and the re-ask table."""
-    plan = r.get("headline_plan", {})
+    plan = {**r.get("headline_plan", {}), **r.get("handoff_plan", {})}  # older files: both
     return {
         "this": line(r),
         "others": [line(other) for other in also],
@@ -853,6 +880,7 @@ def scale_table(r: dict[str, Any]) -> Table:
 
 def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict[str, Any]:
     """Everything the template reads: the results themselves, tables, verdicts, figures."""
+    r = {**r, "search": search_rows(r)}
     env, fl, c = r["environment"], r["floors"], r["contention"]
     worst, best = search_cases(r)
     fo_head, fo_table, fo_errors = failover_tables(r)

@@ -90,6 +90,15 @@ class Table:
         return str(tabulate(rows, header, "pipe", colalign=cols, disable_numparse=True))
 
 
+def rows(body: str, header: str, align: str = "right") -> str:
+    """The template's table: ``body`` one row a line, cells split at "|" like ``header``'s;
+    ``align`` for every column but the first (left), or "|"-split, one per column."""
+    head, cols = header.split("|"), align.split("|")
+    cols = cols if len(cols) > 1 else ["left"] + cols * (len(head) - 1)
+    cells = [line.split("|") for line in body.splitlines() if line]
+    return Table(head, cells, cols).markdown() + "\n"
+
+
 def _get(d: Any, *keys: str) -> Any:
     for k in keys:
         if not isinstance(d, dict) or k not in d:
@@ -99,59 +108,6 @@ def _get(d: Any, *keys: str) -> Any:
 
 
 # ------------------------------------------------------------------------ this run
-
-
-def machine_table(env: dict[str, Any]) -> Table:
-    rmq, code, commit = env["rabbitmq"], env["amqp_locks"], env["git_commit"]
-    if env.get("amqp_locks_from_repo", True):
-        dirty = ", src/ has uncommitted changes" if env["git_dirty"] else ""
-        code += f" (git {commit}{dirty})"
-    else:
-        code += f" (from `{env.get('amqp_locks_path')}`; repo at git {commit})"
-    na = "n/a"
-    rows = [
-        ["CPU", f"{env['cpu_model']}, {env['nproc']} cores (nproc)"],
-        ["RAM", f"{env['ram_gib']} GiB"],
-        ["OS", env["kernel"]],
-        ["Load average (1/5/15 min) before / after",
-         f"{env['loadavg_before']} / {env.get('loadavg_after', na)}"],
-        ["Cores busy during the run: this run (client, workers, broker) / other work",
-         f"{env.get('own_load_cores', na)} / {env.get('other_load_cores', na)}"],
-        ["Python", env["python"]],
-        ["RabbitMQ", f"{rmq['product']} {rmq['version']} on {rmq['platform']}"],
-        ["aiormq / pamqp", f"{env['aiormq']} / {env['pamqp']}"],
-        ["amqp-locks", code],
-        ["Date, duration", f"{env['date']}, {env.get('duration_s', na)} s"],
-    ]  # fmt: skip
-    return Table(["", ""], rows, align="left")
-
-
-def floors_table(r: dict[str, Any]) -> Table:
-    fl, uc = r["floors"], r["uncontended"]
-    rtt = fl["broker_round_trip"]["p50_ms"]
-    items = [
-        ("loopback TCP round trip (Python, 2 processes)", fl["loopback_tcp"]),
-        ("broker round trip (`Broker.round_trip()`)", fl["broker_round_trip"]),
-        *[(f"raw aiormq: {fl[key]['label']}", fl[key]) for key in RAW if key in fl],
-        *[(f"{label}: `{op}()`", uc[kind][op])
-          for kind, label in (("semaphore_c1", "semaphore C=1"), ("mutex", "mutex"))
-          for op in ("acquire", "release")],
-    ]  # fmt: skip
-    rows = [
-        [label, num(s["p50_ms"], 3), num(s["p99_ms"], 3), times(s["p50_ms"], rtt),
-         times(s["p99_ms"], rtt), f"{s['n']} ({s['reps']} reps)"]
-        for label, s in items
-    ]  # fmt: skip
-    return Table(["operation", "p50 ms", "p99 ms", "p50 / RTT", "p99 / RTT", "samples"], rows)
-
-
-def primitives_table(r: dict[str, Any]) -> Table:
-    rtt = r["floors"]["broker_round_trip"]["p50_ms"]
-    rows = [
-        [label, num(p["p50_ms"], 3), num(p["p99_ms"], 3), times(p["p50_ms"], rtt)]
-        for label, p in r.get("primitives", {}).items()
-    ]
-    return Table(["step", "p50 ms", "p99 ms", "p50 / RTT"], rows)
 
 
 def search_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -180,142 +136,11 @@ def search_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def search_table(r: dict[str, Any]) -> Table:
-    rows = [
-        [str(s["capacity"]), f"{s['free_slot']} ({s['slot']})", num(s["p50_ms"]),
-         num(s["p99_ms"]), f"{s['p50_x_c1']}x", f"{s['p99_x_c1']}x", f"{s['p50_x_rtt']}x",
-         str(s["probes_sent"]), " / ".join(num(s["cpu_per_acquire_ms"][k])
-                                           for k in ("client", "broker", "holders")),
-         num(s.get("marginal_cpu_per_probe_us"), 0),
-         num(s.get("holder_cpu_per_held_probe_us"), 0), f"{s['n']} ({s['reps']})"]
-        for s in search_rows(r)
-    ]  # fmt: skip
-    header = ["C", "free slot", "p50 ms", "p99 ms", "p50 / C=1", "p99 / C=1", "p50 / RTT"]
-    header += ["probes sent", "CPU ms client / broker / holders"]
-    header += ["client + broker CPU us per extra probe", "holders CPU us per held-slot probe"]
-    return Table([*header, "n (reps)"], rows)
-
-
-def contention_table(r: dict[str, Any]) -> Table:
-    c = r["contention"]
-    g, ho, cpu, o = (
-        c["grants_per_process"],
-        c["handoff"],
-        c["cpu_per_grant_ms"],
-        c.get("timeout_overrun"),
-    )
-    overrun = (
-        f"p50 {num(o['p50_ms'], 1)} ms, max {num(o['max_ms'], 0)} ms; "
-        f"{o['over_1s']} of {o['workers']} more than 1 s late, "
-        f"{o['never_returned']} not within {c['plan'].get('grace_s', 15.0):.0f} s"
-        if o
-        else "n/a"
-    )
-    rows = [
-        ["acquisitions / s (total, median of runs)",
-         f"{c['acquisitions_per_s']:.0f} (runs: {c['acquisitions_per_s_runs']})"],
-        ["grants per process: min / max", f"{g['min']:.0f} / {g['max']:.0f}"],
-        ["grants per process: stddev (coefficient of variation)",
-         f"{g['stddev']:.1f} ({g['cv']:.2f})"],
-        ["Jain fairness index (1 = equal)", f"{g['jain']:.3f}"],
-        ["handoff p50 / p99 (ms)", f"{num(ho['p50_ms'])} / {num(ho['p99_ms'])}"],
-        ["handoff p50 / broker round trip",
-         f"{ho['p50_ms'] / r['floors']['broker_round_trip']['p50_ms']:.1f}x"],
-        ["handoffs measured", str(ho["n"])],
-        ["last `acquire(timeout=...)` of each worker: returned after its timeout by", overrun],
-        ["worker errors (listed below the table)", str(len(c.get("worker_errors", [])))],
-        ["slot searches (probe round trips) per grant, all workers",
-         num(c.get("probe_round_trips_per_grant"), 1)],
-        ["CPU per grant: all workers / broker (ms)",
-         f"{num(cpu['workers'])} / {num(cpu['broker'])}"],
-        ["share of handoffs won by the releasing process itself",
-         f"{c['handoff_to_releaser_share']:.0%}"],
-    ]  # fmt: skip
-    return Table(["metric", "value"], rows)
-
-
-def warnings_table(c: dict[str, Any]) -> Table | None:
-    """The library's warnings in the contention workers (the first 8 kinds), if any."""
-    rows = [[str(n), f"`{msg}`"] for msg, n in list(c.get("worker_warnings", {}).items())[:8]]
-    return Table(["count", "logger: message"], rows, align=["right", "left"]) if rows else None
-
-
 def search_cases(r: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The worst case of the sweep (largest C, free slot last) and the best at that C."""
     worst = max(r["search"], key=lambda s: s["capacity"] * (s["free_slot"] == "last"))
     same_c = [s for s in r["search"] if s["capacity"] == worst["capacity"]]
     return worst, next((s for s in same_c if s["free_slot"] == "first"), worst)
-
-
-def headline_table(r: dict[str, Any]) -> Table:
-    uc, c, rtt = r["uncontended"], r["contention"], r["floors"]["broker_round_trip"]
-    ut, ho, cr = r.get("uncontended_tokens", {}), r.get("handoff", {}), r.get("crash", {})
-    worst, best = search_cases(r)
-    contended = f"{c['plan']['processes']} processes / {c['plan']['slots']} slots"
-    items = [
-        ("broker round trip (RTT)", rtt),
-        ("semaphore acquire, C=1, uncontended", uc["semaphore_c1"]["acquire"]),
-        ("semaphore release", uc["semaphore_c1"]["release"]),
-        ("mutex acquire, uncontended", uc["mutex"]["acquire"]),
-        (f"semaphore acquire, C={worst['capacity']}, only the last slot free", worst),
-        (f"semaphore acquire, C={best['capacity']}, only the first slot free", best),
-        (f"handoff release -> next grant, {contended}", c["handoff"]),
-        None,
-        *[(f"{KIND_LABELS[k]}: acquire, uncontended", ut[k]["acquire"])
-          for k in ("token", "token_quorum") if k in ut],
-        *[(f"{what}, {KIND_LABELS[k]}", data[k])
-          for what, data in (("handoff release -> blocked waiter", ho),
-                             ("holder kill -9 -> blocked waiter holds", cr))
-          for k in HANDOFF_KINDS if k in data],
-    ]  # fmt: skip
-    throughput = [f"throughput, {contended}", f"{c['acquisitions_per_s']:.0f} acquisitions/s"]
-    rows = [
-        [*throughput, "", ""] if x is None
-        else [x[0], num(x[1]["p50_ms"]), num(x[1]["p99_ms"]),
-              f"{x[1]['p50_ms'] / rtt['p50_ms']:.1f}x"]
-        for x in items
-    ]  # fmt: skip
-    return Table(["measurement", "p50 ms", "p99 ms", "p50 / RTT"], rows)
-
-
-def token_uncontended_table(r: dict[str, Any]) -> Table:
-    rtt = r["floors"]["broker_round_trip"]["p50_ms"]
-    uc, ut = r["uncontended"], r.get("uncontended_tokens", {})
-    kinds = {**ut, "semaphore": uc["semaphore_c1"], "mutex": uc["mutex"]}
-    rows = [
-        [KIND_LABELS[k], num(a["p50_ms"]), num(a["p99_ms"]), times(a["p50_ms"], rtt),
-         num(s["release"]["p50_ms"]), num(s["release"]["p99_ms"]),
-         f"{num(cpu.get('client'))} / {num(cpu.get('broker'))}", str(a["n"])]
-        for k, s in kinds.items()
-        for a, cpu in [(s["acquire"], s.get("cpu_per_cycle_ms", {}))]
-    ]  # fmt: skip
-    header = ["lock", "acquire p50 ms", "acquire p99 ms", "acquire p50 / RTT", "release p50 ms"]
-    return Table([*header, "release p99 ms", "CPU ms per cycle client / broker", "n"], rows)
-
-
-def handoff_table(r: dict[str, Any]) -> Table:
-    rtt, ho = r["floors"]["broker_round_trip"], r.get("handoff", {})
-    rows = [[
-        "broker round trip (RTT), same run", num(rtt["p50_ms"], 3), num(rtt["p99_ms"], 3),
-        "1.0x", times(rtt["p99_ms"], rtt["p50_ms"]), "", f"{rtt['n']}",
-    ]] + [
-        [KIND_LABELS[k], num(s["p50_ms"]), num(s["p99_ms"]), times(s["p50_ms"], rtt["p50_ms"]),
-         times(s["p99_ms"], rtt["p50_ms"]), num(s.get("release_call_p50_ms")),
-         f"{s['n']} ({s['reps']} reps)"]
-        for k in HANDOFF_KINDS if k in ho for s in [ho[k]]
-    ]  # fmt: skip
-    header = ["lock", "p50 ms", "p99 ms", "p50 / RTT", "p99 / RTT", "`release()` call p50 ms"]
-    return Table([*header, "n"], rows)
-
-
-def crash_table(r: dict[str, Any]) -> Table:
-    cr = r.get("crash", {})
-    rows = [
-        [KIND_LABELS[k], *(num(cr[k].get(x), 1) for x in ("p50_ms", "p99_ms", "min_ms", "max_ms")),
-         str(cr[k]["n"]), str(len(cr[k].get("errors", [])))]
-        for k in HANDOFF_KINDS if k in cr
-    ]  # fmt: skip
-    return Table(["lock", "p50 ms", "p99 ms", "min ms", "max ms", "n", "errors"], rows)
 
 
 def token_goal(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -656,29 +481,6 @@ def _best(values: dict[str, float], high: bool = False, ours: bool = False) -> A
     return (max if high else min)(vals, key=lambda kv: kv[1]) if vals else None
 
 
-def versions_table(r: dict[str, Any]) -> Table:
-    p = r["peers"]
-    servers = {
-        "amqp": f"RabbitMQ {r['environment']['rabbitmq']['version']}",
-        "redis": f"Redis {p['servers'].get('Redis', '?')}",
-        "zookeeper": f"ZooKeeper {p['servers'].get('ZooKeeper', '?')}",
-        "postgresql": "PostgreSQL (devdb)",
-        None: "local files",
-    }
-    rows = []
-    for k in p.get("kinds", []):
-        kind = KINDS[k]
-        tuned = ", ".join(f"{a}={v}" for a, v in (kind.tuned or {}).items()) or "as default"
-        default = ", ".join(f"{a}={v}" for a, v in kind.default.items()) or "(none)"
-        rows.append([
-            label(k), p["libraries"].get(k, "?"), servers[kind.server], kind.wait, kind.crash,
-            f"`{default}`", f"`{tuned}`" if kind.tuned else tuned,
-        ])  # fmt: skip
-    header = ["lock", "version", "server", "a blocked acquire learns the lock is free"]
-    header += ["a crashed holder's lock is freed by", "default settings", "tuned settings"]
-    return Table(header, rows)
-
-
 def uncontended_table(r: dict[str, Any]) -> Table:
     p, rtt = r["peers"], r["floors"]["broker_round_trip"]["p50_ms"]
     best = _best(_uc(p))
@@ -845,7 +647,6 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
     return {
         "p": p,
         "plan": p["plan"],
-        "versions": versions_table(r),
         "headline": peers_headline_table(r),
         "targets": peer_targets(r),
         "uncontended": uncontended_table(r),
@@ -854,25 +655,6 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
         "crash": peers_crash_table(r),
         "crash_wall": p.get("crash", {}).get("wall_s"),
     }
-
-
-def scale_table(r: dict[str, Any]) -> Table:
-    rows = []
-    for row in r.get("scale", {}).get("rows", []):
-        b = row.get("broker", {})
-        mem, q = b.get("memory", {}), b.get("queues", {})
-        rows.append([
-            f"{row['locks']:,}", str(row["connections"]), ms(row["acquire"]["p50_ms"]),
-            ms(row["acquire"]["p99_ms"]),
-            num(mem.get("total", math.nan) / 2**20, 0, True) if mem else "n/a",
-            num((b.get("beam_rss") or math.nan) / 2**20, 0, True),
-            f"{sum(x['queues'] for x in q.values()):,}" if q else "n/a",
-            f"{b.get('erlang_processes', 0):,}" if b else "n/a",
-            str(b.get("fds_used", "n/a")), num(row.get("place_s"), 1, True),
-        ])  # fmt: skip
-    header = ["live locks", "connections", "acquire p50 ms", "acquire p99 ms"]
-    header += ["broker memory MiB (Erlang)", "broker RSS MiB", "queues", "Erlang processes"]
-    return Table([*header, "file descriptors", "placed in s"], rows)
 
 
 # ------------------------------------------------------------------------- render
@@ -885,19 +667,6 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
     worst, best = search_cases(r)
     fo_head, fo_table, fo_errors = failover_tables(r)
     cr = r.get("crash", {})
-    tables = {
-        "headline": headline_table(r),
-        "machine": machine_table(env),
-        "floors": floors_table(r),
-        "primitives": primitives_table(r),
-        "search": search_table(r),
-        "contention": contention_table(r),
-        "warnings": warnings_table(c),
-        "token_uncontended": token_uncontended_table(r),
-        "handoff": handoff_table(r),
-        "crash": crash_table(r),
-        "scale": scale_table(r),
-    }
     fencing = [v for k, v in r.get("primitives", {}).items() if k.startswith("fencing token")]
     return {
         "r": r,
@@ -910,7 +679,7 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
         "img": {key: f"{img_rel}/{name}" for key, name in PLOTS.items()},
         "busy": busy_cores(env),
         "json_path": r.get("json_path", "benchmarks/results/latest.json"),
-        "tables": tables,
+        "ut": r.get("uncontended_tokens", {}),
         "worst": worst,
         "best": best,
         "ho": r.get("handoff", {}),
@@ -942,7 +711,11 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    env.globals.update(labels=KIND_LABELS, kinds=HANDOFF_KINDS, KINDS=KINDS, RAW=RAW, nan=math.nan)
     env.filters.update(
+        rows=rows,
+        times=times,
+        label=label,
         num=num,
         ms=ms,
         pct=lambda x, digits=0: "n/a" if x is None or math.isnan(x) else f"{x:.{digits}%}",

@@ -163,31 +163,6 @@ def failover_rows(r: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any
     return list(per), per
 
 
-def failover_tables(r: dict[str, Any]) -> tuple[Table, Table, list[str]]:
-    """The headline table (p50 / max), the full table and the failed samples' errors."""
-    labels, per = failover_rows(r)
-    groups = list(r.get("failover", {}).get("groups", {}))
-    head = Table(["locker: failover (kill -9 -> standby is master), s"])
-    head.header += [f"{g} settings: p50 / max" for g in groups]
-    cols = ("p50 s", "p99 s", "min-max s", "n")
-    full = Table(["locker"] + [f"{g}: {c}" for g in groups for c in cols])
-    errors = []
-    for label in labels:
-        head.rows.append([label])
-        full.rows.append([label])
-        for g in groups:
-            s = per[label].get(g) or {}
-            errors += [f"{label} ({g}): {e}" for e in s.get("errors", [])]
-            if not s.get("n"):
-                head.rows[-1].append("n/a")
-                full.rows[-1] += ["n/a", "n/a", "n/a", "0"]
-                continue
-            p50, p99, lo, hi = (num(s[k] / 1000) for k in ("p50_ms", "p99_ms", "min_ms", "max_ms"))
-            head.rows[-1].append(f"{p50} / {hi}")
-            full.rows[-1] += [p50, p99, f"{lo}-{hi}", str(s["n"])]
-    return head, full, errors
-
-
 # ------------------------------------------------------- floors and targets (issue 12)
 
 _FLOORS = {
@@ -481,86 +456,6 @@ def _best(values: dict[str, float], high: bool = False, ours: bool = False) -> A
     return (max if high else min)(vals, key=lambda kv: kv[1]) if vals else None
 
 
-def uncontended_table(r: dict[str, Any]) -> Table:
-    p, rtt = r["peers"], r["floors"]["broker_round_trip"]["p50_ms"]
-    best = _best(_uc(p))
-
-    def row(name: str, s: dict[str, Any], vs_best: str) -> list[str]:
-        a = s["acquire"]
-        cells = [a["p50_ms"], a["p99_ms"], s["release"]["p50_ms"], s["cycle"]["p50_ms"]]
-        return [name, *map(ms, cells), f"{a['p50_ms'] / rtt:.1f}x", vs_best]
-
-    rows = [
-        row(label(k), s, times(s["cycle"]["p50_ms"], best[1]) if best else "n/a")
-        if ok(s) else [label(k), "error", "", "", "", "", ""]
-        for k, s in p.get("uncontended", {}).items()
-    ]  # fmt: skip
-    lockers = p.get("lockers", {}).items()
-    rows += [row(f"locker: {name} (`start()` / `stop()`)", s, "") for name, s in lockers if ok(s)]
-    best_txt = f"best peer: {plain(best[0])}" if best else "best peer"
-    header = ["lock", "acquire p50 ms", "acquire p99 ms", "release p50 ms", "cycle p50 ms"]
-    return Table([*header, "acquire / RTT", f"cycle / {best_txt}"], rows)
-
-
-def peers_handoff_table(r: dict[str, Any]) -> Table:
-    p = r["peers"]
-    bests = {n: _best(_ho(p, n)) for n in map(str, p["plan"]["waiters"])}
-    rows = []
-    for k, cells in p.get("handoff", {}).items():
-        row = [label(k)]
-        for n, b in bests.items():
-            s = cells.get(n)
-            ratio = f" ({times(s['p50_ms'], b[1])})" if ok(s) and KINDS[k].ours and b else ""
-            row.append(f"{ms(s['p50_ms'])} / {ms(s['p99_ms'])}{ratio}" if ok(s) else "error")
-        rows.append(row)
-    rows.append(
-        ["best peer"] + [f"{plain(b[0])}: {ms(b[1])}" if b else "n/a" for b in bests.values()]
-    )
-    return Table(["lock"] + [f"{n} waiters: p50 / p99 ms (ours / best peer)" for n in bests], rows)
-
-
-def throughput_table(r: dict[str, Any]) -> Table:
-    p = r["peers"]
-    tp = p.get("throughput", {})
-    bests = {s: _best(_tp(p, s), high=True) for s in tp}
-    rows = []
-    for k in dict.fromkeys(k for s in tp for k in tp[s]):
-        row = [label(k)]
-        for s, b in bests.items():
-            c = tp[s].get(k)
-            if c is None or "error" in c:
-                row += ["-", "-"] if c is None else ["error", ""]
-                continue
-            f = c["fairness"]
-            ratio = f" ({c['grants_per_s'] / b[1]:.2g}x)" if KINDS[k].ours and b else ""
-            jain = f"{num(f['jain'])} / {num(f['cv'])} / {f['min']}-{f['max']}"
-            row += [f"{c['grants_per_s']:,.0f}{ratio}", jain]
-        rows.append(row)
-    header = ["lock"]
-    for s in tp:
-        recipe = " (locks-only peers: N locks)" if s != "1" else ""
-        header += [f"{s} slot(s){recipe}: grants/s (ours / best peer)", "Jain / CV / min-max"]
-    return Table(header, rows)
-
-
-def peers_crash_table(r: dict[str, Any]) -> Table:
-    def cell(s: dict[str, Any] | None) -> str:
-        if not s:
-            return "-"
-        if "error" in s:
-            return "error"
-        if s.get("censored"):
-            return f"never (still held after {s['cap_s']:.0f} s)"
-        return f"{ms(s['p50_ms'])} / {ms(s['max_ms'])}"
-
-    rows = []
-    for k, groups in r["peers"].get("crash", {}).get("rows", {}).items():
-        d, t = groups.get("default"), groups.get("tuned")
-        tuned = "as default" if KINDS[k].tuned is None and t is None else cell(t)
-        rows.append([label(k), cell(d), tuned, "/".join(str(g.get("n", 0)) for g in (d, t) if g)])
-    return Table(["lock", "default settings: p50 / max ms", "tuned: p50 / max ms", "n"], rows)
-
-
 def peers_headline_table(r: dict[str, Any]) -> Table:
     """One row per metric: our best primitive, the best peer, the ratio, win or loss."""
     p = r["peers"]
@@ -649,10 +544,14 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
         "plan": p["plan"],
         "headline": peers_headline_table(r),
         "targets": peer_targets(r),
-        "uncontended": uncontended_table(r),
-        "handoff": peers_handoff_table(r),
-        "throughput": throughput_table(r),
-        "crash": peers_crash_table(r),
+        "bests": {
+            "uc": _best(_uc(p)),
+            "ho": {n: _best(_ho(p, n)) for n in map(str, p["plan"]["waiters"])},
+            "tp": {s: _best(_tp(p, s), high=True) for s in p.get("throughput", {})},
+        },
+        "tp_kinds": list(
+            dict.fromkeys(k for cells in p.get("throughput", {}).values() for k in cells)
+        ),
         "crash_wall": p.get("crash", {}).get("wall_s"),
     }
 
@@ -665,7 +564,7 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
     r = {**r, "search": search_rows(r)}
     env, fl, c = r["environment"], r["floors"], r["contention"]
     worst, best = search_cases(r)
-    fo_head, fo_table, fo_errors = failover_tables(r)
+    fo_labels, fo_per = failover_rows(r)
     cr = r.get("crash", {})
     fencing = [v for k, v in r.get("primitives", {}).items() if k.startswith("fencing token")]
     return {
@@ -691,9 +590,15 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
         "fencing_token": fencing[0] if fencing else None,
         "failover": {
             **r.get("failover", {}),
-            "headline": fo_head if fo_head.rows else None,
-            "table": fo_table,
-            "errors": fo_errors,
+            "labels": fo_labels,
+            "per": fo_per,
+            "groups": list(r.get("failover", {}).get("groups", {})),
+            "errors": [
+                f"{x} ({g}): {e}"
+                for x in fo_labels
+                for g, s in fo_per[x].items()
+                for e in s.get("errors", [])
+            ],
         },
         "floors_targets": floors_targets(r, also),
         "cmp": peers(r),
@@ -716,6 +621,8 @@ def environment() -> jinja2.Environment:
         rows=rows,
         times=times,
         label=label,
+        plain=plain,
+        ok=ok,
         num=num,
         ms=ms,
         pct=lambda x, digits=0: "n/a" if x is None or math.isnan(x) else f"{x:.{digits}%}",

@@ -84,8 +84,8 @@ def cycles(
 
 
 def uncontended(
-    kinds: list[str], targets: dict[str, str], budget: Budget, log: Log,
-    pids: dict[str, int | None] | None = None,
+    kinds: list[str], targets: dict[str, str], budget: Budget,
+    pids: dict[str, int | None] | None = None, log: Log = lambda _: None,
 ) -> dict[str, Any]:  # fmt: skip
     """Acquire then release, back to back in this process, per lock (connection made first)."""
 
@@ -307,7 +307,7 @@ def run(url: str, plan: Plan, budget: Budget, log: Log) -> dict[str, Any]:
             kinds=kinds, libraries={k: version(KINDS[k].library) for k in kinds},
         )  # fmt: skip
         phases: dict[str, Callable[[], Any]] = {
-            "uncontended": lambda: uncontended(kinds, targets, budget, log),
+            "uncontended": lambda: uncontended(kinds, targets, budget, log=log),
             "lockers": lambda: uncontended_lockers(
                 url, srv.urls.get("postgresql"), tmp, budget, log
             ),

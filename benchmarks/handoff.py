@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .compare import chain, crash_series, loop
-from .stats import brief, fairness_summary, ms, summarize_reps
+from .stats import fairness_summary, ms, summarize_reps
 
 Log = Callable[[str], None]
 
@@ -41,7 +41,7 @@ class Plan:
     crash_settle: tuple[float, float] = (0.1, 2.5)
 
 
-def handoff(url: str, plan: Plan, log: Log) -> dict[str, Any]:
+def handoff(url: str, plan: Plan) -> dict[str, Any]:
     """Release -> the blocked waiter's acquire returned, per lock (one permit, two processes)."""
     out: dict[str, Any] = {}
     for kind in ("token", "token_nofence", "token_quorum", "mutex", "semaphore"):
@@ -50,11 +50,10 @@ def handoff(url: str, plan: Plan, log: Log) -> dict[str, Any]:
         reps = [gaps[i * plan.samples : (i + 1) * plan.samples] for i in range(plan.reps)]
         out[kind] = summarize_reps(reps, samples=True)
         out[kind]["release_call_p50_ms"] = ms(statistics.median(calls))
-        log(f"  handoff {kind}: {brief(out[kind])}")
     return out
 
 
-def crash(url: str, plan: Plan, log: Log) -> dict[str, Any]:
+def crash(url: str, plan: Plan) -> dict[str, Any]:
     """kill -9 of the holder -> the blocked waiter's acquire returned, per lock."""
     rng, out = random.Random(4), {}
     for kind in ("token", "mutex", "semaphore"):
@@ -64,11 +63,10 @@ def crash(url: str, plan: Plan, log: Log) -> dict[str, Any]:
         )
         s["errors"] += ["the waiter did not acquire within 90 s of the kill"] * s["censored"]
         out[kind] = s
-        log(f"  crash {kind}: {brief(s)}")
     return out
 
 
-def reask(url: str, plan: Plan, log: Log) -> dict[str, Any]:
+def reask(url: str, plan: Plan) -> dict[str, Any]:
     """Two processes, one permit: the holder releases and asks again at once while the
     other has been blocked in ``acquire()`` for ``settle`` s; from just before ``release()``
     to whichever ``acquire()`` returns first; how often the releaser won its lock back."""
@@ -89,11 +87,10 @@ def reask(url: str, plan: Plan, log: Log) -> dict[str, Any]:
         s["releaser_won"], s["handoffs"] = len(won), len(pairs)
         s["to_waiter"] = summarize_reps([[gap for gap, releaser in pairs if not releaser]])
         s["to_releaser"] = summarize_reps([won])
-        log(f"  re-ask handoff {kind}: {brief(s)}; the releaser won {len(won)} of {len(pairs)}")
     return out
 
 
-def fairness(url: str, plan: Plan, log: Log) -> dict[str, Any]:
+def fairness(url: str, plan: Plan) -> dict[str, Any]:
     """Per lock: ``fair_processes`` processes loop acquire -> hold ``fair_hold`` s -> release
     for ``fair_seconds`` s; Jain's index over grants per process, and every wait
     (``acquire()`` called -> returned) against the median wait."""
@@ -107,5 +104,4 @@ def fairness(url: str, plan: Plan, log: Log) -> dict[str, Any]:
             grants, errors = [], [str(exc)]
         s = out[kind] = fairness_summary([[g[1:3] for g in grants if g[0] == i] for i in range(n)])
         s["errors"], s["grants_per_s"] = errors, round(len(grants) / plan.fair_seconds, 1)
-        log(f"  fairness {kind}: grants {s['grants']}, {brief(s)}, wait {brief(s['waits'])}")
     return out

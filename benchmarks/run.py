@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -145,12 +146,10 @@ def _environment(url: str, command: str) -> dict[str, Any]:
 def measure(
     url: str, pid_file: Path | None, quick: bool, command: str, node: Any
 ) -> dict[str, Any]:
-    cfg = _config(quick)
-    try:
-        broker_pid: int | None = int(pid_file.read_text().strip()) if pid_file else None
-    except (OSError, ValueError):
-        broker_pid = None
-    pids = {"client": os.getpid(), "broker": broker_pid}
+    cfg, broker_pid = _config(quick), None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        broker_pid = int(pid_file.read_text().strip())  # type: ignore[union-attr]
+    pids, ours = {"client": os.getpid(), "broker": broker_pid}, {"amqp": url}
     results: dict[str, Any] = {"quick": quick, "environment": _environment(url, command)}
     started, busy0, own0, beam0 = (
         time.monotonic(),
@@ -159,55 +158,43 @@ def measure(
         process_cpu(broker_pid),
     )
 
-    _log("floors: loopback TCP, broker round trip, raw aiormq")
-    fl = results["floors"] = {
+    def figures(key: str) -> None:
+        for label, s in results[key].items():
+            if isinstance(s, dict) and (line := brief(s)):
+                _log(f"  {label}: {line}")
+
+    _log("floors: loopback TCP, broker round trip, raw aiormq; the steps of an acquire")
+    results["floors"] = {
         "loopback_tcp": summarize_reps(floors.loopback_rtt(*cfg["loopback"])),
         "broker_round_trip": summarize_reps(floors.broker_rtt(url, *cfg["broker_rtt"])),
         **floors.raw_floors(url, *cfg["raw_floors"]),
     }
-    _log("primitive steps of an acquire")
     results["primitives"] = floors.primitives(url, *cfg["primitives"])
-    for label, s in {**fl, **results["primitives"]}.items():
-        _log(f"  {label}: {brief(s)}")
-    _log("uncontended acquire/release (semaphore C=1, mutex)")
-    ours = {"amqp": url}
-    uc = compare.uncontended(["semaphore", "mutex"], ours, cfg["uncontended"], _log, pids)
-    results["uncontended"] = {"semaphore_c1": uc["semaphore"], "mutex": uc["mutex"]}
+    _log("uncontended acquire/release (semaphore C=1, mutex, token semaphores)")
+    kinds = ["semaphore", "mutex", "token", "token_nofence", "token_quorum"]
+    uc = compare.uncontended(kinds, ours, cfg["uncontended"], pids)
+    results["uncontended"] = {"semaphore_c1": uc.pop("semaphore"), "mutex": uc.pop("mutex")}
+    results["uncontended_tokens"] = uc
     _log("acquire latency vs number of slots (all but one held)")
     results["search"] = latency.search_sweep(url, cfg["capacities"], cfg["sweep"], broker_pid, _log)
-    plan: contention.Plan = cfg["contention"]
+    plan, hplan = cfg["contention"], cfg["handoff"]
     _log(f"contention: {plan}, {cfg['contention_runs']} run(s)")
     runs = [contention.run_once(url, plan, broker_pid) for _ in range(cfg["contention_runs"])]
-    c = results["contention"] = contention.summarize(runs, plan)
-    for line in c["worker_errors"] + [
-        f"warning x{n}: {m}" for m, n in c["worker_warnings"].items()
-    ]:
-        _log(f"  {line}")
-    _log(f"  {c['acquisitions_per_s']:.0f} acquisitions/s, handoff {brief(c['handoff'])}")
-    _log("token semaphore: uncontended acquire/release (classic and quorum token queue)")
-    tokens = ["token", "token_nofence", "token_quorum"]
-    results["uncontended_tokens"] = compare.uncontended(
-        tokens, ours, cfg["uncontended"], _log, pids
-    )
-    hplan: handoff.Plan = cfg["handoff"]
+    results["contention"] = contention.summarize(runs, plan)
     results["handoff_plan"] = dataclasses.asdict(hplan)
-    for key, what in (
-        ("handoff", "handoff release -> blocked waiter in another process (one permit)"),
-        ("crash", "crash: kill -9 of the holder -> blocked waiter acquires"),
-        ("reask", "handoff with the releaser asking again at once (one permit, two processes)"),
-        (
-            "fairness",
-            f"fairness loop: {hplan.fair_processes} processes, acquire -> hold -> release",
-        ),
-    ):
-        _log(what)
-        results[key] = getattr(handoff, key)(url, hplan, _log)
+    for key in ("floors", "primitives", "uncontended", "uncontended_tokens", "contention"):
+        figures(key)
+    for key in ("handoff", "crash", "reask", "fairness"):  # of our one-permit locks
+        _log(f"{key}: one permit, between processes")
+        results[key] = getattr(handoff, key)(url, hplan)
+        figures(key)
     results["failover"] = failover.run(url, cfg["failover_samples"], not quick, _log)
     results["peers"] = compare.run(url, cfg["compare"], cfg["compare_uncontended"], _log)
     _log("scale: acquire latency and broker memory vs distinct live locks")
-    t0 = time.monotonic()
-    sizes, budget, extras = cfg["scale_sizes"], cfg["scale_budget"], cfg["scale_extras"]
-    results["scale"] = scale.live_locks(url, node, broker_pid, sizes, budget, extras, _log)
+    t0, sizes, budget = time.monotonic(), cfg["scale_sizes"], cfg["scale_budget"]
+    results["scale"] = scale.live_locks(
+        url, node, broker_pid, sizes, budget, cfg["scale_extras"], _log
+    )
     results["scale"]["wall_s"] = round(time.monotonic() - t0, 1)
     for row in report.target_rows(results):
         verdict = {True: "met", False: "NOT met", None: "-"}[row["met"]]
@@ -374,65 +361,50 @@ def _report(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 1 if failed else 0
 
 
-def _celery_overhead(args: argparse.Namespace, _: Any) -> int:
-    """An empty Celery task's round trip without a lock, with ``Singleton`` and with
-    celery-once (docs/celery.md); its own private node and Redis."""
-    from benchmarks import celery_overhead
+def _scenario(args: argparse.Namespace, _: Any) -> int:
+    """The scenarios besides the report, each quoted in its doc (see ``--help``)."""
+    if args.scenario == "celery-overhead":  # its own private node and Redis
+        from benchmarks import celery_overhead
 
-    result = celery_overhead.run(args.calls or 200, args.warmup, args.node)
-    _write_json(args.json or RESULTS / "celery-overhead.json", result)
-    print(celery_overhead.table(result))
+        result = celery_overhead.run(args.calls or 200, args.warmup, args.node)
+        _write_json(args.json or RESULTS / "celery-overhead.json", result)
+        print(celery_overhead.table(result))
+    elif args.scenario.startswith("cluster"):  # private nodes of --rabbitmq (default 4.3)
+        from benchmarks import cluster
+
+        if args.scenario == "cluster-failover":
+            print(cluster.failover_table(args.trials))
+            return 0
+        version = args.rabbitmq_given or "4.3"
+        results = cluster.run(version, *((12, 1) if args.quick else (100, 3)), _log)
+        _write_json(args.json or RESULTS / f"cluster-{version}.json", results)
+        print(cluster.table(results))
+    else:
+        from benchmarks import profile
+
+        def body(url: str, _: Any) -> None:
+            if args.scenario == "profile-acquire":
+                for what, p50 in profile.acquire(url, args.n or 1000).items():
+                    print(f"{p50:7.3f} ms p50  {what}")
+                return
+            for label, stages in profile.handoff(url, args.n or 200, args.settle).items():
+                print(label)
+                for what, p50 in stages.items():
+                    if p50 is not None:
+                        print(f"  {p50:7.3f} ms p50  {what}")
+
+        _with_broker(args, body)
     return 0
 
 
-def _cluster(args: argparse.Namespace, _: Any) -> int:
-    """Cluster mode's cost beside one node (docs/cluster.md): a private single node, then
-    a private 3-node cluster of ``--rabbitmq`` (default 4.3)."""
-    from benchmarks import cluster
-
-    version = args.rabbitmq_given or "4.3"
-    results = cluster.run(version, *((12, 1) if args.quick else (100, 3)), _log)
-    _write_json(args.json or RESULTS / f"cluster-{version}.json", results)
-    print(cluster.table(results))
-    return 0
-
-
-def _cluster_failover(args: argparse.Namespace, _: Any) -> int:
-    """Node failure in a private 3-node cluster: how fast each primitive recovers."""
-    from benchmarks import cluster
-
-    print(cluster.failover_table(args.trials))
-    return 0
-
-
-def _profile(args: argparse.Namespace, _: Any) -> int:
-    """Where an uncontended token acquire's time goes (five ways), or a token handoff's:
-    stamped at every stage, beside raw aiormq."""
-    from benchmarks import profile
-
-    def body(url: str, _: Any) -> None:
-        if args.scenario == "profile-acquire":
-            for what, p50 in profile.acquire(url, args.n or 1000).items():
-                print(f"{p50:7.3f} ms p50  {what}")
-            return
-        for label, stages in profile.handoff(url, args.n or 200, args.settle).items():
-            print(label)
-            for what, p50 in stages.items():
-                if p50 is not None:
-                    print(f"  {p50:7.3f} ms p50  {what}")
-
-    _with_broker(args, body)
-    return 0
-
-
-SCENARIOS: dict[str, Callable[[argparse.Namespace, list[str] | None], int]] = {
-    "report": _report,
-    "celery-overhead": _celery_overhead,
-    "cluster": _cluster,
-    "cluster-failover": _cluster_failover,
-    "profile-acquire": _profile,
-    "profile-handoff": _profile,
-}
+SCENARIOS = (
+    "report",
+    "celery-overhead",
+    "cluster",
+    "cluster-failover",
+    "profile-acquire",
+    "profile-handoff",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # aiormq warns when a channel close is cut short by a connection close; harmless here.
     logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
-    return SCENARIOS[args.scenario](args, argv)
+    return (_report if args.scenario == "report" else _scenario)(args, argv)
 
 
 if __name__ == "__main__":

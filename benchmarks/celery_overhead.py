@@ -1,13 +1,8 @@
 """What a lock costs a Celery task (docs/celery.md): p50 of an empty task's round trip
 (``apply_async`` then ``get``) without a lock, with ``amqp_locks.celery.Singleton`` and with
-celery-once's ``QueueOnce`` on Redis, in one run.
-
-``python -m benchmarks.run celery-overhead`` starts a private RabbitMQ node
-(``amqplocksbench``) and a private Redis (``celery-bench``), stops what it started, and runs
-one solo-pool worker (one task at a time: per-task costs, not throughput). Calls are
-sequential and interleaved across the variants (one call of each per round), so drift hits
-all alike. A ``once`` call refused because the previous call of its key has not freed it
-yet is retried at once and counted.
+celery-once's ``QueueOnce`` on a private Redis, one solo-pool worker, calls interleaved
+across the variants (drift hits all alike); a ``once`` call refused because its key is not
+free yet is retried at once and counted.
 """
 
 from __future__ import annotations

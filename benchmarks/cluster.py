@@ -1,22 +1,11 @@
-"""The cluster scenarios (docs/cluster.md): cluster mode's cost, and node failure.
+"""The cluster scenarios of docs/cluster.md, each on private nodes of one RabbitMQ line.
 
-``cluster`` starts, one after the other (2 cores), a private single node and a private
-3-node cluster of one RabbitMQ line (``amqp_locks_dev``), stops each afterwards, and
-measures p50s (median over repetitions) of a mutex, a persistent semaphore (4 slots) and a
-token semaphore (1 permit, quorum): an uncontended ``acquire`` (the lease released, untimed,
-before the next) and a handoff (a holder's ``release()`` to the waiter's ``acquire``
-returning; two Brokers in this process, the waiter waiting ``SETTLE`` first). Three setups:
-one node in single-node mode (the seeds' protocol), one node in cluster mode (quorum tokens
-and the quorum guard, no replication), the cluster in cluster mode (the Brokers prefer node
-1, which leads the queues they declare); beside raw aiormq floors on the same node:
-``basic.consume`` -> delivery of a quorum-queue message a reject returned just before (an
-acquire's broker part) and reject -> another connection's consumer (a handoff's).
-
-``cluster-failover`` (the ``amqplockscfail`` cluster, stopped afterwards unless it was
-running): per trial and primitive, a holder on node 1 and a waiter on node 2; node 1 (which
-leads the lock's quorum queues) is killed with SIGKILL. From the kill: the holder's lease
-marked lost, the waiter's acquire returning; then node 1 is restarted (timed) and the
-fencing token of a grant through it checked against the others.
+``cluster``: p50s of a mutex, a persistent semaphore (4 slots) and a token semaphore (1
+permit, quorum), uncontended acquire and handoff (two Brokers in this process, the waiter
+waiting ``SETTLE`` first), on one node in single-node mode, the same node in cluster mode
+and a 3-node cluster (node 1 leads the queues), beside raw aiormq quorum floors of the
+same setup. ``cluster-failover``: node 1 of ``amqplockscfail`` killed under a holder (a
+waiter on node 2): holder told, waiter granted, node restarted, fencing tokens checked.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Ours beside the peer lock libraries, on the same machine in the same run, each against
-its own private server (``peers/servers.py``) and through one interface (``peers/kinds.py``),
-so every measurement is the same code for all: uncontended acquire + release (and our
-lockers' ``start()`` / ``stop()``); handoff with N waiters blocked; throughput and fairness
-of P processes on 1 and 4 slots; holder SIGKILL -> a blocked waiter holds, with each
-library's default and tuned settings. The one-permit sections of the report run their locks
-of ours through the same code (``handoff.py``).
+"""Ours beside the peer lock libraries in the same run, each against its own private server
+and through one interface (``peers/``): uncontended acquire + release (and our lockers'
+``start()`` / ``stop()``), handoff with N waiters, throughput and fairness on 1 and 4 slots,
+holder SIGKILL -> a waiter holds with default and tuned settings.
 """
 
 from __future__ import annotations

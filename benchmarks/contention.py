@@ -1,10 +1,7 @@
 """Many processes contending for few slots of a persistent semaphore: throughput, fairness
-and release-to-grant handoff.
-
-Each worker (own Broker) loops acquire -> release for a fixed time and streams, on
-``time.monotonic()`` (one clock for every process), when ``acquire()`` returned and when it
-was about to call ``release()``, with the slot and the fencing token. Tokens rise with every
-grant, so per slot each release pairs with the next grant of that slot: the handoff.
+and release-to-grant handoff. Workers stream each grant's slot, fencing token and times on
+CLOCK_MONOTONIC; tokens rise with every grant, so per slot each release pairs with the next
+grant of that slot: the handoff.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Master/standby failover per locker: master process kill -9 -> the standby is master.
 
-Each sample: a master and a standby process each run a
-:class:`~amqp_locks.service.LockableService` (work: wait for the stop event) and report their
-state changes on CLOCK_MONOTONIC. Once the standby reports STANDBY the parent waits 0.1 s
-plus a random part of the retry interval (the kill falls at a random point of the standby's
-retries and of the master's renewals), notes the time and kills the master with SIGKILL;
-the sample ends when the standby reports MASTER, and the standby is the next sample's
-master. All series (every locker, both settings) run concurrently, each on its own lock:
-a failover is mostly waiting.
+A master and a standby process each run a ``LockableService`` and report their state
+changes on CLOCK_MONOTONIC; the master is killed 0.1 s plus a random part of the retry
+interval after the standby reports STANDBY; the sample ends when the standby reports
+MASTER, and it is the next sample's master. All series run concurrently, each on its own
+lock: a failover is mostly waiting.
 """
 
 from __future__ import annotations

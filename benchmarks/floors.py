@@ -1,13 +1,8 @@
 """Reference floors: what one round trip, and each broker operation a lock is made of,
-costs before any lock logic runs.
-
-- loopback TCP: a 16-byte ping to an echo server in another process on 127.0.0.1;
-- ``Broker.round_trip()``: the caller thread -> private I/O thread -> aiormq -> RabbitMQ;
-- raw aiormq, no library code, one asyncio loop in this process (:data:`RAW`): the floors
-  the targets are ratios to, and the sequence floors (``token_cycle``, ``token_handoff_tx``,
-  ``mutex_handoff``: raw aiormq doing, step for step, the broker operations one of ours is
-  made of, shown beside the targets' ratios as information);
-- the AMQP steps an acquire is made of (``primitives``), through the library's session API.
+costs before any lock logic runs: loopback TCP to an echo process; ``Broker.round_trip()``;
+raw aiormq in one asyncio loop, no library code (:data:`RAW`: the floors the targets are
+ratios to, and the sequence floors, the broker steps one of ours is made of); and the AMQP
+steps of an acquire through the library's session API (``primitives``).
 """
 
 from __future__ import annotations

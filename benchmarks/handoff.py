@@ -1,13 +1,7 @@
-"""Our one-permit locks (``peers.kinds.OURS``: token semaphore with a classic or quorum token
-queue, with or without fencing; mutex; persistent semaphore), through the comparison's code:
-
-- handoff: two processes pass the lock round; the waiter has been blocked in ``acquire()``
-  ``settle`` s when the holder notes the time and calls ``release()``; the sample ends when
-  the waiter's ``acquire()`` returns (CLOCK_MONOTONIC, one clock for every process);
-- re-ask: the same, but the releaser asks again at once (how often it wins its lock back);
-- crash: the holder is killed with SIGKILL while the waiter has been blocked a random
-  ``crash_settle`` s; from just before ``os.kill`` to the waiter's ``acquire()`` returning;
-- fairness: a few processes loop acquire -> hold -> release -> acquire.
+"""Our one-permit locks (``peers.kinds.OURS``) through the comparison's code: handoff
+(two processes; the waiter blocked ``settle`` s), the same with the releaser asking again
+at once (re-ask), holder kill -9 (the waiter blocked a random ``crash_settle`` s), and the
+fairness loop (a few processes: acquire -> hold -> release -> acquire).
 """
 
 from __future__ import annotations

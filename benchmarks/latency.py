@@ -1,11 +1,7 @@
-"""A persistent semaphore's acquire against the number of slots C, all but one held.
-
-The search for a free slot probes `A[k]`/`B[k]` in pipelined windows, so its cost depends
-on *where* the free slot is: the last slot of C is the worst case of the ascending search,
-the first the best. Probes are counted as the client sends them (:class:`ProbeCounter`).
-The held slots are real leases (exclusive `B[k]`, watch consumers on `A[k]`/`B[k]`, a
-fencing token) of another process with its own connection, placed with the client's own
-claim step rather than C full acquires (which would cost O(C^2) probes at C = 1000).
+"""A persistent semaphore's acquire against the number of slots C, all but one held by
+another process (real leases, placed with the client's own claim step: C full acquires
+would cost O(C^2) probes at C = 1000). The free slot last is the worst case of the
+ascending search, first the best; probes are counted where they go out (``ProbeCounter``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""The two profilers behind docs/benchmarks.md's explanations (each prints p50s; the
-report's sections on them say what was measured and when).
+"""The two profilers behind docs/benchmarks.md's sections on where an uncontended token
+acquire's and a token handoff's time goes (each prints p50s; those sections say how).
 
-``profile-acquire``: an uncontended token grant taken five ways: ``Broker.round_trip()``
-(the thread hop and one round trip); ``TokenSemaphore.acquire()`` from the caller's thread;
-the acquire coroutine timed inside the I/O loop; raw aiormq on the same pooled channel
-inside the loop (``basic.consume`` until the token arrives, and ``basic.get``); and the
-report's floor, ``basic.get`` on a connection and loop of its own. Each sample waits 3 ms
-after the release, so its commit has put the token back (``release()`` does not wait).
-
-``profile-handoff``: two processes take turns on one permit as ``handoff.py``'s do (the
-waiter blocked in ``acquire()`` ``--settle`` s when the holder calls ``release()``), with
-CLOCK_MONOTONIC stamps inside the library on both sides (:data:`STAGES`); beside it the
-same handoff in raw aiormq, one single-threaded asyncio process per side: the reject ->
-deliver floor taken across processes after an idle pause.
+``profile-acquire``: one grant taken five ways, 3 ms apart (a release does not wait for its
+commit). ``profile-handoff``: ``handoff.py``'s handoff with CLOCK_MONOTONIC stamps inside
+the library on both sides (:data:`STAGES`), beside the same handoff in raw aiormq, one
+single-threaded asyncio process per side.
 """
 
 from __future__ import annotations

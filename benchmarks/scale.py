@@ -1,13 +1,10 @@
 """Many distinct live locks: acquire latency and broker memory against the number held.
 
-Holder processes (at most ``PER_CONNECTION`` leases on their one connection: every lease
-has a watch channel and a connection allows 2047) hold mutexes without fencing tokens,
-acquired concurrently through the asyncio facade. At each size this client times an
-uncontended acquire + release of one more mutex (with its fencing token, as users get it)
-and the broker reports its memory (``rabbitmqctl status``: total and by category;
-``list_queues``: per queue), Erlang processes and file descriptors. First, on the quiet
-broker: the memory of idle connections and of fence (quorum) queues, so docs/scaling.md
-can add them up for other shapes of load.
+Holder processes hold mutexes without fencing tokens (at most ``PER_CONNECTION`` per
+connection: each lease has a watch channel, a connection allows 2047). At each size this
+client times one more mutex (with its fencing token) and reads ``rabbitmqctl status`` and
+``list_queues``; first, on the quiet broker, the memory of idle connections and of fence
+(quorum) queues, which docs/scaling.md adds up for other shapes of load.
 """
 
 from __future__ import annotations

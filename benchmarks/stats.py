@@ -1,9 +1,6 @@
 """How every figure is taken: the timing loop, percentiles and the median over repetitions
-every table reports, fairness, CPU time (Linux /proc; NaN elsewhere), and the fresh locks
-the measurements of ours run on.
-
-A single run's p99 is noisy on a shared 2-core machine: each measurement is repeated and
-the tables show the median of the per-repetition p50s and p99s (the JSON keeps them all).
+of each repetition's p50 / p99, fairness, CPU time (Linux /proc; NaN elsewhere), and the
+fresh locks the measurements of ours run on.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Every lock compared, ours and the peers', and one ``acquire(blocking) -> bool`` /
-``release()`` / ``close()`` interface over them (:func:`make`, called in the process that
-uses the lock: its own connection).
+``release()`` / ``close()`` interface over them (:func:`make`, in the process that uses it).
 
-``default`` settings are what a user gets with no arguments; ``tuned`` make a crashed
-holder's lock come free sooner (None: nothing to tune). ``wait`` (how a blocked acquire
-learns the lock is free) and ``crash`` (what frees a crashed holder's lock) are read from
-the libraries' code; the measurements show them. A peer with locks only gets N slots the
-way users build them (:class:`SlotsOfLocks`).
+``default`` settings are a user's with no arguments; ``tuned`` free a crashed holder's lock
+sooner (None: nothing to tune). ``wait`` and ``crash`` are read from the libraries' code.
 """
 
 from __future__ import annotations

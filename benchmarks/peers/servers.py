@@ -1,8 +1,6 @@
-"""Private Redis, ZooKeeper and PostgreSQL servers on loopback for the peer libraries, each
-in a temporary directory on a free port, stopped (the directory removed) when the block
-ends: Redis and PostgreSQL are ``amqp_locks_dev``'s (devredis, devdb); ZooKeeper runs from
-Debian's package (``scripts/bench`` installs it). A server that cannot start is reported
-(its peers are then not measured) instead of stopping the whole run.
+"""Private Redis (``amqp_locks_dev.devredis``), ZooKeeper (Debian's package) and PostgreSQL
+(``amqp_locks_dev.devdb``) on loopback for the peers, in a temporary directory removed at
+the end; a server that cannot start is reported and its peers are not measured.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The contender process of every multi-process measurement, whatever the lock (its
-adapter from ``kinds.make``, own connection), and the parent's side of it, :class:`Crew`.
+``kinds.make`` adapter, own connection), and the parent's side of it, :class:`Crew`.
 
 A worker says ``ready`` (after one untimed acquire + release, except to hold), waits for
-``go``, then:
-
-- ``chain`` (handoff): acquire, hold a random ``hold`` s, release; then wait until *another*
-  process has been granted the lock, so every release is a handoff to a blocked waiter;
-- ``loop`` (throughput, fairness, re-ask): acquire, hold, release, again until the deadline;
-- ``hold`` (crash): acquire once and keep the lock until killed.
-
-Each grant goes to the parent as it happens, on CLOCK_MONOTONIC (one clock for every
-process): ("grant", idx, acquire called, acquired, release called, released). Workers come
-from a forkserver with the libraries preloaded (a worker costs a fork) and are always ended
-by the parent with SIGKILL, as a crash-safe lock must allow.
+``go``, then: ``chain`` (handoff): acquire, hold a random ``hold`` s, release, and ask again
+only once *another* process got the lock; ``loop``: acquire, hold, release, again until the
+deadline; ``hold`` (crash): acquire once and keep it until killed. Each grant goes to the
+parent as it happens, on CLOCK_MONOTONIC: ("grant", idx, acquire called, acquired, release
+called, released). Workers are always ended with SIGKILL, as a crash-safe lock must allow.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from amqp_locks_dev import devbroker
 from .compare import cycles
 from .peers.kinds import make
 from .peers.worker import context, quiet
-from .stats import Budget, brief, delete_queues, leftovers, process_cpu, unique_name
+from .stats import Budget, brief, delete_queues, leftovers, unique_name
 
 PER_CONNECTION = 1000
 BATCH = 50  # acquires in flight per connection while placing holders
@@ -122,18 +122,12 @@ def _broker_state(node: devbroker.NodeInfo | None, beam: int | None) -> dict[str
     with contextlib.suppress(OSError, ValueError, StopIteration):
         lines = Path(f"/proc/{beam}/status").read_text().splitlines()
         rss = int(next(x for x in lines if x.startswith("VmRSS:")).split()[1]) * 1024
-    fds = st["file_descriptors"]
     return {
         "memory": mem,
         "queues": by_type,
         "erlang_processes": st["processes"]["used"],
-        "erlang_process_limit": st["processes"]["limit"],
-        "fds_used": fds["total_used"],
-        "fd_limit": fds["total_limit"],
-        "sockets_used": fds["sockets_used"],
+        "fds_used": st["file_descriptors"]["total_used"],
         "beam_rss": rss,
-        "rss_reported": raw.get("total", {}).get("rss"),
-        "beam_cpu_s": process_cpu(beam),
     }
 
 
@@ -170,7 +164,6 @@ def live_locks(
     extra: list[str] = []
     lock = make("mutex", probe, 1, {"amqp": url})
     try:
-        out["baseline"] = _broker_state(node, beam)
         if node is not None:  # on a quiet broker: deltas of a small heap are readable
             out["extras"] = _extras(url, node, beam, extras, extra)
             log(f"  extras: {out['extras']}")

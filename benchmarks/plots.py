@@ -36,13 +36,21 @@ LOWER_RIGHT = {"fontsize": 7, "loc": "lower right"}
 Line = tuple[str, float, str, str, str | None]
 
 
+#: The floors drawn as reference lines: key -> (color, text).
+FLOORS = {
+    "get_classic": (GREEN, "floor: `basic.get`"),
+    "reject_deliver_classic": (GREEN, "floor: reject -> deliver"),
+    "exclusive_declare": (RED, "floor: exclusive declare"),
+}
+
+
 def floor_lines(
-    fl: dict[str, Any], vh: str, *marks: tuple[str, str, str], fmt: str = "{} p50 {:.2f} ms"
+    fl: dict[str, Any], vh: str, *keys: str, fmt: str = "{} p50 {:.2f} ms"
 ) -> list[Line]:
-    """Dashed lines at the p50 of the floors ``(key, color, text)`` that were measured."""
+    """Dashed lines at the p50 of the floors ``keys`` that were measured."""
     return [
-        (vh, fl[k]["p50_ms"], c, "--", fmt.format(text, fl[k]["p50_ms"]))
-        for k, c, text in marks
+        (vh, fl[k]["p50_ms"], FLOORS[k][0], "--", fmt.format(FLOORS[k][1], fl[k]["p50_ms"]))
+        for k in keys
         if k in fl
     ]
 
@@ -117,12 +125,7 @@ def floors(r: dict[str, Any], path: Path) -> None:
     items += [(f"{label}: {op}", uc[k][op]) for k, label in ours for op in ("acquire", "release")]
     tokens = (("token", "token"), ("token_nofence", "token, fencing=False"))
     items += [(f"{label}: acquire", ut[k]["acquire"]) for k, label in tokens if k in ut]
-    marks = floor_lines(
-        fl,
-        "v",
-        ("get_classic", GREEN, "floor: `basic.get`"),
-        ("exclusive_declare", RED, "floor: exclusive declare"),
-    )
+    marks = floor_lines(fl, "v", "get_classic", "exclusive_declare")
     title, xlabel = "Floors and uncontended operations", "latency (ms, log scale)"
     with bar_rows(path, [x[0] for x in items], (7.5, 0.35, 1.5), title=title, xlabel=xlabel,
                   lines=marks, legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
@@ -133,12 +136,7 @@ def search(r: dict[str, Any], path: Path) -> None:
     rows, rtt = r["search"], r["floors"]["broker_round_trip"]["p50_ms"]
     c1 = [row for row in rows if row["capacity"] == rows[0]["capacity"]]
     marks: list[Line] = [("h", rtt, "grey", ":", f"broker round trip p50 ({rtt:.2f} ms)")]
-    marks += floor_lines(
-        r["floors"],
-        "h",
-        ("exclusive_declare", RED, "floor: exclusive declare"),
-        fmt="{} p50 ({:.2f} ms)",
-    )
+    marks += floor_lines(r["floors"], "h", "exclusive_declare", fmt="{} p50 ({:.2f} ms)")
     marks += [("h", 3 * c1[0]["p50_ms"], ORANGE, "-.", "target: 3 x C=1 p50")] if c1 else []
     labels = {"title": "Acquire latency vs number of slots", "ylabel": "acquire latency (ms, log)"}
     labels["xlabel"] = "slots C (C-1 held by another connection)"
@@ -146,17 +144,13 @@ def search(r: dict[str, Any], path: Path) -> None:
         path, (7.0, 4.2), log="xy", grid="both", lines=marks, legend={"fontsize": 8}, **labels
     ) as ax:
         for position, color in (("last", RED), ("first", BLUE)):
-            sel = sorted(
-                c1 + [x for x in rows if x["free_slot"] == position and x not in c1],
-                key=lambda x: x["capacity"],
-            )
+            sel = c1 + [x for x in rows if x["free_slot"] == position and x not in c1]
+            sel.sort(key=lambda x: x["capacity"])
             for key, style, alpha in (("p50", "o-", 1.0), ("p99", "o--", 0.5)):
-                xs, ys, label = (
-                    [x["capacity"] for x in sel],
-                    [x[f"{key}_ms"] for x in sel],
-                    f"free slot {position}: {key}",
+                ys, label = [x[f"{key}_ms"] for x in sel], f"free slot {position}: {key}"
+                ax.plot(
+                    [x["capacity"] for x in sel], ys, style, color=color, alpha=alpha, label=label
                 )
-                ax.plot(xs, ys, style, color=color, alpha=alpha, label=label)
 
 
 def handoff(r: dict[str, Any], path: Path) -> None:
@@ -164,11 +158,10 @@ def handoff(r: dict[str, Any], path: Path) -> None:
     xs = sorted(x for x in c["handoff_samples_ms"] if x > 0)
     title = f"Handoff CDF: {plan['processes']} processes, {plan['slots']} slots, "
     title += f"{c['runs']} x {plan['seconds']:.0f} s"
-    labels = {
-        "xlabel": "release -> next grant of the same slot (ms, log)",
-        "ylabel": "fraction of handoffs",
-    }
-    with figure(path, (7.0, 3.8), grid="both", title=title, **labels) as ax:
+    xlabel = "release -> next grant of the same slot (ms, log)"
+    with figure(
+        path, (7.0, 3.8), grid="both", title=title, xlabel=xlabel, ylabel="fraction of handoffs"
+    ) as ax:
         if xs:
             ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", color=GREEN)
             for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
@@ -194,8 +187,7 @@ def handoff_compare(r: dict[str, Any], path: Path) -> None:
     fl = r["floors"]
     rtt = fl["broker_round_trip"]["p50_ms"]
     marks: list[Line] = [("v", rtt, "grey", ":", f"RTT p50 {rtt:.2f} ms")]
-    marks += floor_lines(fl, "v", ("reject_deliver_classic", GREEN, "floor: reject -> deliver"),
-                         ("exclusive_declare", RED, "floor: exclusive declare"))  # fmt: skip
+    marks += floor_lines(fl, "v", "reject_deliver_classic", "exclusive_declare")
     legend = {"fontsize": 7, "loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "ncol": 2}
     with figure(
         path, (10.0, 4.0), 2, grid="x", lines=marks, legend=legend, xlabel="ms (log scale)"

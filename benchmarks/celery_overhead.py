@@ -1,15 +1,8 @@
-"""What a lock costs a Celery task: p50 of an empty task's round trip (``apply_async``
-then ``get``) without a lock, with ``amqp_locks.celery.Singleton`` and with celery-once's
-``QueueOnce`` on Redis, in one run (docs/celery.md quotes it).
-
-    python -m benchmarks.run celery-overhead [--calls 200] [--json PATH]
-
-Starts a private RabbitMQ node (``amqp_locks_dev.devbroker``, name ``amqplocksbench``) and
-a private Redis (``amqp_locks_dev.devredis``, name ``celery-bench``), stops what it
-started, and runs one solo-pool worker (one task at a time: the figures are per-task
-costs, not throughput). Calls are sequential and interleaved across the variants (one
-call of each per round), so drift hits all alike. A ``once`` call refused because the
-previous call of its key has not freed it yet is retried at once and counted.
+"""What a lock costs a Celery task (docs/celery.md): p50 of an empty task's round trip
+(``apply_async`` then ``get``) without a lock, with ``amqp_locks.celery.Singleton`` and with
+celery-once's ``QueueOnce`` on a private Redis, one solo-pool worker, calls interleaved
+across the variants (drift hits all alike); a ``once`` call refused because its key is not
+free yet is retried at once and counted.
 """
 
 from __future__ import annotations
@@ -34,14 +27,12 @@ from amqp_locks.celery.config import close_all
 from benchmarks.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
-QUEUE = os.environ.get("BENCH_QUEUE", "celery-bench")
 
-# Tasks are named explicitly: the client runs this module as __main__, the worker imports
-# it as benchmarks.celery_overhead.
+# The client runs this module as benchmarks.run's import, the worker as its -A app.
 app = Celery("celery_overhead", broker=os.environ.get("BENCH_BROKER"))
 app.conf.update(
     result_backend="rpc://",
-    task_default_queue=QUEUE,
+    task_default_queue=os.environ.get("BENCH_QUEUE", "celery-bench"),
     broker_connection_retry_on_startup=True,
     ONCE={
         "backend": "celery_once.backends.Redis",
@@ -54,105 +45,47 @@ def _same(*_: Any, **__: Any) -> str:
     return "bench-same-key"
 
 
-@app.task(name="bench.plain")
-def plain(i: int) -> int:
+def _echo(i: int) -> int:
     return i
 
 
-@app.task(base=Singleton, lock_key=_same, name="bench.mutex_same")
-def mutex_same(i: int) -> int:
-    return i
-
-
-@app.task(
-    base=Singleton, name="bench.mutex_new"
-)  # the task's name and its argument: a new key every call
-def mutex_new(i: int) -> int:
-    return i
-
-
-@app.task(base=Singleton, lock_key=_same, lock_limit=3, name="bench.token3_same")
-def token3_same(i: int) -> int:
-    return i
-
-
-@app.task(base=Singleton, once=True, lock_key=_same, name="bench.once_same")
-def once_same(i: int) -> int:
-    return i
-
-
-@app.task(base=Singleton, once=True, name="bench.once_new")
-def once_new(i: int) -> int:
-    return i
-
-
-@app.task(base=QueueOnce, once={"graceful": True, "keys": []}, name="bench.celery_once_same")
-def celery_once_same(i: int) -> int:
-    return i
-
-
-@app.task(base=QueueOnce, once={"graceful": True}, name="bench.celery_once_new")
-def celery_once_new(i: int) -> int:
-    return i
-
-
+_SAME, _NEW = "same key", "new key each call"
+#: (label, library, how the key varies, task name, base, options); without ``lock_key`` a
+#: Singleton's key is the task's name and its argument: a new key every call.
+_TASKS: list[tuple[str, str, str, str, Any, dict[str, Any]]] = [
+    ("no lock", "-", "-", "plain", app.Task, {}),
+    ("Singleton (mutex)", "amqp-locks", _SAME, "mutex_same", Singleton, {"lock_key": _same}),
+    ("Singleton (mutex)", "amqp-locks", _NEW, "mutex_new", Singleton, {}),
+    ("Singleton lock_limit=3", "amqp-locks", _SAME, "token3_same", Singleton,
+     {"lock_key": _same, "lock_limit": 3}),
+    ("Singleton once=True", "amqp-locks", _SAME, "once_same", Singleton,
+     {"once": True, "lock_key": _same}),
+    ("Singleton once=True", "amqp-locks", _NEW, "once_new", Singleton, {"once": True}),
+    ("QueueOnce", "celery-once", _SAME, "celery_once_same", QueueOnce,
+     {"once": {"graceful": True, "keys": []}}),
+    ("QueueOnce", "celery-once", _NEW, "celery_once_new", QueueOnce, {"once": {"graceful": True}}),
+]  # fmt: skip
 #: (label, task, library, how the key varies)
-VARIANTS: list[tuple[str, Any, str, str]] = [
-    ("no lock", plain, "-", "-"),
-    ("Singleton (mutex)", mutex_same, "amqp-locks", "same key"),
-    ("Singleton (mutex)", mutex_new, "amqp-locks", "new key each call"),
-    ("Singleton lock_limit=3", token3_same, "amqp-locks", "same key"),
-    ("Singleton once=True", once_same, "amqp-locks", "same key"),
-    ("Singleton once=True", once_new, "amqp-locks", "new key each call"),
-    ("QueueOnce", celery_once_same, "celery-once", "same key"),
-    ("QueueOnce", celery_once_new, "celery-once", "new key each call"),
+VARIANTS = [
+    (label, app.task(base=base, name=f"bench.{name}", **opts)(_echo), library, key)
+    for label, library, key, name, base, opts in _TASKS
 ]
 
 
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:
-    path = os.environ.get("BENCH_READY")
-    if path:
+    if path := os.environ.get("BENCH_READY"):
         Path(path).write_text(str(os.getpid()))
 
 
 def _call(task: Any, i: int) -> tuple[float, int]:
     """One round trip; refusals of a key not yet freed are retried at once and counted."""
-    refused = 0
-    t0 = time.perf_counter()
-    while True:
-        if task in (once_same, once_new):
-            result = task.apply_async((i,), once_graceful=True)
-        else:
-            result = task.apply_async((i,))
-        if result is not None and getattr(result, "id", None):
-            break
+    refused, t0 = 0, time.perf_counter()
+    graceful = {"once_graceful": True} if getattr(task, "once", None) is True else {}
+    while not getattr(result := task.apply_async((i,), **graceful), "id", None):
         refused += 1
     result.get(timeout=60)
     return time.perf_counter() - t0, refused
-
-
-def _start_worker(
-    env: dict[str, str], queue: str, ready: Path, log: Path
-) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable, "-m", "celery", "-A", "benchmarks.celery_overhead", "worker",
-        "--pool", "solo", "--queues", queue, "--hostname", f"{queue}@%h",
-        "--loglevel", "WARNING", "--logfile", str(log), "--without-gossip", "--without-mingle",
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the worker did not start; see {log}")
-        time.sleep(0.05)
-    return proc
-
-
-def _redis_version(url: str) -> str:
-    import redis
-
-    return str(redis.Redis.from_url(url).info()["redis_version"])
 
 
 def run(calls: int, warmup: int, node_name: str = "amqplocksbench") -> dict[str, Any]:
@@ -160,31 +93,37 @@ def run(calls: int, warmup: int, node_name: str = "amqplocksbench") -> dict[str,
 
     broker_was = devbroker.status(name=node_name) is not None
     redis_was = devredis.status("celery-bench") is not None
-    node = devbroker.start(name=node_name)
-    rinfo = devredis.start("celery-bench")
-    redis_version = _redis_version(rinfo.url)
+    node, rinfo = devbroker.start(name=node_name), devredis.start("celery-bench")
+    import redis
+
+    redis_version = str(redis.Redis.from_url(rinfo.url).info()["redis_version"])
     tmp = Path(tempfile.mkdtemp(prefix="celery-bench-"))
-    queue = f"celery-bench-{uuid.uuid4().hex[:8]}"
-    env = {
-        **os.environ,
-        "BENCH_BROKER": node.url,
-        "BENCH_REDIS": rinfo.url,
-        "BENCH_QUEUE": queue,
-        "BENCH_READY": str(tmp / "ready"),
-        "PYTHONPATH": str(ROOT),
-    }
-    app.conf.broker_url = node.url
-    app.conf.task_default_queue = queue
+    queue, ready = f"celery-bench-{uuid.uuid4().hex[:8]}", tmp / "ready"
+    env = {**os.environ, "BENCH_BROKER": node.url, "BENCH_REDIS": rinfo.url, "BENCH_QUEUE": queue}
+    env.update(BENCH_READY=str(ready), PYTHONPATH=str(ROOT))
+    app.conf.broker_url, app.conf.task_default_queue = node.url, queue
     app.conf.ONCE["settings"]["url"] = rinfo.url
-    worker = _start_worker(env, queue, tmp / "ready", tmp / "worker.log")
-    samples: dict[int, list[float]] = {n: [] for n in range(len(VARIANTS))}
-    refusals = dict.fromkeys(samples, 0)
+    argv = [sys.executable, "-m", "celery", "-A", "benchmarks.celery_overhead", "worker"]
+    argv += ["--pool", "solo", "--queues", queue, "--hostname", f"{queue}@%h", "--loglevel"]
+    argv += [
+        "WARNING",
+        "--logfile",
+        str(tmp / "worker.log"),
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    worker = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+    samples: list[list[float]] = [[] for _ in VARIANTS]
+    refusals = [0] * len(VARIANTS)
     try:
-        counter = 0
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the worker did not start; see {tmp / 'worker.log'}")
+            time.sleep(0.05)
         for rnd in range(warmup + calls):
             for n, (_, task, _, _) in enumerate(VARIANTS):
-                counter += 1
-                took, refused = _call(task, counter)
+                took, refused = _call(task, rnd * len(VARIANTS) + n + 1)
                 if rnd >= warmup:
                     samples[n].append(took)
                     refusals[n] += refused
@@ -202,19 +141,13 @@ def run(calls: int, warmup: int, node_name: str = "amqplocksbench") -> dict[str,
             devbroker.stop(name=node_name)
     base = percentile(samples[0], 50)
     rows = []
-    for n, (label, _, library, key) in enumerate(VARIANTS):
-        p50 = percentile(samples[n], 50)
-        rows.append(
-            {
-                "variant": label,
-                "library": library,
-                "key": key,
-                "p50_ms": round(p50 * 1000, 2),
-                "p90_ms": round(percentile(samples[n], 90) * 1000, 2),
-                "overhead_p50_ms": round((p50 - base) * 1000, 2),
-                "refused_and_retried": refusals[n],
-            }
-        )
+    for (label, _, library, key), xs, refused in zip(VARIANTS, samples, refusals, strict=True):
+        p50, p90 = percentile(xs, 50), percentile(xs, 90)
+        rows.append({
+            "variant": label, "library": library, "key": key, "p50_ms": round(p50 * 1000, 2),
+            "p90_ms": round(p90 * 1000, 2), "overhead_p50_ms": round((p50 - base) * 1000, 2),
+            "refused_and_retried": refused,
+        })  # fmt: skip
     return {
         "calls_per_variant": calls,
         "warmup_per_variant": warmup,

@@ -1,30 +1,11 @@
-"""The cluster scenarios (docs/cluster.md): cluster mode's cost, and node failure.
+"""The cluster scenarios of docs/cluster.md, each on private nodes of one RabbitMQ line.
 
-`python -m benchmarks.run cluster [--rabbitmq 4.3] [--quick] [--json PATH]` starts, one
-after the other (2 cores), a private single node and a private 3-node cluster of one
-RabbitMQ line (`amqp_locks_dev`), stops each afterwards, and measures on each:
-
-- **library**, p50 (median over repetitions) of
-  - an uncontended ``acquire`` (the lease is released, untimed, before the next sample) of
-    a mutex, a persistent semaphore (4 slots) and a token semaphore (1 permit, quorum);
-  - a **handoff**: a holder's ``release()`` to the waiter's ``acquire`` returning, two
-    Brokers (own I/O threads) in this process, the waiter waiting ``SETTLE`` before it;
-  in three setups: one node in single-node mode (the seeds' protocol), one node in cluster
-  mode (``cluster=True``: the quorum-token protocol and the quorum guard, without
-  replication), and the cluster in cluster mode (the Brokers prefer node 1, which leads the
-  queues they declare);
-- **raw aiormq floors** on the same node / cluster node 1: ``basic.consume`` -> delivery
-  of a quorum-queue message returned by a reject just before (an uncontended acquire's
-  broker part), and ``basic.reject`` -> delivery to another connection's consumer on a
-  quorum queue (a handoff's), each with its ratio.
-
-`python -m benchmarks.run cluster-failover [--trials N]` (``failover_table``; the
-`amqplockscfail` cluster with `amqp_locks_dev.devcluster`, stopped afterwards unless it
-was running): per trial and primitive, a holder connected to node 1 and a waiter connected
-to node 2; node 1 (which also leads the lock's quorum queues) is killed with SIGKILL.
-Measured from the kill: when the holder's lease is marked lost, and when the waiter's
-acquire returns. Then the node is restarted (timed) and the fencing token of a grant
-through the restarted node is checked against the others.
+``cluster``: p50s of a mutex, a persistent semaphore (4 slots) and a token semaphore (1
+permit, quorum), uncontended acquire and handoff (two Brokers in this process, the waiter
+waiting ``SETTLE`` first), on one node in single-node mode, the same node in cluster mode
+and a 3-node cluster (node 1 leads the queues), beside raw aiormq quorum floors of the
+same setup. ``cluster-failover``: node 1 of ``amqplockscfail`` killed under a holder (a
+waiter on node 2): holder told, waiter granted, node restarted, fencing tokens checked.
 """
 
 from __future__ import annotations
@@ -39,173 +20,154 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiormq
 from aiormq.abc import DeliveredMessage
 
 from amqp_locks import Broker, Lease, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
 from amqp_locks_dev import devbroker, devcluster
 
-from .floors import _handoff_floor, _one_message_queue
-from .stats import summarize_reps
+from .floors import _connections, _one_message_queue, _reps, handoff_floor
+from .stats import Budget, summarize_reps, timed
 
-#: The waiter's head start before each handoff (it must be waiting when the release goes).
-SETTLE = 0.05
+SETTLE = 0.05  # the waiter's head start before each handoff (it must be waiting)
 KINDS = ("mutex", "semaphore", "token")
-NODE, CLUSTER = "amqplocksbn", "amqplocksbc"
+NODE, CLUSTER, FAILOVER_CLUSTER = "amqplocksbn", "amqplocksbc", "amqplockscfail"
+LOCKS = {"mutex": Mutex, "semaphore": PersistentSemaphore, "token": TokenSemaphore}
 
 
-def _lock(broker: Broker, kind: str, name: str) -> Any:
-    if kind == "mutex":
-        return Mutex(broker, name)
+def _set_up(broker: Broker, kind: str, slots: int, quorum: bool = False) -> str:
+    name = f"b{kind[0]}-{uuid.uuid4().hex[:10]}"
     if kind == "semaphore":
-        return PersistentSemaphore(broker, name)
-    return TokenSemaphore(broker, name)
-
-
-def _set_up(broker: Broker, kind: str, name: str, slots: int) -> None:
-    if kind == "semaphore":
-        SemaphoreAdmin(broker, name).create(slots)
-    elif kind == "token":
+        SemaphoreAdmin(broker, name, quorum=quorum or None).create(slots)
+    elif kind == "token":  # one permit: the figures are one holder's
         TokenSemaphore(broker, name, quorum=True).setup(1)
+    return name
+
+
+def _acquire(lock: Any) -> Lease:
+    lease = lock.acquire(timeout=30)
+    assert lease is not None
+    return lease
 
 
 def acquire_reps(broker: Broker, kind: str, samples: int, reps: int) -> list[list[float]]:
-    name = f"bc-{kind}-{uuid.uuid4().hex[:8]}"
-    _set_up(broker, kind, name, 4)
-    lock = _lock(broker, kind, name)
-    out: list[list[float]] = []
-    for rep in range(reps + 1):  # the first repetition warms up
-        times = []
-        for _ in range(samples):
-            t0 = time.perf_counter()
-            lease = lock.acquire(timeout=30)
-            times.append(time.perf_counter() - t0)
-            assert lease is not None
-            lease.release()
-        if rep:
-            out.append(times)
-    return out
+    lock = LOCKS[kind](broker, _set_up(broker, kind, 4))
 
+    def sample() -> float:
+        t0 = time.perf_counter()
+        lease = _acquire(lock)
+        dt = time.perf_counter() - t0
+        lease.release()
+        return dt
 
-def _waiter(lock: Any, box: dict[str, Any], started: threading.Event) -> None:
-    started.set()
-    box["lease"] = lock.acquire(timeout=30)
-    box["at"] = time.perf_counter()
+    return timed(sample, Budget(reps, samples, warmup=samples))  # a first repetition warms up
 
 
 def handoff_reps(
     pair: tuple[Broker, Broker], kind: str, samples: int, reps: int
 ) -> list[list[float]]:
-    name = f"bh-{kind}-{uuid.uuid4().hex[:8]}"
-    _set_up(pair[0], kind, name, 1)
-    locks = [_lock(b, kind, name) for b in pair]
-    lease = locks[0].acquire(timeout=30)
-    assert lease is not None
-    holder = 0
-    out: list[list[float]] = []
-    for rep in range(reps + 1):
-        times = []
-        for _ in range(samples):
-            waiter = 1 - holder
-            box: dict[str, Any] = {}
-            started = threading.Event()
-            t = threading.Thread(target=_waiter, args=(locks[waiter], box, started))
-            t.start()
-            started.wait()
-            time.sleep(SETTLE)  # a benchmark's pacing, not a test's synchronisation
-            t0 = time.perf_counter()
-            lease.release()
-            t.join()
-            assert box["lease"] is not None
-            times.append(box["at"] - t0)
-            lease, holder = box["lease"], waiter
-        if rep:
-            out.append(times)
-    lease.release()
-    return out
+    name = _set_up(pair[0], kind, 1)
+    locks = [LOCKS[kind](b, name) for b in pair]
+    held = [_acquire(locks[0]), 0]  # the lease and its holder
+
+    def sample() -> float:
+        box: list[Any] = []
+        waiter = threading.Thread(
+            target=lambda: box.append((_acquire(locks[1 - held[1]]), time.perf_counter()))
+        )
+        waiter.start()
+        time.sleep(SETTLE)  # a benchmark's pacing, not a test's synchronisation
+        t0 = time.perf_counter()
+        held[0].release()
+        waiter.join()
+        held[:] = [box[0][0], 1 - held[1]]
+        return box[0][1] - t0
+
+    try:
+        return timed(sample, Budget(reps, samples, warmup=samples))
+    finally:
+        held[0].release()
 
 
 async def _consume_floor(url: str, samples: int, reps: int) -> list[list[float]]:
     """Raw aiormq: ``basic.consume`` -> delivery of the one message of a quorum queue, then
     (untimed) cancel and ``basic.reject(requeue)``, as an uncontended token acquire and
     release do; the next consume may find the message still being returned."""
-    conn = await aiormq.connect(url)
-    try:
+    async with _connections(url, 1, "consume") as (conn,):
         setup, name = await _one_message_queue(conn, quorum=True)
         ch = await conn.channel()
         await ch.basic_qos(prefetch_count=1)
-        out: list[list[float]] = []
-        for rep in range(reps + 1):
-            times = []
-            for _ in range(samples):
-                got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
 
-                async def on_message(msg: DeliveredMessage, got: Any = got) -> None:
-                    if not got.done():
-                        got.set_result(msg)
+        async def sample() -> float:
+            got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
 
-                t0 = time.perf_counter()
-                ok = await ch.basic_consume(name, on_message, no_ack=False)
-                msg = await got
-                times.append(time.perf_counter() - t0)
-                await ch.basic_cancel(str(ok.consumer_tag))
-                assert msg.delivery_tag is not None
-                await ch.basic_reject(msg.delivery_tag, requeue=True)
-            if rep:
-                out.append(times)
-        await setup.queue_delete(name)
-        return out
-    finally:
-        await conn.close()
+            async def on_message(msg: DeliveredMessage) -> None:
+                if not got.done():
+                    got.set_result(msg)
+
+            t0 = time.perf_counter()
+            ok = await ch.basic_consume(name, on_message, no_ack=False)
+            msg = await got
+            dt = time.perf_counter() - t0
+            await ch.basic_cancel(str(ok.consumer_tag))
+            await ch.basic_reject(msg.delivery_tag or 0, requeue=True)
+            return dt
+
+        try:
+            return await _reps(sample, samples, reps, samples)
+        finally:
+            await setup.queue_delete(name)
 
 
 def floors(url: str, samples: int, reps: int) -> dict[str, Any]:
     return {
         "consume_deliver_quorum": summarize_reps(asyncio.run(_consume_floor(url, samples, reps))),
         "reject_deliver_quorum": summarize_reps(
-            asyncio.run(_handoff_floor(url, True, samples, reps))["reps"]
+            asyncio.run(handoff_floor(url, True, samples, reps))
         ),
     }
 
 
 def measure(urls: list[str], cluster: bool, samples: int, reps: int) -> dict[str, Any]:
-    def broker() -> Broker:
-        return Broker(urls if cluster else urls[0], cluster=cluster, heartbeat=10).connect()
-
-    out: dict[str, Any] = {}
-    b1, b2 = broker(), broker()
+    pair = [
+        Broker(urls if cluster else urls[0], cluster=cluster, heartbeat=10).connect()
+        for _ in range(2)
+    ]
     try:
+        out = {
+            f"acquire_{k}": summarize_reps(acquire_reps(pair[0], k, samples, reps)) for k in KINDS
+        }
         for kind in KINDS:
-            out[f"acquire_{kind}"] = summarize_reps(acquire_reps(b1, kind, samples, reps))
             out[f"handoff_{kind}"] = summarize_reps(
-                handoff_reps((b1, b2), kind, max(10, samples // 4), reps)
+                handoff_reps((pair[0], pair[1]), kind, max(10, samples // 4), reps)
             )
+        return out
     finally:
-        b1.close()
-        b2.close()
-    return out
+        for b in pair:
+            b.close()
 
 
 def run(version: str, samples: int, reps: int, log: Callable[[str], None]) -> dict[str, Any]:
     results: dict[str, Any] = {"version": version, "samples": samples, "reps": reps}
-    home = Path(os.environ.get("AMQP_LOCKS_HOME") or Path.home() / ".cache/amqp-locks")
-    node_dir = home / "bench" / version / NODE
+    home = (
+        Path(os.environ.get("AMQP_LOCKS_HOME") or Path.home() / ".cache/amqp-locks")
+        / "bench"
+        / version
+    )
     log(f"single {version} node ...")
-    info = devbroker.start(NODE, base_dir=node_dir, version=version)
+    info = devbroker.start(NODE, base_dir=home / NODE, version=version)
     try:
         results["single"] = measure([info.url], False, samples, reps)
         results["single_cluster_mode"] = measure([info.url], True, samples, reps)
         results["single_floors"] = floors(info.url, samples, reps)
     finally:
-        devbroker.stop(NODE, base_dir=node_dir, version=version)
+        devbroker.stop(NODE, base_dir=home / NODE, version=version)
     log(f"3-node {version} cluster ...")
-    cdir = home / "bench" / version / CLUSTER
-    cinfo = devcluster.start(CLUSTER, 3, cdir, version=version)
+    cinfo = devcluster.start(CLUSTER, 3, home / CLUSTER, version=version)
     try:
         results["cluster"] = measure(cinfo.urls, True, samples, reps)
         results["cluster_floors"] = floors(cinfo.urls[0], samples, reps)
     finally:
-        devcluster.stop(CLUSTER, cdir, version=version)
+        devcluster.stop(CLUSTER, home / CLUSTER, version=version)
     return results
 
 
@@ -216,55 +178,31 @@ def table(results: dict[str, Any]) -> str:
         " | 3-node cluster, cluster mode |",
         "|---|---|---|---|",
     ]
-
-    def cell(setup: str, key: str, floor: str) -> str:
-        p50 = results[setup][key]["p50_ms"]
-        if setup == "single":  # other broker operations: docs/benchmarks.md has its floors
-            return f"{p50:.2f}"
-        base = results["cluster_floors" if setup == "cluster" else "single_floors"]
-        return f"{p50:.2f} ({p50 / base[floor]['p50_ms']:.1f}x)"
-
-    setups = ("single", "single_cluster_mode", "cluster")
-    ops = (("acquire", "consume_deliver_quorum"), ("handoff", "reject_deliver_quorum"))
+    floors = {"single_cluster_mode": results["single_floors"], "cluster": results["cluster_floors"]}
+    ops = {"acquire": "consume_deliver_quorum", "handoff": "reject_deliver_quorum"}
     for kind in KINDS:
-        for op, floor in ops:
-            cells = " | ".join(cell(s, f"{op}_{kind}", floor) for s in setups)
-            rows.append(f"| {kind} {op} | {cells} |")
-    for floor, what in (
-        ("consume_deliver_quorum", "raw consume -> delivery, quorum queue"),
-        ("reject_deliver_quorum", "raw reject -> delivery, quorum queue"),
-    ):
-        single = results["single_floors"][floor]["p50_ms"]
-        cluster = results["cluster_floors"][floor]["p50_ms"]
-        rows.append(f"| floor: {what} | | {single:.2f} | {cluster:.2f} |")
+        for op, floor in ops.items():
+            cells = [f"{results['single'][f'{op}_{kind}']['p50_ms']:.2f}"]  # other floors apply
+            for setup, base in floors.items():
+                p50 = results[setup][f"{op}_{kind}"]["p50_ms"]
+                cells.append(f"{p50:.2f} ({p50 / base[floor]['p50_ms']:.1f}x)")
+            rows.append(f"| {kind} {op} | {' | '.join(cells)} |")
+    for floor, what in zip(ops.values(), ("consume", "reject"), strict=True):
+        single, cluster = (f"{base[floor]['p50_ms']:.2f}" for base in floors.values())
+        rows.append(f"| floor: raw {what} -> delivery, quorum queue | | {single} | {cluster} |")
     return "\n".join(rows)
-
-
-# -------------------------------------------------------------------- node failure
-
-FAILOVER_CLUSTER = "amqplockscfail"
 
 
 def _trial(info: devcluster.ClusterInfo, kind: str) -> tuple[float, float, float, bool]:
     def broker(first: int) -> Broker:
         return Broker(info.urls[first - 1 :] + info.urls[: first - 1], heartbeat=5).connect()
 
-    name = f"b{uuid.uuid4().hex[:10]}"
     b1, b2, b3 = broker(1), broker(2), broker(1)
     try:
-        if kind == "semaphore":
-            SemaphoreAdmin(b1, name, quorum=True).create(1)
-        elif kind == "token":
-            TokenSemaphore(b1, name, quorum=True).setup(1)
-
-        def acquire(b: Broker) -> Lease:
-            lease = _lock(b, kind, name).acquire(timeout=30)
-            assert lease is not None
-            return lease
-
-        held = acquire(b1)
+        name = _set_up(b1, kind, 1, quorum=True)
+        held = _acquire(LOCKS[kind](b1, name))
         box: list[Lease] = []
-        waiter = threading.Thread(target=lambda: box.append(acquire(b2)))
+        waiter = threading.Thread(target=lambda: box.append(_acquire(LOCKS[kind](b2, name))))
         waiter.start()
         time.sleep(1.0)  # let the waiter subscribe (a benchmark, not a test)
         killed = time.monotonic()
@@ -273,17 +211,20 @@ def _trial(info: devcluster.ClusterInfo, kind: str) -> tuple[float, float, float
         lost = time.monotonic() - killed
         waiter.join(60)
         regrant = time.monotonic() - killed
-        new = box[0]
-        new.release()
+        box[0].release()
         t = time.monotonic()
         devcluster.start_node(FAILOVER_CLUSTER, 1)
         restart = time.monotonic() - t
         b3.close()
         b3 = broker(1)
-        last = acquire(b3)
-        monotonic = held.fencing_token < new.fencing_token < last.fencing_token
+        last = _acquire(LOCKS[kind](b3, name))
         last.release()
-        return lost, regrant, restart, monotonic
+        return (
+            lost,
+            regrant,
+            restart,
+            held.fencing_token < box[0].fencing_token < last.fencing_token,
+        )
     finally:
         for b in (b1, b2, b3):
             b.close()
@@ -307,9 +248,9 @@ def failover_table(trials: int) -> str:
             rows = [_trial(info, kind) for _ in range(trials)]
             lost, regrant = [r[0] * 1000 for r in rows], [r[1] * 1000 for r in rows]
             ok = "yes" if all(r[3] for r in rows) else "NO"
+            restart = fmt([r[2] for r in rows], 1)
             lines.append(
-                f"| {kind} | {fmt(lost)} | {fmt(regrant)} | {fmt([r[2] for r in rows], 1)} | "
-                f"{ok} ({len(rows)} trials) |"
+                f"| {kind} | {fmt(lost)} | {fmt(regrant)} | {restart} | {ok} ({len(rows)} trials) |"
             )
     finally:
         if not was_running:

@@ -1,33 +1,30 @@
 """Master/standby failover per locker: master process kill -9 -> the standby is master.
 
-Each sample: a master process and a standby process each run a
-:class:`~amqp_locks.service.LockableService` (work: wait for the stop event) and report
-their state changes with ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for all
-processes). Once the standby reports STANDBY the parent waits 0.1 s plus a random part of
-the retry interval (so the kill falls at a random point of the standby's retries and of
-the master's lease renewals), notes the time and sends SIGKILL to the master; the sample
-is the time until the standby reports MASTER. The standby becomes the next sample's
-master. All series (every locker, default and tuned settings) run concurrently, each on
-its own lock, since most of a failover is waiting.
+A master and a standby process each run a ``LockableService`` and report their state
+changes on CLOCK_MONOTONIC; the master is killed 0.1 s plus a random part of the retry
+interval after the standby reports STANDBY; the sample ends when the standby reports
+MASTER, and it is the next sample's master. All series run concurrently, each on its own
+lock: a failover is mostly waiting.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import math
 import os
-import queue
 import random
-import signal
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from .handoff import context
-from .stats import ms, summarize_reps
+from amqp_locks_dev import devdb
+
+from .peers.worker import Crew, Sync, quiet, what
+from .stats import brief, delete_queues, own_cpu, summarize_reps, system_busy
 
 #: ActiveMQ's defaults: lockAcquireSleepInterval 10 s, lease = interval, keep-alive 0
 #: (a lease locker needs one shorter than the lease: 5 s as in ActiveMQ's lease example).
@@ -37,7 +34,7 @@ TUNED = {"interval": 0.25, "lease": 1.5, "keep_alive": 0.5, "lease_keep_alive": 
 
 @dataclass(frozen=True)
 class Spec:
-    label: str  # e.g. "lease / PostgreSQL"
+    label: str  # e.g. "LeaseDatabaseLocker / PostgreSQL"
     kind: str  # file | db | lease | amqp
     target: str  # directory, database URL or AMQP URL
     name: str
@@ -46,56 +43,26 @@ class Spec:
     keep_alive: float
 
 
-def specs(
-    settings: dict[str, Any],
-    tag: str,
-    file_dir: str,
-    sqlite_dir: str,
-    dbs: dict[str, str],
-    amqp_url: str,
-) -> list[Spec]:
-    """One spec per locker (and database) for ``settings`` (DEFAULT or TUNED)."""
-    iv, ka, lka = settings["interval"], settings["keep_alive"], settings["lease_keep_alive"]
-    lease = settings["lease"]
+def specs(st: dict[str, Any], tag: str, tmp: Path, dbs: dict[str, str], url: str) -> list[Spec]:
+    """One spec per locker (and database) with settings ``st`` (DEFAULT or TUNED)."""
+    iv, ka = st["interval"], st["keep_alive"]
     name = f"bench-{tag}-{os.getpid()}-{random.randrange(1 << 30):x}"
-    out = [Spec("SharedFileLocker", "file", os.path.join(file_dir, tag), "lock", iv, None, ka)]
-    targets = {"SQLite": None, **dbs}
-    for db, url in targets.items():
-        db_url = url
+    out = [Spec("SharedFileLocker", "file", str(tmp / "files" / tag), "lock", iv, None, ka)]
+    for db, db_url in {"SQLite": None, **dbs}.items():
         for kind, cls in (("db", "DatabaseLocker"), ("lease", "LeaseDatabaseLocker")):
-            if url is None:  # SQLite locks the whole file: one file per locker
-                db_url = f"sqlite:///{os.path.join(sqlite_dir, f'{tag}-{kind}.db')}"
-            out.append(
-                Spec(
-                    f"{cls} / {db}",
-                    kind,
-                    db_url or "",
-                    name,
-                    iv,
-                    lease if kind == "lease" else None,
-                    lka if kind == "lease" else ka,
-                )
-            )
-    out.append(Spec("AmqpLocker", "amqp", amqp_url, name, iv, None, ka))
-    return out
+            # SQLite locks the whole file: one file per locker.
+            target = db_url or f"sqlite:///{tmp / f'{tag}-{kind}.db'}"
+            lease, keep = (st["lease"], st["lease_keep_alive"]) if kind == "lease" else (None, ka)
+            out.append(Spec(f"{cls} / {db}", kind, target, name, iv, lease, keep))
+    return [*out, Spec("AmqpLocker", "amqp", url, name, iv, None, ka)]
 
 
-# --------------------------------------------------------------------------- workers
+def _service(spec: Spec, idx: int, sync: Sync) -> None:
+    """A LockableService reporting (state, idx, monotonic time) on every transition."""
+    from amqp_locks import AmqpLocker, Broker, LockableService
+    from amqp_locks.lockers import DatabaseLocker, LeaseDatabaseLocker, SharedFileLocker
 
-
-def _service_main(spec: Spec, idx: int, events: Any) -> None:
-    """A LockableService reporting (idx, state, monotonic time) on every transition."""
-    logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
-    logging.getLogger("amqp_locks").setLevel(logging.ERROR)
-    from amqp_locks import Broker
-    from amqp_locks.lockers import (
-        AmqpLocker,
-        DatabaseLocker,
-        LeaseDatabaseLocker,
-        SharedFileLocker,
-    )
-    from amqp_locks.service import LockableService
-
+    quiet()
     opts: dict[str, Any] = {"lock_acquire_sleep_interval": spec.interval}
     try:
         if spec.kind == "file":
@@ -106,112 +73,56 @@ def _service_main(spec: Spec, idx: int, events: Any) -> None:
             locker = LeaseDatabaseLocker(spec.target, spec.name, lease_duration=spec.lease, **opts)
         else:
             broker = Broker(spec.target, connection_name=f"amqp-locks bench locker {idx}")
-            broker.connect()
-            locker = AmqpLocker(broker, spec.name, **opts)
-
-        def on_state(_svc: Any, state: Any) -> None:
-            events.put((idx, state.value, time.monotonic()))
-
-        service = LockableService(
+            locker = AmqpLocker(broker.connect(), spec.name, **opts)
+        LockableService(
             locker,
             lambda stop: stop.wait(),
             lock_keep_alive_period=spec.keep_alive,
-            on_state=on_state,
-        )
-        service.run()
+            on_state=lambda _svc, state: sync.out.put((state.value, idx, time.monotonic())),
+        ).run()
     except BaseException as exc:
-        events.put((idx, "error", repr(exc)))
+        sync.out.put(("error", idx, what(exc)))
 
 
-# ---------------------------------------------------------------------------- series
-
-
-def _series(spec: Spec, samples: int, seed: int, ctx: Any) -> dict[str, Any]:
+def _series(spec: Spec, samples: int, seed: int) -> dict[str, Any]:
     """``samples`` failovers of one locker, each standby becoming the next master."""
     rng = random.Random(seed)
-    events = ctx.Queue()
-    pending: dict[int, list[tuple[str, float]]] = {}
-    procs: dict[int, Any] = {}
     out: list[float] = []
     errors: list[str] = []
     limit = (spec.lease or 0) + 2 * spec.interval + 2 * spec.keep_alive + 30.0
-
-    def start(idx: int) -> None:
-        p = ctx.Process(target=_service_main, args=(spec, idx, events), daemon=True)
-        p.start()
-        procs[idx] = p
-
-    def wait_for(idx: int, state: str, timeout: float) -> float:
-        end = time.monotonic() + timeout
-        while True:
-            for st, t in pending.get(idx, []):
-                if st == state:
-                    return t
-                if st == "error":
-                    raise RuntimeError(f"{spec.label} worker {idx}: {t}")
-            left = end - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{spec.label}: worker {idx} not {state} within {timeout:.0f} s")
-            try:
-                i, st, t = events.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                continue
-            pending.setdefault(i, []).append((st, t))
-
-    def became(idx: int, state: str) -> bool:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                i, st, t = events.get_nowait()
-                pending.setdefault(i, []).append((st, t))
-        return any(st == state for st, _ in pending.get(idx, []))
-
-    try:
-        start(0)
-        wait_for(0, "master", limit)
-        for i in range(1, samples + 1):
-            start(i)
-            wait_for(i, "standby", 60)
-            time.sleep(0.1 + rng.uniform(0, spec.interval))
-            if became(i, "master"):
-                errors.append(f"sample {i}: standby became master while the master was alive")
-                break
-            t_kill = time.monotonic()
-            os.kill(procs[i - 1].pid, signal.SIGKILL)
-            try:
-                t_master = wait_for(i, "master", limit)
-            except (TimeoutError, RuntimeError) as exc:
-                errors.append(f"sample {i}: {exc}")
-                break
-            out.append(t_master - t_kill)
-            procs[i - 1].join(10)
-    except (TimeoutError, RuntimeError) as exc:
-        errors.append(str(exc))
-    finally:
-        for p in procs.values():
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-            p.join(5)
-    s = summarize_reps([out])
-    s["samples_ms"] = [ms(x) for x in out]
-    s["errors"] = errors
-    return s
+    with Crew() as crew:
+        try:
+            crew.spawn(spec, target=_service, ready=False)
+            if crew.expect("master", 0, limit) is None:
+                raise RuntimeError(f"worker 0 not master within {limit:.0f} s")
+            for i in range(1, samples + 1):
+                crew.spawn(spec, target=_service, ready=False)
+                if crew.expect("standby", i, 60) is None:
+                    raise RuntimeError(f"worker {i} not standby within 60 s")
+                time.sleep(0.1 + rng.uniform(0, spec.interval))
+                if crew.expect("master", i, 0.01) is not None:
+                    raise RuntimeError(
+                        f"sample {i}: standby became master while the master was alive"
+                    )
+                t_kill = time.monotonic()
+                crew.kill(i - 1)
+                if (got := crew.expect("master", i, limit)) is None:
+                    raise RuntimeError(f"sample {i}: worker {i} not master within {limit:.0f} s")
+                out.append(got[2] - t_kill)
+        except Exception as exc:  # a series must not take the others down
+            errors.append(str(exc))
+    return {**summarize_reps([out], samples=True), "errors": errors}
 
 
 def measure(
-    groups: dict[str, list[Spec]],
-    samples: dict[str, int],
-    log: Callable[[str], None],
+    groups: dict[str, list[Spec]], samples: dict[str, int], log: Callable[[str], None]
 ) -> dict[str, Any]:
     """Every spec of every group concurrently (one thread each, each on its own lock)."""
-    ctx = context()
     started = time.monotonic()
     results: dict[tuple[str, str], Any] = {}
 
     def run(group: str, spec: Spec, seed: int) -> None:
-        try:
-            results[group, spec.label] = _series(spec, samples[group], seed, ctx)
-        except Exception as exc:  # a series must not take the others down
-            results[group, spec.label] = {"n": 0, "p50_ms": math.nan, "errors": [repr(exc)]}
+        results[group, spec.label] = _series(spec, samples[group], seed)
 
     threads = [
         threading.Thread(target=run, args=(group, spec, 100 * g + i), daemon=True)
@@ -224,15 +135,61 @@ def measure(
         t.join()
     out: dict[str, Any] = {}
     for group, group_specs in groups.items():
-        rows = []
+        out[group] = {"rows": []}
         for spec in group_specs:
             s = results[group, spec.label]
             s["spec"] = {k: v for k, v in asdict(spec).items() if k not in ("target", "name")}
-            rows.append({"locker": spec.label, **s})
-            log(
-                f"  failover {group} {spec.label}: p50={s['p50_ms'] / 1000:.2f} s "
-                f"max={s.get('max_ms', math.nan) / 1000:.2f} s n={s['n']} "
-                f"errors={len(s['errors'])}"
-            )
-        out[group] = {"rows": rows}
+            out[group]["rows"].append({"locker": spec.label, **s})
+            log(f"  failover {group} {spec.label}: {brief(s)}")
     return {"groups": out, "wall_s": round(time.monotonic() - started, 1)}
+
+
+def run(
+    url: str, samples: dict[str, int], db_servers: bool, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Failover with each group's settings (``samples``: group -> samples) on a shared file,
+    SQLite and (``db_servers``) private PostgreSQL and MariaDB servers, started here."""
+    tmp = Path(tempfile.mkdtemp(prefix="amqp-locks-bench-"))
+    dbs: dict[str, str] = {}
+    started: list[tuple[str, Path]] = []
+    notes = (
+        []
+        if db_servers
+        else ["smoke run: no PostgreSQL/MariaDB servers, no default-settings failover"]
+    )
+    groups: dict[str, list[Spec]] = {}
+    busy0, own0, t0 = system_busy(), own_cpu(), time.monotonic()
+    try:
+        for kind, label in (
+            (("postgresql", "PostgreSQL"), ("mariadb", "MariaDB")) if db_servers else ()
+        ):
+            base = devdb.db_fixture_base() / kind
+            try:
+                log(f"starting private {kind} server")
+                dbs[label] = devdb.start(kind, name="bench", base_dir=base).url
+                started.append((kind, base))
+            except Exception as exc:  # no server binaries: say so, measure the rest
+                notes.append(f"{label} not measured: {exc}")
+                log(f"  {notes[-1]}")
+        groups = {g: specs(TUNED if g == "tuned" else DEFAULT, g, tmp, dbs, url) for g in samples}
+        log(f"failover per locker ({', '.join(groups)} settings), all concurrently")
+        measured = measure(groups, samples, log)
+    finally:
+        # AmqpLocker's mutex leaves its fence queue (and nothing else) on the broker.
+        names = {sp.name for g in groups.values() for sp in g if sp.kind == "amqp"}
+        delete_queues(url, [q for n in names for q in (n, f"{n}-fence")])
+        for kind, base in started:
+            with contextlib.suppress(Exception):
+                devdb.stop(kind, name="bench", base_dir=base)
+            shutil.rmtree(base.parent, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = time.monotonic() - t0
+    return {
+        **measured,
+        "settings": {"tuned": TUNED, "default": DEFAULT},
+        "databases": sorted(dbs),
+        "notes": notes,
+        # Cores kept busy meanwhile by everything (this phase's processes included).
+        "busy_cores": round((system_busy() - busy0) / wall, 2),
+        "own_cores": round((own_cpu() - own0) / wall, 2),
+    }

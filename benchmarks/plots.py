@@ -1,7 +1,5 @@
-"""Every plot of docs/benchmarks.md (matplotlib, Agg), through one helper, ``figure``.
-
-Each plot reads the results JSON (and the report modules' row data) and writes one PNG.
-"""
+"""Every plot of docs/benchmarks.md (matplotlib, Agg), each a function of the results JSON
+drawn inside one helper, ``figure`` (``bar_rows`` for one horizontal bar per row)."""
 
 from __future__ import annotations
 
@@ -10,21 +8,19 @@ import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import matplotlib.ticker
 from matplotlib.patches import Patch
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from . import report
 from .peers.kinds import KINDS
 
 FILES = report.PLOTS
-#: Plots that need the comparison with the peers (``results["peers"]``).
-PEER_PLOTS = ("cmp_uncontended", "cmp_handoff", "cmp_throughput", "cmp_crash")
 BLUE, LIGHT, GREEN, RED, ORANGE, PURPLE = (
     "#2171b5",
     "#c6dbef",
@@ -36,66 +32,46 @@ BLUE, LIGHT, GREEN, RED, ORANGE, PURPLE = (
 OURS_COLOR, PEER_COLOR, POLL_COLOR = BLUE, "#9e9ac8", ORANGE
 GROUP_COLORS = {"tuned": GREEN, "default": RED}
 LOWER_RIGHT = {"fontsize": 7, "loc": "lower right"}
+#: A reference line across a plot: ("v" or "h", value, color, style, label).
+Line = tuple[str, float, str, str, str | None]
 
 
-class Line(NamedTuple):
-    """A reference line (a floor, the RTT, a target) across the plot."""
-
-    value: float
-    color: str
-    style: str
-    label: str | None = None
+#: The floors drawn as reference lines: key -> (color, text).
+FLOORS = {
+    "get_classic": (GREEN, "floor: `basic.get`"),
+    "reject_deliver_classic": (GREEN, "floor: reject -> deliver"),
+    "exclusive_declare": (RED, "floor: exclusive declare"),
+}
 
 
 def floor_lines(
-    floors: dict[str, Any], *marks: tuple[str, str, str], fmt: str = "{} p50 {:.2f} ms"
+    fl: dict[str, Any], vh: str, *keys: str, fmt: str = "{} p50 {:.2f} ms"
 ) -> list[Line]:
-    """Dashed lines at the p50 of the floors ``(key, color, text)`` that were measured."""
+    """Dashed lines at the p50 of the floors ``keys`` that were measured."""
     return [
-        Line(floors[key]["p50_ms"], color, "--", fmt.format(text, floors[key]["p50_ms"]))
-        for key, color, text in marks
-        if key in floors
+        (vh, fl[k]["p50_ms"], FLOORS[k][0], "--", fmt.format(FLOORS[k][1], fl[k]["p50_ms"]))
+        for k in keys
+        if k in fl
     ]
 
 
 @contextmanager
 def figure(
-    path: Path,
-    size: tuple[float, float],
-    *,
-    ncols: int = 1,
-    title: str | None = None,
-    xlabel: str | None = None,
-    ylabel: str | None = None,
-    log: str = "",
-    grid: str | None = None,
-    vlines: Sequence[Line] = (),
-    hlines: Sequence[Line] = (),
-    legend: dict[str, Any] | None = None,
-) -> Iterator[Any]:
-    """A figure of ``ncols`` axes (one axes, or a list): labels, log scales (``log`` holds
-    "x" and/or "y"), grid (``grid``: "both", "x" or "y" axis) on every axes; the reference
-    lines and the legend on the first; then saved to ``path`` and closed."""
+    path: Path, size: tuple[float, float], ncols: int = 1, log: str = "", grid: str | None = None,
+    lines: Sequence[Line] = (), legend: dict[str, Any] | None = None, **labels: str,
+) -> Iterator[Any]:  # fmt: skip
+    """A figure of ``ncols`` axes (yields one axes, or a list): ``labels`` (title, xlabel,
+    ylabel), log scales (``log``: "x" and/or "y") and the grid ("both", "x" or "y") on every
+    axes; the reference lines and the legend on the first; then saved and closed."""
     fig, axes = plt.subplots(1, ncols, figsize=size)
     every = list(axes) if ncols > 1 else [axes]
     for ax in every:
-        if title is not None:
-            ax.set_title(title)
-        if xlabel is not None:
-            ax.set_xlabel(xlabel)
-        if ylabel is not None:
-            ax.set_ylabel(ylabel)
-        if "x" in log:
-            ax.set_xscale("log")
-        if "y" in log:
-            ax.set_yscale("log")
+        ax.set(**labels, **{f"{a}scale": "log" for a in log})
         if grid is not None:
             ax.grid(which="both", alpha=0.3, **({} if grid == "both" else {"axis": grid}))
     yield axes
-    for line in vlines:
-        every[0].axvline(line.value, color=line.color, linestyle=line.style, label=line.label)
-    for line in hlines:
-        every[0].axhline(line.value, color=line.color, linestyle=line.style, label=line.label)
+    for vh, value, color, style, label in lines:
+        getattr(every[0], f"ax{vh}line")(value, color=color, linestyle=style, label=label)
     if legend is not None:
         every[0].legend(**legend)
     fig.tight_layout()
@@ -105,21 +81,13 @@ def figure(
 
 @contextmanager
 def bar_rows(
-    path: Path,
-    labels: list[str],
-    size: tuple[float, float, float],
-    *,
-    fontsize: float | None = None,
-    xfmt: str | None = None,
-    minor_labels: bool = True,
-    **kw: Any,
-) -> Iterator[tuple[Any, list[int]]]:
-    """``figure`` for horizontal bars, one row per label (the first on top), on a log x
-    axis (tick labels formatted with ``xfmt``, minor ones unless not ``minor_labels``);
-    ``size``: width, height per row, extra height.
-    Yields the axes and the rows' y positions."""
-    width, per_row, extra = size
-    with figure(path, (width, per_row * len(labels) + extra), grid="x", **kw) as ax:
+    path: Path, labels: list[str], size: tuple[float, float, float], fontsize: float | None = None,
+    xfmt: str | None = None, minor_labels: bool = True, **kw: Any,
+) -> Iterator[tuple[Any, list[int]]]:  # fmt: skip
+    """``figure`` with one horizontal bar per label (the first on top) on a log x axis (tick
+    labels ``xfmt``, minor ones unless not ``minor_labels``); ``size``: width, height per
+    row, extra height. Yields the axes and the rows' y positions."""
+    with figure(path, (size[0], size[1] * len(labels) + size[2]), grid="x", **kw) as ax:
         ys = rows_of(labels)
         yield ax, ys
         ax.set_yticks(ys, labels, **({"fontsize": fontsize} if fontsize else {}))
@@ -139,89 +107,60 @@ def _p50_p99_bars(ax: Any, ys: list[int], stats: list[dict[str, Any]]) -> None:
 
 
 def _log_ticks(axis: Any, fmt: str = "%g", minor: bool = False) -> None:
-    axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter(fmt))
+    axis.set_major_formatter(FormatStrFormatter(fmt))
     if minor:
-        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axis.set_minor_formatter(NullFormatter())
 
 
 # ------------------------------------------------------------------------ this run
 
 
 def floors(r: dict[str, Any], path: Path) -> None:
-    fl, uc = r["floors"], r["uncontended"]
+    fl, uc, ut = r["floors"], r["uncontended"], r.get("uncontended_tokens", {})
     items = [
         ("loopback TCP round trip", fl["loopback_tcp"]),
         ("broker round trip", fl["broker_round_trip"]),
-        ("semaphore C=1: acquire", uc["semaphore_c1"]["acquire"]),
-        ("semaphore C=1: release", uc["semaphore_c1"]["release"]),
-        ("mutex: acquire", uc["mutex"]["acquire"]),
-        ("mutex: release", uc["mutex"]["release"]),
     ]
-    ut = r.get("uncontended_tokens", {})
-    for kind, label in (("token", "token"), ("token_nofence", "token, fencing=False")):
-        if kind in ut:
-            items.append((f"{label}: acquire", ut[kind]["acquire"]))
-    marks = floor_lines(
-        fl,
-        ("get_classic", GREEN, "floor: `basic.get`"),
-        ("exclusive_declare", RED, "floor: exclusive declare"),
-    )
-    with bar_rows(
-        path,
-        [label for label, _ in items],
-        (7.5, 0.35, 1.5),
-        title="Floors and uncontended operations",
-        xlabel="latency (ms, log scale)",
-        vlines=marks,
-        legend=LOWER_RIGHT,
-    ) as (ax, ys):
+    ours = (("semaphore_c1", "semaphore C=1"), ("mutex", "mutex"))
+    items += [(f"{label}: {op}", uc[k][op]) for k, label in ours for op in ("acquire", "release")]
+    tokens = (("token", "token"), ("token_nofence", "token, fencing=False"))
+    items += [(f"{label}: acquire", ut[k]["acquire"]) for k, label in tokens if k in ut]
+    marks = floor_lines(fl, "v", "get_classic", "exclusive_declare")
+    title, xlabel = "Floors and uncontended operations", "latency (ms, log scale)"
+    with bar_rows(path, [x[0] for x in items], (7.5, 0.35, 1.5), title=title, xlabel=xlabel,
+                  lines=marks, legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
         _p50_p99_bars(ax, ys, [s for _, s in items])
 
 
 def search(r: dict[str, Any], path: Path) -> None:
-    rows = r["search"]
-    rtt = r["floors"]["broker_round_trip"]["p50_ms"]
+    rows, rtt = r["search"], r["floors"]["broker_round_trip"]["p50_ms"]
     c1 = [row for row in rows if row["capacity"] == rows[0]["capacity"]]
-    marks = [Line(rtt, "grey", ":", f"broker round trip p50 ({rtt:.2f} ms)")]
-    marks += floor_lines(
-        r["floors"],
-        ("exclusive_declare", RED, "floor: exclusive declare"),
-        fmt="{} p50 ({:.2f} ms)",
-    )
-    if c1:
-        marks.append(Line(3 * c1[0]["p50_ms"], ORANGE, "-.", "target: 3 x C=1 p50"))
+    marks: list[Line] = [("h", rtt, "grey", ":", f"broker round trip p50 ({rtt:.2f} ms)")]
+    marks += floor_lines(r["floors"], "h", "exclusive_declare", fmt="{} p50 ({:.2f} ms)")
+    marks += [("h", 3 * c1[0]["p50_ms"], ORANGE, "-.", "target: 3 x C=1 p50")] if c1 else []
+    labels = {"title": "Acquire latency vs number of slots", "ylabel": "acquire latency (ms, log)"}
+    labels["xlabel"] = "slots C (C-1 held by another connection)"
     with figure(
-        path,
-        (7.0, 4.2),
-        title="Acquire latency vs number of slots",
-        xlabel="slots C (C-1 held by another connection)",
-        ylabel="acquire latency (ms, log)",
-        log="xy",
-        grid="both",
-        hlines=marks,
-        legend={"fontsize": 8},
+        path, (7.0, 4.2), log="xy", grid="both", lines=marks, legend={"fontsize": 8}, **labels
     ) as ax:
         for position, color in (("last", RED), ("first", BLUE)):
             sel = c1 + [x for x in rows if x["free_slot"] == position and x not in c1]
             sel.sort(key=lambda x: x["capacity"])
-            cs = [x["capacity"] for x in sel]
             for key, style, alpha in (("p50", "o-", 1.0), ("p99", "o--", 0.5)):
-                ys = [x[f"{key}_ms"] for x in sel]
-                label = f"free slot {position}: {key}"
-                ax.plot(cs, ys, style, color=color, alpha=alpha, label=label)
+                ys, label = [x[f"{key}_ms"] for x in sel], f"free slot {position}: {key}"
+                ax.plot(
+                    [x["capacity"] for x in sel], ys, style, color=color, alpha=alpha, label=label
+                )
 
 
 def handoff(r: dict[str, Any], path: Path) -> None:
     c, plan = r["contention"], r["contention"]["plan"]
     xs = sorted(x for x in c["handoff_samples_ms"] if x > 0)
+    title = f"Handoff CDF: {plan['processes']} processes, {plan['slots']} slots, "
+    title += f"{c['runs']} x {plan['seconds']:.0f} s"
+    xlabel = "release -> next grant of the same slot (ms, log)"
     with figure(
-        path,
-        (7.0, 3.8),
-        title=f"Handoff CDF: {plan['processes']} processes, {plan['slots']} slots, "
-        f"{c['runs']} x {plan['seconds']:.0f} s",
-        xlabel="release -> next grant of the same slot (ms, log)",
-        ylabel="fraction of handoffs",
-        grid="both",
+        path, (7.0, 3.8), grid="both", title=title, xlabel=xlabel, ylabel="fraction of handoffs"
     ) as ax:
         if xs:
             ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", color=GREEN)
@@ -236,16 +175,10 @@ def fairness(r: dict[str, Any], path: Path) -> None:
     c = r["contention"]
     grants = c["grants_per_process_last_run"]
     mean = sum(grants) / len(grants) if grants else 0.0
-    marks = [Line(mean, "grey", ":", f"mean {mean:.0f}")] if grants else []
-    with figure(
-        path,
-        (7.0, 3.2),
-        title=f"Grants per process (last run of {c['runs']})",
-        xlabel="process",
-        ylabel="grants",
-        hlines=marks,
-        legend={} if grants else None,
-    ) as ax:
+    marks: list[Line] = [("h", mean, "grey", ":", f"mean {mean:.0f}")] if grants else []
+    title = f"Grants per process (last run of {c['runs']})"
+    with figure(path, (7.0, 3.2), lines=marks, legend={} if grants else None, title=title,
+                xlabel="process", ylabel="grants") as ax:  # fmt: skip
         ax.bar(range(1, len(grants) + 1), grants, color=PURPLE)
         ax.set_xticks(range(1, len(grants) + 1))
 
@@ -253,30 +186,27 @@ def fairness(r: dict[str, Any], path: Path) -> None:
 def handoff_compare(r: dict[str, Any], path: Path) -> None:
     fl = r["floors"]
     rtt = fl["broker_round_trip"]["p50_ms"]
-    marks = [Line(rtt, "grey", ":", f"RTT p50 {rtt:.2f} ms")]
-    marks += floor_lines(
-        fl,
-        ("reject_deliver_classic", GREEN, "floor: reject -> deliver"),
-        ("exclusive_declare", RED, "floor: exclusive declare"),
-    )
+    marks: list[Line] = [("v", rtt, "grey", ":", f"RTT p50 {rtt:.2f} ms")]
+    marks += floor_lines(fl, "v", "reject_deliver_classic", "exclusive_declare")
     legend = {"fontsize": 7, "loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "ncol": 2}
     with figure(
-        path, (10.0, 4.0), ncols=2, xlabel="ms (log scale)", grid="x", vlines=marks, legend=legend
-    ) as (a1, a2):
-        for ax, data, title in (
-            (a1, r.get("handoff", {}), "release -> blocked waiter holds"),
-            (a2, r.get("crash", {}), "holder kill -9 -> blocked waiter holds"),
+        path, (10.0, 4.0), 2, grid="x", lines=marks, legend=legend, xlabel="ms (log scale)"
+    ) as axes:
+        titles = ("release -> blocked waiter holds", "holder kill -9 -> blocked waiter holds")
+        for ax, data, title in zip(
+            axes, (r.get("handoff", {}), r.get("crash", {})), titles, strict=True
         ):
             kinds = [k for k in report.HANDOFF_KINDS if k in data]
             ys = rows_of(kinds)
             _p50_p99_bars(ax, ys, [data[k] for k in kinds])
-            labels = [report.KIND_LABELS[k].replace(", ", "\n") for k in kinds]
-            ax.set_yticks(ys, labels, fontsize=8)
+            ax.set_yticks(
+                ys, [report.KIND_LABELS[k].replace(", ", "\n") for k in kinds], fontsize=8
+            )
             ax.set_xscale("log")
-            ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             _log_ticks(ax.xaxis, minor=True)
             ax.set_title(title, fontsize=10)
-        a2.legend(**legend)
+        axes[1].legend(**legend)
 
 
 def _group_bars(
@@ -285,79 +215,62 @@ def _group_bars(
     """Bars at p50 of the tuned (above) and default (below) group per row, with samples."""
     for off, group in ((0.18, "tuned"), (-0.18, "default")):
         color, xs, yy = GROUP_COLORS[group], [], []
-        for y, groups in zip(ys, per, strict=True):
-            s = groups.get(group)
+        for y, s in ((y, groups.get(group)) for y, groups in zip(ys, per, strict=True)):
             if not s or "error" in s:
                 continue
             if s.get("censored"):
                 ax.barh(y + off, s["cap_s"] * 1000, height=0.34, color=color, alpha=0.15)
                 ax.text(s["cap_s"] * 1000, y + off, " never", fontsize=7, va="center")
-                continue
-            if s.get("n") == 0:
-                continue
-            ax.barh(
-                y + off,
-                s["p50_ms"] / scale,
-                height=0.34,
-                color=color,
-                alpha=0.6 if samples else 0.7,
-            )
-            if samples:
-                xs += [x / scale for x in s["samples_ms"]]
-                yy += [y + off] * len(s["samples_ms"])
-            else:
-                ax.scatter(s["samples_ms"], [y + off] * len(s["samples_ms"]), s=8, color=color)
+            elif s.get("n") != 0:
+                ax.barh(
+                    y + off,
+                    s["p50_ms"] / scale,
+                    height=0.34,
+                    color=color,
+                    alpha=0.6 if samples else 0.7,
+                )
+                if samples:
+                    xs += [x / scale for x in s["samples_ms"]]
+                    yy += [y + off] * len(s["samples_ms"])
+                else:
+                    ax.scatter(s["samples_ms"], [y + off] * len(s["samples_ms"]), s=8, color=color)
         if xs:
             ax.scatter(xs, yy, s=10, color=color, label=f"{group} settings: samples; bar: p50")
 
 
 def failover(r: dict[str, Any], path: Path) -> None:
     labels, per = report.failover_rows(r)
-    with bar_rows(
-        path,
-        labels,
-        (8.5, 0.45, 1.6),
-        fontsize=8,
-        xfmt="%g",
-        title="Locker failover",
-        xlabel="master kill -9 -> standby is master (s, log scale)",
-        legend=LOWER_RIGHT,
-    ) as (ax, ys):
+    xlabel = "master kill -9 -> standby is master (s, log scale)"
+    with bar_rows(path, labels, (8.5, 0.45, 1.6), 8, "%g", title="Locker failover", xlabel=xlabel,
+                  legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
         _group_bars(ax, ys, [per[label] for label in labels], 1000, samples=True)
 
 
 def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) -> None:
     """ours / floor per target row (log scale) with the target marked, per RabbitMQ line."""
-    runs = [r, *also]
-    first = {x["label"]: x for x in report.target_rows(r)}
+    runs, first = [r, *also], {x["label"]: x for x in report.target_rows(r)}
     labels = [label for label, x in first.items() if not x.get("higher_is_better")]
-    with bar_rows(
-        path,
-        [textwrap.fill(x.replace("`", ""), 34) for x in labels],
-        (9.0, 0.42, 1.8),
-        fontsize=7,
-        xfmt="%gx",
-        minor_labels=False,
-        title="Ours against the broker's floor, same run",
-        xlabel="ours / floor, p50 (log scale; left of the red mark = target met)",
-        legend=LOWER_RIGHT,
-    ) as (ax, ys):
+    rows = [textwrap.fill(x.replace("`", ""), 34) for x in labels]
+    title, xlabel = (
+        "Ours against the broker's floor, same run",
+        "ours / floor, p50 (log scale; left of the red mark = target met)",
+    )
+    with bar_rows(path, rows, (9.0, 0.42, 1.8), 7, "%gx", False, title=title, xlabel=xlabel,
+                  legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
         height = 0.8 / max(1, len(runs))
         for i, run in enumerate(runs):
-            by = {x["label"]: x for x in report.target_rows(run)}
-            xs, yy = [], []
-            for y, label in zip(ys, labels, strict=True):
-                row = by.get(label)
-                if row is None or row["ratio"] is None:
-                    continue
-                xs.append(row["ratio"])
-                yy.append(y + 0.4 - height * (i + 0.5))
-            color = (BLUE, GREEN, PURPLE)[i % 3]
-            ax.barh(yy, xs, height=height, color=color, label=f"RabbitMQ {report.version(run)}")
+            by = {x["label"]: x["ratio"] for x in report.target_rows(run)}
+            bars = [
+                (by.get(x), y + 0.4 - height * (i + 0.5)) for y, x in zip(ys, labels, strict=True)
+            ]
+            bars = [(x, y) for x, y in bars if x is not None]
+            color, label = (BLUE, GREEN, PURPLE)[i % 3], f"RabbitMQ {report.version(run)}"
+            ax.barh(
+                [y for _, y in bars], [x for x, _ in bars], height=height, color=color, label=label
+            )
         for y, label in zip(ys, labels, strict=True):
-            target = first[label]["target"]
-            if target.startswith("<="):
-                t = float(target[2:].strip().rstrip("x"))
+            if first[label]["target"].startswith("<="):
+                t = float(first[label]["target"][2:].strip().rstrip("x"))
                 ax.plot([t, t], [y - 0.45, y + 0.45], color=RED, linewidth=2)
         ax.axvline(1.0, color="grey", linestyle=":", label="the floor (1x)")
         ax.plot([], [], color=RED, linewidth=2, label="target")
@@ -367,8 +280,7 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
 
 
 def _peer_barh(ax: Any, kinds: list[str], p50: list[float], p99: list[float] | None) -> None:
-    ys = rows_of(kinds)
-    colors = [_color(k) for k in kinds]
+    ys, colors = rows_of(kinds), [_color(k) for k in kinds]
     if p99 is not None:
         ax.barh(ys, p99, color=colors, alpha=0.3)
     ax.barh(ys, p50, color=colors)
@@ -384,61 +296,50 @@ def _color(kind: str) -> str:
 
 
 def _peer_legend(p99: bool = True) -> dict[str, Any]:
-    handles = [
-        Patch(color=OURS_COLOR, label="amqp-locks"),
-        Patch(color=PEER_COLOR, label="peer, pushed wake-ups"),
-        Patch(color=POLL_COLOR, label="peer, polls"),
-    ]
-    if p99:
-        handles.append(Patch(color="grey", alpha=0.3, label="p99 (light)"))
+    colors = {
+        OURS_COLOR: "amqp-locks",
+        PEER_COLOR: "peer, pushed wake-ups",
+        POLL_COLOR: "peer, polls",
+    }
+    handles = [Patch(color=color, label=label) for color, label in colors.items()]
+    handles += [Patch(color="grey", alpha=0.3, label="p99 (light)")] if p99 else []
     return {"handles": handles, **LOWER_RIGHT}
 
 
 def cmp_uncontended(r: dict[str, Any], path: Path) -> None:
     uc = {k: s for k, s in r["peers"].get("uncontended", {}).items() if report.ok(s)}
-    kinds = list(uc)
-    rtt = r["floors"]["broker_round_trip"]["p50_ms"]
-    with figure(
-        path,
-        (8, 0.32 * len(kinds) + 1.5),
-        xlabel="uncontended acquire + release, ms (log scale)",
-        vlines=[Line(rtt, "grey", ":")],
-        legend=_peer_legend(),
-    ) as ax:
+    rtt, cycles = r["floors"]["broker_round_trip"]["p50_ms"], [s["cycle"] for s in uc.values()]
+    xlabel = "uncontended acquire + release, ms (log scale)"
+    with figure(path, (8, 0.32 * len(uc) + 1.5), lines=[("v", rtt, "grey", ":", None)],
+                legend=_peer_legend(), xlabel=xlabel) as ax:  # fmt: skip
         ax.set_title("Uncontended acquire + release", fontsize=10)
-        cycles = [uc[k]["cycle"] for k in kinds]
-        _peer_barh(ax, kinds, [s["p50_ms"] for s in cycles], [s["p99_ms"] for s in cycles])
-        ax.text(rtt, len(kinds) - 0.5, f" broker RTT {rtt:.2f} ms", fontsize=7)
+        _peer_barh(ax, list(uc), [s["p50_ms"] for s in cycles], [s["p99_ms"] for s in cycles])
+        ax.text(rtt, len(uc) - 0.5, f" broker RTT {rtt:.2f} ms", fontsize=7)
 
 
 def cmp_handoff(r: dict[str, Any], path: Path) -> None:
     p = r["peers"]
     palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i % 2 == 0]
     palette += [c for i, c in enumerate(plt.get_cmap("tab20b").colors) if i % 4 == 0]
-    with figure(
-        path,
-        (10.5, 4.8),
-        xlabel="waiters blocked when the holder releases",
-        ylabel="release -> next process holds, p50 ms (log)",
-        grid="both",
-        legend={"fontsize": 7, "ncol": 1, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)},
-    ) as ax:
+    legend = {"fontsize": 7, "ncol": 1, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
+    labels = {
+        "xlabel": "waiters blocked when the holder releases",
+        "ylabel": "release -> next process holds, p50 ms (log)",
+    }
+    with figure(path, (10.5, 4.8), grid="both", legend=legend, **labels) as ax:
         ax.set_title(
             "Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)", fontsize=10
         )
         for i, (k, cells) in enumerate(p.get("handoff", {}).items()):
             pts = sorted((int(n), s["p50_ms"]) for n, s in cells.items() if report.ok(s))
-            if not pts:
-                continue
-            ours = KINDS[k].ours
-            ax.plot(
-                [x for x, _ in pts],
-                [y for _, y in pts],
-                "o-" if ours else ("s--" if KINDS[k].polls else "^:"),
-                color=palette[i % len(palette)],
-                linewidth=2.5 if ours else 1.2,
-                label=report.plain(k),
+            ours, style = (
+                KINDS[k].ours,
+                "o-" if KINDS[k].ours else "s--" if KINDS[k].polls else "^:",
             )
+            if pts:
+                color, width = palette[i % len(palette)], 2.5 if ours else 1.2
+                xs, ys = [x for x, _ in pts], [y for _, y in pts]
+                ax.plot(xs, ys, style, color=color, linewidth=width, label=report.plain(k))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         _log_ticks(ax.xaxis, "%d")
@@ -448,12 +349,9 @@ def cmp_handoff(r: dict[str, Any], path: Path) -> None:
 
 def cmp_throughput(r: dict[str, Any], path: Path) -> None:
     tp = r["peers"].get("throughput", {})
+    xlabel = "grants per second (log); J = Jain fairness"
     with figure(
-        path,
-        (10, 5.0),
-        ncols=max(1, len(tp)),
-        xlabel="grants per second (log); J = Jain fairness",
-        legend=_peer_legend(p99=False),
+        path, (10, 5.0), max(1, len(tp)), legend=_peer_legend(p99=False), xlabel=xlabel
     ) as axes:
         for ax, (slots, cells) in zip(axes if len(tp) > 1 else [axes], tp.items(), strict=False):
             kinds = [k for k, c in cells.items() if "error" not in c]
@@ -461,44 +359,32 @@ def cmp_throughput(r: dict[str, Any], path: Path) -> None:
             for y, k in zip(rows_of(kinds), kinds, strict=True):
                 jain = cells[k]["fairness"]["jain"]
                 ax.text(cells[k]["grants_per_s"], y, f" J={jain:.2f}", fontsize=6, va="center")
-            processes = r["peers"]["plan"]["processes"]
-            ax.set_title(f"{processes} processes, {slots} slot(s)", fontsize=10)
+            ax.set_title(
+                f"{r['peers']['plan']['processes']} processes, {slots} slot(s)", fontsize=10
+            )
 
 
 def cmp_crash(r: dict[str, Any], path: Path) -> None:
     rows = r["peers"].get("crash", {}).get("rows", {})
-    kinds = list(rows)
+    xlabel = "holder kill -9 -> waiter holds, ms (log); bar p50, dots samples"
     with bar_rows(
-        path,
-        [report.plain(k) for k in kinds],
-        (8.5, 0.42, 1.6),
-        fontsize=8,
-        xfmt="%g",
-        xlabel="holder kill -9 -> waiter holds, ms (log); bar p50, dots samples",
+        path, [report.plain(k) for k in rows], (8.5, 0.42, 1.6), 8, "%g", xlabel=xlabel
     ) as (ax, ys):
         ax.set_title("Crash failover: default (red) and tuned (green) settings", fontsize=10)
-        _group_bars(ax, ys, [rows[k] for k in kinds], 1, samples=False)
+        _group_bars(ax, ys, list(rows.values()), 1, samples=False)
 
 
 def scale(r: dict[str, Any], path: Path) -> None:
     rows = r.get("scale", {}).get("rows", [])
-    xs = [row["locks"] for row in rows]
-    with figure(path, (10, 3.8), ncols=2, xlabel="distinct live locks held", grid="both") as (
-        a1,
-        a2,
-    ):
+    xs, broker = [row["locks"] for row in rows], [row.get("broker", {}) for row in rows]
+    with figure(path, (10, 3.8), 2, grid="both", xlabel="distinct live locks held") as (a1, a2):
         a1.plot(xs, [row["acquire"]["p50_ms"] for row in rows], "o-", label="p50")
         a1.plot(xs, [row["acquire"]["p99_ms"] for row in rows], "o--", alpha=0.5, label="p99")
         a1.set_ylabel("mutex acquire, ms")
         a1.set_ylim(bottom=0)
         a1.set_title("Acquire latency vs live locks", fontsize=10)
-        broker = [row.get("broker", {}) for row in rows]
-        a2.plot(
-            xs,
-            [b.get("memory", {}).get("total", math.nan) / 2**20 for b in broker],
-            "o-",
-            label="Erlang memory",
-        )
+        memory = [b.get("memory", {}).get("total", math.nan) / 2**20 for b in broker]
+        a2.plot(xs, memory, "o-", label="Erlang memory")
         a2.plot(xs, [(b.get("beam_rss") or math.nan) / 2**20 for b in broker], "s--", label="RSS")
         a2.set_ylabel("broker MiB")
         a2.set_title("Broker memory vs live locks", fontsize=10)
@@ -507,27 +393,13 @@ def scale(r: dict[str, Any], path: Path) -> None:
             ax.legend(fontsize=8)
 
 
-PLOTS = {
-    "floors": floors,
-    "search": search,
-    "handoff": handoff,
-    "fairness": fairness,
-    "handoff_compare": handoff_compare,
-    "failover": failover,
-    "cmp_uncontended": cmp_uncontended,
-    "cmp_handoff": cmp_handoff,
-    "cmp_throughput": cmp_throughput,
-    "cmp_crash": cmp_crash,
-    "scale": scale,
-}
-
-
 def render(r: dict[str, Any], also: list[dict[str, Any]], img_dir: Path) -> None:
     """Every plot of the report into ``img_dir`` (the peers' and the scale run's only when
     they were measured)."""
     img_dir.mkdir(parents=True, exist_ok=True)
-    skip = {*(PEER_PLOTS if "peers" not in r else ()), *(("scale",) if "scale" not in r else ())}
-    for key, plot in PLOTS.items():
-        if key not in skip:
-            plot(r, img_dir / FILES[key])
+    plots = [floors, search, handoff, fairness, handoff_compare, failover, scale]
+    plots += [cmp_uncontended, cmp_handoff, cmp_throughput, cmp_crash] if "peers" in r else []
+    for plot in plots:
+        if plot is not scale or "scale" in r:
+            plot(r, img_dir / FILES[plot.__name__])
     floors_targets(r, also, img_dir / FILES["floors_targets"])

@@ -1,30 +1,21 @@
-"""Every lock compared: ours and the peers, with their default and tuned settings.
+"""Every lock compared, ours and the peers', and one ``acquire(blocking) -> bool`` /
+``release()`` / ``close()`` interface over them (:func:`make`, in the process that uses it).
 
-``default`` is what a user gets by constructing the lock with no arguments; ``tuned`` is
-what we set to make a crashed holder's lock come free sooner (None: nothing to tune, the
-defaults already do what tuning would). ``wait`` says how a blocked acquire learns that
-the lock is free, ``crash`` what frees a crashed holder's lock: both are read from the
-libraries' code (versions in the report) and the measurements show them.
+``default`` settings are a user's with no arguments; ``tuned`` free a crashed holder's lock
+sooner (None: nothing to tune). ``wait`` and ``crash`` are read from the libraries' code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import random
+import threading
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from .adapters import (
-    Adapter,
-    FileLockLock,
-    KazooLock,
-    OursLock,
-    PgAdvisoryLock,
-    RedisLockLock,
-    RedisPyLock,
-    SlotsOfLocks,
-    ToozLock,
-)
-from .servers import postgres_dsn
 
 
 @dataclass(frozen=True)
@@ -107,40 +98,210 @@ KINDS: dict[str, Kind] = {k.key: k for k in (
          {"poll_interval": 0.05}, {"poll_interval": 0.005}, slots_recipe=True),
 )}
 # fmt: on
+#: Our one-permit locks as the report's own sections name them: (kind, settings).
+OURS = {
+    "token": ("ours_token", {}),
+    "token_nofence": ("ours_token", {"fencing": False}),
+    "token_quorum": ("ours_token", {"quorum": True}),
+    "mutex": ("ours_mutex", {}),
+    "semaphore": ("ours_semaphore", {}),
+}
+
+
+class Adapter:
+    """A lock object whose ``acquire(blocking=)`` / ``release()`` fit, and what closes it."""
+
+    def __init__(self, lock: Any, *closers: Callable[[], Any]) -> None:
+        self.lock, self.closers = lock, closers
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return bool(self.lock.acquire(blocking=blocking))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def close(self) -> None:
+        for close in self.closers:
+            with contextlib.suppress(Exception):
+                close()
+
+
+class _Ours(Adapter):
+    """Our lock: ``acquire`` returns the lease (slot number, fencing token), which releases."""
+
+    lease: Any = None
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        self.lease = self.lock.acquire(blocking=blocking, timeout=timeout)
+        return self.lease is not None
+
+    def release(self) -> None:
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.release()
+
+
+def _ours(kind: str, url: str, name: str, st: dict[str, Any]) -> Adapter:
+    from amqp_locks import Broker, Mutex, PersistentSemaphore, TokenSemaphore
+
+    broker = Broker(url, connection_name=f"amqp-locks bench {kind} {os.getpid()}").connect()
+    cls = {"ours_token": TokenSemaphore, "ours_mutex": Mutex}.get(kind, PersistentSemaphore)
+    return _Ours(cls(broker, name, **st), broker.close)
+
+
+def _redis_py(url: str, name: str, st: dict[str, Any]) -> Adapter:
+    """redis-py's ``Lock`` has no lease renewal: ``renew`` (tuned) re-acquires on a thread."""
+    import redis
+    from redis.exceptions import LockError
+
+    client = redis.Redis.from_url(url)
+    lock = client.lock(
+        f"bench:{name}", timeout=st["timeout"], sleep=st["sleep"], thread_local=False
+    )
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(st["renew"]):
+            with contextlib.suppress(LockError):  # raised at once when not held
+                lock.reacquire()
+
+    if st.get("renew"):
+        threading.Thread(target=renew, daemon=True).start()
+    return Adapter(lock, stop.set, client.close)
+
+
+def _redis_lock(url: str, name: str, st: dict[str, Any]) -> Adapter:
+    """python-redis-lock; its client gets ``socket_timeout=None``: redis-py 8's default 5 s
+    cuts the library's ``BLPOP`` of an unexpiring lock (timeout 0, "for ever")."""
+    import redis
+    import redis_lock
+
+    client = redis.Redis.from_url(url, socket_timeout=None)
+    expire, renewal = st["expire"], st["auto_renewal"]
+    return Adapter(
+        redis_lock.Lock(client, f"bench:{name}", expire, auto_renewal=renewal), client.close
+    )
+
+
+def _tooz(backend_url: str, name: str) -> Adapter:
+    """tooz's lock of one driver; the coordinator's heart thread renews (redis) locks."""
+    from tooz import coordination
+
+    member = f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode()
+    coord = coordination.get_coordinator(backend_url, member)
+    coord.start(start_heart=True)
+    return Adapter(coord.get_lock(f"bench-{name}".encode()), coord.stop)
+
+
+def _kazoo(hosts: str, name: str, slots: int, st: dict[str, Any], sem: bool) -> Adapter:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=hosts, timeout=st["session_timeout"])
+    client.start(timeout=30)
+    path = f"/bench/{name}"
+    lock = client.Semaphore(path, max_leases=slots) if sem else client.Lock(path)
+    return Adapter(lock, client.stop, client.close)
+
+
+class _PgAdvisory(Adapter):
+    """``pg_advisory_lock`` on a session of its own: the server queues blocked waiters."""
+
+    def __init__(self, dsn: str, name: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+        self.key = int.from_bytes(digest, "big", signed=True)
+        super().__init__(None, self.conn.close)
+
+    def acquire(self, blocking: bool = True) -> bool:
+        if blocking:
+            self.conn.execute("SELECT pg_advisory_lock(%s)", (self.key,))
+            return True
+        row = self.conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
+        return bool(row and row[0])
+
+    def release(self) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+
+
+class _FileLock(Adapter):
+    """filelock's ``FileLock`` (flock; a blocked acquire polls every ``poll_interval``)."""
+
+    def __init__(self, directory: str, name: str, st: dict[str, Any]) -> None:
+        from filelock import FileLock
+
+        os.makedirs(directory, exist_ok=True)
+        lock = FileLock(os.path.join(directory, f"{name}.lock"))
+        super().__init__(lock, lambda: lock.release(force=True))
+        self.poll = st["poll_interval"]
+
+    def acquire(self, blocking: bool = True) -> bool:
+        from filelock import Timeout
+
+        with contextlib.suppress(Timeout):
+            self.lock.acquire(timeout=-1 if blocking else 0, poll_interval=self.poll)
+            return True
+        return False
+
+
+class SlotsOfLocks(Adapter):
+    """``slots`` locks as one semaphore, the way users build one from a lock library: try
+    every lock without blocking in random order, else block on a random one."""
+
+    def __init__(self, make: Callable[[str], Adapter], name: str, slots: int) -> None:
+        self.locks = [make(f"{name}-{i}") for i in range(slots)]
+        self.held: Adapter | None = None
+        self.rng = random.Random(os.getpid())
+        super().__init__(None, *(lock.close for lock in self.locks))
+
+    def acquire(self, blocking: bool = True) -> bool:
+        order = self.rng.sample(self.locks, len(self.locks))
+        for lock in order:
+            if lock.acquire(blocking=False):
+                self.held = lock
+                return True
+        if blocking and order[0].acquire(blocking=True):
+            self.held = order[0]
+            return True
+        return False
+
+    def release(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            held.release()
 
 
 def make(
     kind: str, name: str, slots: int, targets: dict[str, str], group: str = "default"
 ) -> Adapter:
-    """The adapter of ``kind`` for lock ``name`` with ``slots`` slots (in this process)."""
-    k = KINDS[kind]
+    """The adapter of ``kind`` (a key of KINDS or OURS) for lock ``name`` with ``slots`` slots."""
+    if kind in OURS:
+        return _ours(OURS[kind][0], targets["amqp"], name, OURS[kind][1])
+    k, files = KINDS[kind], targets.get("files", "")
     st = k.settings(group)
     if slots > 1 and k.slots_recipe:
         return SlotsOfLocks(lambda n: make(kind, n, 1, targets, group), name, slots)
     if slots > 1 and not k.native_slots:
         raise ValueError(f"{k.label} has no semaphore")
-    if k.ours:
-        return OursLock(kind, targets["amqp"], name, st)
-    if kind == "redis_py":
-        return RedisPyLock(targets["redis"], name, st)
-    if kind == "redis_lock":
-        return RedisLockLock(targets["redis"], name, st)
-    if kind == "tooz_redis":
-        url = targets["redis"].rsplit("/", 1)[0]
-        return ToozLock(f"{url}?lock_timeout={st['lock_timeout']}", name)
-    if kind == "tooz_pg":
-        return ToozLock(postgres_dsn(targets["postgresql"]), name)
-    if kind == "tooz_zk":
-        return ToozLock(f"zookeeper://{targets['zookeeper']}?timeout={st['timeout']}", name)
-    if kind == "tooz_file":
-        return ToozLock(f"file://{os.path.join(targets['files'], 'tooz')}", name)
-    if kind in ("kazoo_lock", "kazoo_semaphore"):
-        return KazooLock(targets["zookeeper"], name, slots, st, sem=kind == "kazoo_semaphore")
-    if kind == "pg_advisory":
-        return PgAdvisoryLock(postgres_dsn(targets["postgresql"]), name)
-    if kind == "filelock":
-        return FileLockLock(os.path.join(targets["files"], "filelock"), name, st)
-    raise ValueError(kind)
+    pg = targets.get("postgresql", "").replace("postgresql+psycopg://", "postgresql://", 1)
+    factories: dict[str, Callable[[], Adapter]] = {
+        "redis_py": lambda: _redis_py(targets["redis"], name, st),
+        "redis_lock": lambda: _redis_lock(targets["redis"], name, st),
+        "tooz_redis": lambda: _tooz(
+            f"{targets['redis'].rsplit('/', 1)[0]}?lock_timeout={st.get('lock_timeout')}", name
+        ),
+        "tooz_pg": lambda: _tooz(pg, name),
+        "tooz_zk": lambda: _tooz(
+            f"zookeeper://{targets['zookeeper']}?timeout={st.get('timeout')}", name
+        ),
+        "tooz_file": lambda: _tooz(f"file://{os.path.join(files, 'tooz')}", name),
+        "kazoo_lock": lambda: _kazoo(targets["zookeeper"], name, slots, st, sem=False),
+        "kazoo_semaphore": lambda: _kazoo(targets["zookeeper"], name, slots, st, sem=True),
+        "pg_advisory": lambda: _PgAdvisory(pg, name),
+        "filelock": lambda: _FileLock(os.path.join(files, "filelock"), name, st),
+    }
+    return _ours(kind, targets["amqp"], name, st) if k.ours else factories[kind]()
 
 
 def available(targets: dict[str, str]) -> list[str]:

@@ -9,6 +9,7 @@ locker needs after a crash. Database servers are private ``devdb`` instances nam
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -110,12 +111,12 @@ def lockfaults_dbs() -> Iterator[dict[str, devdb.DbInfo]]:
             self[kind] = info
             return info
 
-    yield Servers()
-    for kind in started:
-        devdb.stop(kind, name=DB_NAME, base_dir=base / kind)
-    import shutil
-
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        yield Servers()
+    finally:
+        for kind in started:
+            devdb.stop(kind, name=DB_NAME, base_dir=base / kind)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def build_target(

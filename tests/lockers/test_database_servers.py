@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,10 +26,13 @@ FAST = {"lock_acquire_sleep_interval": 0.2}
 
 @pytest.fixture(scope="module", params=devdb.KINDS)
 def server(request: pytest.FixtureRequest) -> Iterator[devdb.DbInfo]:
+    """A private server of each kind; stopped and its data directory removed afterwards."""
     base = devdb.db_fixture_base()
-    info = devdb.start(request.param, name="lockertest", base_dir=base / request.param)
-    yield info
-    devdb.stop(request.param, name="lockertest", base_dir=base / request.param)
+    try:
+        yield devdb.start(request.param, name="lockertest", base_dir=base / request.param)
+    finally:
+        devdb.stop(request.param, name="lockertest", base_dir=base / request.param)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

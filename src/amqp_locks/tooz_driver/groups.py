@@ -43,11 +43,12 @@ class GroupsMixin(DriverBase):
     async def _live_member(
         self, session: Session, group_id: bytes, members: Members, member_id: bytes
     ) -> bool:
-        """:meth:`_live`, then MemberNotJoined unless `member_id` is among the live."""
+        """:meth:`_live`, then MemberNotJoined unless `member_id` is among the live.
+
+        The error makes the transaction discard its snapshot, stale records included: the
+        next transaction on the group drops them again."""
         changed, live = await self._live(session, group_id, members)
         if member_id not in live:
-            if changed:  # keep the clean-up, report the error
-                members.store()
             raise coordination.MemberNotJoined(group_id, member_id)
         return changed
 

@@ -116,7 +116,7 @@ def queue_arguments(version: tuple[int, int], quorum: bool) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def _connections(url: str, n: int, what: str) -> AsyncIterator[list[AbstractConnection]]:
+async def connections(url: str, n: int, what: str) -> AsyncIterator[list[AbstractConnection]]:
     props = {"connection_name": f"bench floor {what}"}
     conns = [await aiormq.connect(url, client_properties=props) for _ in range(n)]
     try:
@@ -126,17 +126,38 @@ async def _connections(url: str, n: int, what: str) -> AsyncIterator[list[Abstra
             await conn.close()
 
 
-async def _one_message_queue(conn: AbstractConnection, quorum: bool) -> tuple[AbstractChannel, str]:
-    """A fresh durable queue holding one message (durable: 4.x refuses transient ones)."""
-    ch = await conn.channel(publisher_confirms=True)
-    name = f"bench-floor-{'qq' if quorum else 'cq'}-{uuid.uuid4().hex[:8]}"
-    args = queue_arguments(server_version(conn.server_properties), quorum)
-    await ch.queue_declare(name, durable=True, arguments=args)
-    await ch.basic_publish(b"token", routing_key=name)
-    return ch, name
+@contextlib.asynccontextmanager
+async def one_message_queue(
+    url: str, n: int, quorum: bool, what: str
+) -> AsyncIterator[tuple[list[AbstractConnection], AbstractChannel, str]]:
+    """``n`` connections and a fresh durable queue holding one message, declared on a
+    channel of the first (durable: 4.x refuses transient ones); deleted afterwards."""
+    async with connections(url, n, what) as conns:
+        ch = await conns[0].channel(publisher_confirms=True)
+        name = f"bench-floor-{'qq' if quorum else 'cq'}-{uuid.uuid4().hex[:8]}"
+        args = queue_arguments(server_version(conns[0].server_properties), quorum)
+        await ch.queue_declare(name, durable=True, arguments=args)
+        await ch.basic_publish(b"token", routing_key=name)
+        try:
+            yield conns, ch, name
+        finally:
+            await ch.queue_delete(name)
 
 
-async def _reps(
+async def consume(ch: AbstractChannel, queue: str) -> tuple[str, asyncio.Future[Any]]:
+    """``basic.consume`` on ``queue``: the consumer tag and the first delivery's future,
+    set to (``perf_counter()`` on arrival, the message)."""
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def on_message(msg: DeliveredMessage) -> None:
+        if not got.done():
+            got.set_result((time.perf_counter(), msg))
+
+    ok = await ch.basic_consume(queue, on_message, no_ack=False)
+    return str(ok.consumer_tag), got
+
+
+async def repeat(
     sample: Callable[[], Awaitable[float | None]], samples: int, reps: int, warmup: int
 ) -> list[list[float]]:
     """``warmup`` untimed samples, then ``reps`` x ``samples``; None (a miss) is taken again."""
@@ -153,8 +174,7 @@ async def _reps(
 
 async def get_floor(url: str, quorum: bool, samples: int, reps: int) -> list[list[float]]:
     """``basic.get`` of the ready message, returned (untimed) by ``basic.reject(requeue)``."""
-    async with _connections(url, 1, "basic.get") as (conn,):
-        ch, name = await _one_message_queue(conn, quorum)
+    async with one_message_queue(url, 1, quorum, "basic.get") as (_, ch, name):
 
         async def sample() -> float | None:
             t0 = time.perf_counter()
@@ -166,10 +186,27 @@ async def get_floor(url: str, quorum: bool, samples: int, reps: int) -> list[lis
             await ch.basic_reject(msg.delivery_tag, requeue=True)
             return dt
 
-        try:
-            return await _reps(sample, samples, reps, min(50, samples))
-        finally:
-            await ch.queue_delete(name)
+        return await repeat(sample, samples, reps, min(50, samples))
+
+
+async def consume_floor(url: str, quorum: bool, samples: int, reps: int) -> list[list[float]]:
+    """``basic.consume`` -> delivery of the queue's one message, then (untimed) cancel and
+    ``basic.reject(requeue)``, as an uncontended token acquire and release do; the next
+    consume may find the message still being returned."""
+    async with one_message_queue(url, 1, quorum, "consume") as ((conn,), _, name):
+        ch = await conn.channel()
+        await ch.basic_qos(prefetch_count=1)
+
+        async def sample() -> float:
+            t0 = time.perf_counter()
+            tag, got = await consume(ch, name)
+            _, msg = await got
+            dt = time.perf_counter() - t0
+            await ch.basic_cancel(tag)
+            await ch.basic_reject(msg.delivery_tag or 0, requeue=True)
+            return dt
+
+        return await repeat(sample, samples, reps, samples)
 
 
 async def write_together(ch: AbstractChannel, frames: list[Any]) -> None:
@@ -180,46 +217,29 @@ async def write_together(ch: AbstractChannel, frames: list[Any]) -> None:
         await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
 
 
-class _Side:
-    """One connection of the reject -> deliver floor: a prefetch-1 consumer."""
-
-    def __init__(self, ch: AbstractChannel, queue: str) -> None:
-        self.ch, self.queue, self.tag, self.delivery, self.at = ch, queue, "", 0, 0.0
-        self.got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def consume(self) -> None:
-        self.got = asyncio.get_running_loop().create_future()
-
-        async def on_message(msg: DeliveredMessage) -> None:
-            self.at, self.delivery = time.perf_counter(), msg.delivery_tag or 0
-            if not self.got.done():
-                self.got.set_result(None)
-
-        self.tag = str(
-            (await self.ch.basic_consume(self.queue, on_message, no_ack=False)).consumer_tag
-        )
-
-    async def hand_over(self, tx: bool) -> tuple[float, Awaitable[Any] | None]:
-        """Cancel (untimed), then reject the held message; returns the time just before. With
-        ``tx``, a fenced token release's steps: cancel (nowait), ack and publish again in one
-        write, then ``tx.commit`` (its reply awaited in the returned task, untimed)."""
-        if not tx:
-            await self.ch.basic_cancel(self.tag)
-            t0 = time.perf_counter()
-            await self.ch.basic_reject(self.delivery, requeue=True)
-            return t0, None
-        chan: Any = self.ch
-        chan.consumers.pop(self.tag, None)  # nowait: no cancel-ok will come
-        frames = [
-            spec.Basic.Cancel(consumer_tag=self.tag, nowait=True),
-            spec.Basic.Ack(delivery_tag=self.delivery),
-            spec.Basic.Publish(exchange="", routing_key=self.queue),
-            ContentHeader(body_size=len(b"token"), properties=spec.Basic.Properties()),
-            ContentBody(b"token"),
-        ]
+async def _hand_over(
+    ch: AbstractChannel, queue: str, tag: str, delivery: int, tx: bool
+) -> tuple[float, Awaitable[Any] | None]:
+    """Cancel (untimed), then reject the held message; returns the time just before. With
+    ``tx``, a fenced token release's steps: cancel (nowait), ack and publish again in one
+    write, then ``tx.commit`` (its reply awaited in the returned task, untimed)."""
+    if not tx:
+        await ch.basic_cancel(tag)
         t0 = time.perf_counter()
-        await write_together(self.ch, frames)
-        return t0, asyncio.ensure_future(self.ch.tx_commit())
+        await ch.basic_reject(delivery, requeue=True)
+        return t0, None
+    chan: Any = ch
+    chan.consumers.pop(tag, None)  # nowait: no cancel-ok will come
+    frames = [
+        spec.Basic.Cancel(consumer_tag=tag, nowait=True),
+        spec.Basic.Ack(delivery_tag=delivery),
+        spec.Basic.Publish(exchange="", routing_key=queue),
+        ContentHeader(body_size=len(b"token"), properties=spec.Basic.Properties()),
+        ContentBody(b"token"),
+    ]
+    t0 = time.perf_counter()
+    await write_together(ch, frames)
+    return t0, asyncio.ensure_future(ch.tx_commit())
 
 
 async def handoff_floor(
@@ -228,38 +248,35 @@ async def handoff_floor(
     """From just before the holder's reject (or fenced release) on connection A to the
     delivery callback of B's consumer; A cancelled its consumer first (untimed, as a token
     release does) and consumes again afterwards, so the roles swap every sample."""
-    async with _connections(url, 2, "reject") as conns:
-        setup, name = await _one_message_queue(conns[0], quorum)
-        sides = []
+    async with one_message_queue(url, 2, quorum, "reject") as (conns, _, name):
+        chans = []
         for conn in conns:
-            ch = await conn.channel(publisher_confirms=not tx)
+            chans.append(ch := await conn.channel(publisher_confirms=not tx))
             await ch.basic_qos(prefetch_count=1)
             if tx:
                 await ch.tx_select()
-            sides.append(_Side(ch, name))
-        await sides[0].consume()
-        await asyncio.wait_for(sides[0].got, 10)
-        await sides[1].consume()
+        held = await consume(chans[0], name)
+        await asyncio.wait_for(held[1], 10)
+        waiting = await consume(chans[1], name)
 
         async def sample() -> float:
-            holder, waiter = sides
-            t0, commit = await holder.hand_over(tx)
-            await asyncio.wait_for(waiter.got, 10)
+            nonlocal held, waiting
+            tag, got = held
+            delivery = got.result()[1].delivery_tag or 0
+            t0, commit = await _hand_over(chans[0], name, tag, delivery, tx)
+            at, _ = await asyncio.wait_for(waiting[1], 10)
             if commit is not None:
                 await commit
-            await holder.consume()  # the releaser waits next
-            sides.reverse()
-            return waiter.at - t0
+            held, waiting = waiting, await consume(chans[0], name)  # the releaser waits next
+            chans.reverse()
+            return at - t0
 
-        try:
-            return await _reps(sample, samples, reps, min(20, samples))
-        finally:
-            await setup.queue_delete(name)
+        return await repeat(sample, samples, reps, min(20, samples))
 
 
 async def _declare_floor(url: str, samples: int, reps: int) -> dict[str, list[list[float]]]:
     """Exclusive ``queue.declare`` and, timed separately, its ``queue.delete``."""
-    async with _connections(url, 1, "exclusive declare") as (conn,):
+    async with connections(url, 1, "exclusive declare") as (conn,):
         ch = await conn.channel()
         name = f"bench-floor-x-{uuid.uuid4().hex[:8]}"
         deletes: list[float] = []
@@ -272,7 +289,7 @@ async def _declare_floor(url: str, samples: int, reps: int) -> dict[str, list[li
             deletes.append(time.perf_counter() - t1)
             return t1 - t0
 
-        out = await _reps(sample, samples, reps, min(20, samples))
+        out = await repeat(sample, samples, reps, min(20, samples))
         dels = deletes[-samples * reps :]
         split = [dels[i * samples : (i + 1) * samples] for i in range(reps)]
         return {"exclusive_declare": out, "exclusive_delete": split}
@@ -282,8 +299,7 @@ async def _token_cycle_floor(url: str, samples: int, reps: int) -> list[list[flo
     """Consume -> delivery of a token whose last release (cancel, ack, re-publish, commit on
     the other channel) was sent but not yet committed: what an acquire right after a
     release waits for, with no library code in between."""
-    async with _connections(url, 1, "token cycle") as (conn,):
-        setup, name = await _one_message_queue(conn, quorum=False)
+    async with one_message_queue(url, 1, False, "token cycle") as ((conn,), _, name):
         chans = []
         for _ in range(2):
             chans.append(ch := await conn.channel(publisher_confirms=False))
@@ -299,29 +315,21 @@ async def _token_cycle_floor(url: str, samples: int, reps: int) -> list[list[flo
 
         async def sample() -> float:
             chans.reverse()
-            ch = chans[0]
-            got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
-
-            async def on_message(msg: DeliveredMessage) -> None:
-                if not got.done():
-                    got.set_result(msg)
-
             t0 = time.perf_counter()
-            ok = await ch.basic_consume(name, on_message, no_ack=False)
-            msg = await got
+            tag, got = await consume(chans[0], name)
+            _, msg = await got
             dt = time.perf_counter() - t0
             if committing:  # the channel we release on next must have finished its commit
                 await committing.pop()
-            tag, delivery = str(ok.consumer_tag), msg.delivery_tag or 0
-            committing.append(asyncio.ensure_future(give_back(ch, tag, delivery)))
+            give = give_back(chans[0], tag, msg.delivery_tag or 0)
+            committing.append(asyncio.ensure_future(give))
             return dt
 
         try:
-            return await _reps(sample, samples, reps, min(50, samples))
+            return await repeat(sample, samples, reps, min(50, samples))
         finally:
             if committing:
                 await committing.pop()
-            await setup.queue_delete(name)
 
 
 async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[float]]:
@@ -329,10 +337,9 @@ async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[f
     publishes a mandatory notice; the waiter, on the notice, declares N exclusive, then
     consumes N and takes the fence (quorum get + reject) at once. Timed from the delete
     to the waiter's last reply."""
-    async with _connections(url, 2, "mutex") as (ca, cb):
+    async with one_message_queue(url, 2, True, "mutex") as ((cb, ca), _, fence):
         tag = uuid.uuid4().hex[:8]
         lock, wakeups = f"bench-floor-m-{tag}", f"bench-floor-m-{tag}-wakeups"
-        fence_ch, fence = await _one_message_queue(cb, quorum=True)
         a_ch = await ca.channel()
         b_ch, b_watch, b_wake = [await cb.channel() for _ in range(3)]
         await b_watch.basic_qos(prefetch_count=1)
@@ -367,9 +374,8 @@ async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[f
             return dt
 
         try:
-            return await _reps(sample, samples, reps, min(5, samples))
+            return await repeat(sample, samples, reps, min(5, samples))
         finally:
-            await fence_ch.queue_delete(fence)
             await b_wake.queue_delete(wakeups)
 
 

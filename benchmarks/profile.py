@@ -18,14 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import aiormq
-from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 from amqp_locks import Broker, TokenSemaphore
 from amqp_locks.names import token_queue
 from amqp_locks.tokens import acquire_permit
 
-from .floors import _one_message_queue, get_floor, write_together
+from .floors import consume, get_floor, one_message_queue, write_together
 from .stats import clocked
 
 GAP = 0.003
@@ -67,22 +66,16 @@ def acquire(url: str, n: int) -> dict[str, float]:
         async def raw(get: bool) -> float:
             session = await core.session()
             ch = await session.holder_channel(transactional=True)
-            got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
-
-            async def on(m: DeliveredMessage) -> None:
-                if not got.done():
-                    got.set_result(m)
-
             t = time.perf_counter()
             if get:
                 m = await ch.basic_get(queue, no_ack=False)
             else:
-                ok = await ch.basic_consume(queue, on, no_ack=False)
-                m = await got
+                tag, got = await consume(ch, queue)
+                _, m = await got
             dt = time.perf_counter() - t
             if not get:
-                await ch.basic_cancel(str(ok.consumer_tag))
-            await ch.basic_reject(m.delivery.delivery_tag, requeue=True)  # type: ignore[union-attr]
+                await ch.basic_cancel(tag)
+            await ch.basic_reject(m.delivery_tag, requeue=True)
             await ch.tx_commit()
             session.return_holder_channel(ch, transactional=True)
             return dt
@@ -254,23 +247,14 @@ def handoff(url: str, n: int, settle: float) -> dict[str, dict[str, float | None
             label = "amqp-locks, fencing on" if fencing else "amqp-locks, fencing=False"
             results[label] = {what: _stage_p50(rows, a, b) for what, a, b in STAGES}
 
-    async def queue(name: str | None = None) -> str:
-        conn = await aiormq.connect(url)
-        if name is None:
-            _, name = await _one_message_queue(conn, quorum=False)
-        else:
-            await (await conn.channel()).queue_delete(name)
-        await conn.close()
-        return name
+    async def raw(together: bool) -> list[dict[str, float]]:
+        async with one_message_queue(url, 1, False, "profile") as (_, _, name):
+            return await asyncio.to_thread(_run, _raw, (url, name, together), n, settle)
 
     for together, label in (
         (False, "raw aiormq, one thread per process: cancel-ok awaited, then reject (timed)"),
         (True, "raw aiormq, one thread per process: cancel (nowait) + reject in one write"),
     ):
-        name = asyncio.run(queue())
-        try:
-            rows = _run(_raw, (url, name, together), n, settle)
-        finally:
-            asyncio.run(queue(name))
+        rows = asyncio.run(raw(together))
         results[label] = {STAGES[2][0]: _stage_p50(rows, "h_write", "w_token")}
     return results

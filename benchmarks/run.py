@@ -1,22 +1,10 @@
-"""The one benchmark runner: named scenarios against private servers on loopback.
+"""The one benchmark runner: ``python -m benchmarks.run [SCENARIO]`` against private
+servers on loopback (scenarios, options and outputs: benchmarks/README.md).
 
-    python -m benchmarks.run            # scenario `report` (~20 min): every measurement of
-                                        # docs/benchmarks.md into benchmarks/results/latest.json,
-                                        # then the report (docs/benchmarks.md, docs/img/)
-    python -m benchmarks.run --quick    # smoke run (<3 min) into benchmarks/results/quick/
-    python -m benchmarks.run --render-only benchmarks/results/latest.json
-    python -m benchmarks.run --rabbitmq 4.0   # on a private RabbitMQ 4.0 node:
-                                        # benchmarks/results/latest-4.0.json and
-                                        # benchmarks/results/rabbitmq-4.0/benchmarks.md
-    python -m benchmarks.run celery-overhead [--calls 200]  # docs/celery.md
-    python -m benchmarks.run cluster [--rabbitmq 4.3]        # docs/cluster.md (3-node cluster)
-    python -m benchmarks.run cluster-failover [--trials 3]   # 3-node cluster: node loss
-    python -m benchmarks.run profile-acquire [-n 1000]       # docs/benchmarks.md's profiles
-    python -m benchmarks.run profile-handoff [-n 200] [--settle 0.05]
-
-The report's node (``amqplocksbench-<checkout hash>``, separate from the tests'
-``amqplockstest``) is started by the run and stopped at the end unless it was already
-running; ``--url`` uses another broker.
+``report`` (the default; ``scripts/bench``) measures every figure of docs/benchmarks.md
+into a results JSON, then renders the report from it; ``--render-only JSON`` only renders.
+The others feed docs/celery.md (``celery-overhead``), docs/cluster.md (``cluster``) and
+docs/benchmarks.md's profiles (``profile-acquire``, ``profile-handoff``).
 """
 
 from __future__ import annotations
@@ -154,12 +142,8 @@ def measure(
         broker_pid = int(pid_file.read_text().strip())  # type: ignore[union-attr]
     pids, ours = {"client": os.getpid(), "broker": broker_pid}, {"amqp": url}
     results: dict[str, Any] = {"quick": quick, "environment": _environment(url, command)}
-    started, busy0, own0, beam0 = (
-        time.monotonic(),
-        system_busy(),
-        own_cpu(),
-        process_cpu(broker_pid),
-    )
+    started, busy0 = time.monotonic(), system_busy()
+    own0, beam0 = own_cpu(), process_cpu(broker_pid)
 
     def figures(key: str) -> None:
         for label, s in results[key].items():
@@ -260,8 +244,7 @@ def _default_paths(quick: bool, line: str) -> tuple[Path, Path, Path]:
     owns docs/benchmarks.md; another line's full report goes under benchmarks/results/."""
     host = line == devbroker.HOST_VERSION
     if quick:
-        suffix = "" if host else f"-{line}"
-        base = RESULTS / "quick"
+        base, suffix = RESULTS / "quick", "" if host else f"-{line}"
         return (
             base / f"results{suffix}.json",
             base / f"benchmarks{suffix}.md",
@@ -341,9 +324,8 @@ def _report(args: argparse.Namespace, argv: list[str] | None) -> int:
         return 0
     json_path, doc, img_dir = _default_paths(args.quick, args.rabbitmq)
     json_path, doc, img_dir = args.json or json_path, args.doc or doc, args.img_dir or img_dir
-    command = shlex.join(
-        ["python", "-m", "benchmarks.run", *(sys.argv[1:] if argv is None else argv)]
-    )
+    argv = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "benchmarks.run", *argv])
     if os.environ.get("PYTHONPATH"):  # e.g. measuring a snapshot of the library
         command = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} {command}"
     failed: list[str] = []
@@ -365,49 +347,40 @@ def _report(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def _scenario(args: argparse.Namespace, _: Any) -> int:
-    """The scenarios besides the report, each quoted in its doc (see ``--help``)."""
+    """The scenarios besides the report, each quoted in its doc (see the module docstring)."""
     if args.scenario == "celery-overhead":  # its own private node and Redis
         from benchmarks import celery_overhead
 
         result = celery_overhead.run(args.calls or 200, args.warmup, args.node)
         _write_json(args.json or RESULTS / "celery-overhead.json", result)
         print(celery_overhead.table(result))
-    elif args.scenario.startswith("cluster"):  # private nodes of --rabbitmq (default 4.3)
+        return 0
+    if args.scenario == "cluster":  # private nodes of --rabbitmq (default 4.3)
         from benchmarks import cluster
 
-        if args.scenario == "cluster-failover":
-            print(cluster.failover_table(args.trials))
-            return 0
         version = args.rabbitmq_given or "4.3"
         results = cluster.run(version, *((12, 1) if args.quick else (100, 3)), _log)
         _write_json(args.json or RESULTS / f"cluster-{version}.json", results)
         print(cluster.table(results))
-    else:
-        from benchmarks import profile
+        return 0
+    from benchmarks import profile
 
-        def body(url: str, _: Any) -> None:
-            if args.scenario == "profile-acquire":
-                for what, p50 in profile.acquire(url, args.n or 1000).items():
-                    print(f"{p50:7.3f} ms p50  {what}")
-                return
-            for label, stages in profile.handoff(url, args.n or 200, args.settle).items():
-                print(label)
-                for what, p50 in stages.items():
-                    if p50 is not None:
-                        print(f"  {p50:7.3f} ms p50  {what}")
+    def body(url: str, _: Any) -> None:
+        if args.scenario == "profile-acquire":
+            for what, p50 in profile.acquire(url, args.n or 1000).items():
+                print(f"{p50:7.3f} ms p50  {what}")
+            return
+        for label, stages in profile.handoff(url, args.n or 200, args.settle).items():
+            print(label)
+            for what, p50 in stages.items():
+                if p50 is not None:
+                    print(f"  {p50:7.3f} ms p50  {what}")
 
-        _with_broker(args, body)
+    _with_broker(args, body)
     return 0
 
 
-SCENARIOS = (
-    "report",
-    "celery-overhead",
-    "cluster",
-    "cluster-failover",
-    "profile-acquire",
-    "profile-handoff",
-)
+SCENARIOS = ("report", "celery-overhead", "cluster", "profile-acquire", "profile-handoff")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -442,7 +415,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     add("--calls", type=int, help="celery-overhead: measured calls per variant (200)")
     add("--warmup", type=int, default=20, help="celery-overhead: unmeasured calls per variant")
-    add("--trials", type=int, default=3, help="cluster-failover: trials per primitive")
     add("-n", type=int, help="profile-*: samples (acquire 1000, handoff 200)")
     add("--settle", type=float, default=0.05, help="profile-handoff: the waiter's head start")
     args = parser.parse_args(argv)

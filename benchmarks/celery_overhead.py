@@ -104,14 +104,9 @@ def run(calls: int, warmup: int, node_name: str = "amqplocksbench") -> dict[str,
     app.conf.broker_url, app.conf.task_default_queue = node.url, queue
     app.conf.ONCE["settings"]["url"] = rinfo.url
     argv = [sys.executable, "-m", "celery", "-A", "benchmarks.celery_overhead", "worker"]
-    argv += ["--pool", "solo", "--queues", queue, "--hostname", f"{queue}@%h", "--loglevel"]
-    argv += [
-        "WARNING",
-        "--logfile",
-        str(tmp / "worker.log"),
-        "--without-gossip",
-        "--without-mingle",
-    ]
+    argv += ["--pool", "solo", "--queues", queue, "--hostname", f"{queue}@%h"]
+    argv += ["--loglevel", "WARNING", "--logfile", str(tmp / "worker.log")]
+    argv += ["--without-gossip", "--without-mingle"]
     worker = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
     samples: list[list[float]] = [[] for _ in VARIANTS]
     refusals = [0] * len(VARIANTS)

@@ -406,41 +406,43 @@ def primitives(url: str, samples: int, reps: int) -> dict[str, Any]:
         window = [f(name, k) for f in (slot_queue, holder_queue) for k in range(1, 9)]
         scratch = f"{name}-scratch"
 
-        async def channel() -> None:
-            await (await (await core.session()).open_channel()).close()
+        async def channel(s: Any) -> None:
+            await (await s.open_channel()).close()
+
+        async def declare(s: Any) -> None:
+            await s.declare(scratch, exclusive=True, arguments=HOLDER_ARGS)
+
+        async def delete(s: Any) -> None:
+            await s.delete(scratch)
 
         # label: (timed step, untimed step before, untimed step after), each (session) -> coro
-        steps: dict[str, tuple[Callable[[Any], Awaitable[Any]], ...]] = {
+        steps: dict[str, tuple[Any, ...]] = {
             "probe: 1 queue": (lambda s: s.probe(window[:1]),),
             "probe: window of 16 queues": (lambda s: s.probe(window),),
-            "open + close a channel (publisher confirms)": (lambda s: channel(),),
-            "declare an exclusive queue": (
-                lambda s: s.declare(scratch, exclusive=True, arguments=HOLDER_ARGS),
-                None,
-                lambda s: s.delete(scratch),
-            ),
-            "delete that queue": (
-                lambda s: s.delete(scratch),
-                lambda s: s.declare(scratch, exclusive=True, arguments=HOLDER_ARGS),
-            ),
+            "open + close a channel (publisher confirms)": (channel,),
+            "declare an exclusive queue": (declare, None, delete),
+            "delete that queue": (delete, declare),
             "fencing token (basic.get + reject on the quorum queue)": (
                 lambda s: take_token(s, name),
             ),
         }
 
-        def run(step: Callable[[Any], Awaitable[Any]] | None) -> None:
-            async def go() -> None:
-                await step(await core.session())  # type: ignore[misc]
+        def run(step: Callable[[Any], Awaitable[Any]]) -> float:
+            """``step(session)`` on the I/O loop, called from this thread: its seconds."""
 
-            if step is not None:
-                core.run(go())
+            async def go() -> None:
+                await step(await core.session())
+
+            t0 = time.perf_counter()
+            core.run(go())
+            return time.perf_counter() - t0
 
         def sample(step: Any, before: Any = None, after: Any = None) -> float:
-            run(before)
-            t0 = time.perf_counter()
-            run(step)
-            dt = time.perf_counter() - t0
-            run(after)
+            if before is not None:
+                run(before)
+            dt = run(step)
+            if after is not None:
+                run(after)
             return dt
 
         try:  # a first repetition warms up

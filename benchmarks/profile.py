@@ -13,7 +13,6 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from amqp_locks.names import token_queue
 from amqp_locks.tokens import acquire_permit
 
 from .floors import consume, get_floor, one_message_queue, write_together
-from .stats import clocked
+from .stats import clocked, fresh_lock
 
 GAP = 0.003
 
@@ -41,11 +40,9 @@ def _p50(sample: Callable[[], float], n: int, gap: float = GAP) -> float:
 
 def acquire(url: str, n: int) -> dict[str, float]:
     """The p50 (ms) of an uncontended token grant taken five ways."""
-    with Broker(url) as broker:
+    with fresh_lock(url, "token", tag="profile") as name, Broker(url) as broker:
         core = broker.connect()._core
-        sem = TokenSemaphore(broker, "profile-" + uuid.uuid4().hex[:8])
-        sem.setup(1)
-        queue = token_queue(sem.name)
+        sem, queue = TokenSemaphore(broker, name), token_queue(name)
 
         def outside() -> float:
             t = time.perf_counter()
@@ -80,21 +77,16 @@ def acquire(url: str, n: int) -> dict[str, float]:
             session.return_holder_channel(ch, transactional=True)
             return dt
 
-        try:
-            hop, caller = _p50(clocked(broker.round_trip), n, 0), _p50(outside, n)
-            floor = statistics.median(asyncio.run(get_floor(url, False, n, 1))[0]) * 1000
-            return {
-                "floor: raw aiormq basic.get, own connection and loop": floor,
-                "round_trip (thread hop + RTT)": hop,
-                "acquire, caller's thread": caller,
-                "acquire, inside the I/O loop": _p50(lambda: core.run(inside()), n),
-                "raw basic.consume -> token, inside the loop": _p50(
-                    lambda: core.run(raw(False)), n
-                ),
-                "raw basic.get, inside the loop (floor)": _p50(lambda: core.run(raw(True)), n),
-            }
-        finally:
-            sem.destroy()
+        hop, caller = _p50(clocked(broker.round_trip), n, 0), _p50(outside, n)
+        floor = statistics.median(asyncio.run(get_floor(url, False, n, 1))[0]) * 1000
+        return {
+            "floor: raw aiormq basic.get, own connection and loop": floor,
+            "round_trip (thread hop + RTT)": hop,
+            "acquire, caller's thread": caller,
+            "acquire, inside the I/O loop": _p50(lambda: core.run(inside()), n),
+            "raw basic.consume -> token, inside the loop": _p50(lambda: core.run(raw(False)), n),
+            "raw basic.get, inside the loop (floor)": _p50(lambda: core.run(raw(True)), n),
+        }
 
 
 STAGES = (
@@ -236,16 +228,11 @@ def _stage_p50(rows: list[dict[str, float]], a: str, b: str) -> float | None:
 def handoff(url: str, n: int, settle: float) -> dict[str, dict[str, float | None]]:
     """Per variant (ours with and without fencing, raw aiormq twice): p50 ms per stage."""
     results: dict[str, dict[str, float | None]] = {}
-    with Broker(url) as broker:
-        for fencing in (True, False):
-            sem = TokenSemaphore(broker, "profile-" + uuid.uuid4().hex[:8])
-            sem.setup(1)
-            try:
-                rows = _run(_ours, (url, sem.name, fencing), n, settle)
-            finally:
-                sem.destroy()
-            label = "amqp-locks, fencing on" if fencing else "amqp-locks, fencing=False"
-            results[label] = {what: _stage_p50(rows, a, b) for what, a, b in STAGES}
+    for fencing in (True, False):
+        with fresh_lock(url, "token", tag="profile") as name:
+            rows = _run(_ours, (url, name, fencing), n, settle)
+        label = "amqp-locks, fencing on" if fencing else "amqp-locks, fencing=False"
+        results[label] = {what: _stage_p50(rows, a, b) for what, a, b in STAGES}
 
     async def raw(together: bool) -> list[dict[str, float]]:
         async with one_message_queue(url, 1, False, "profile") as (_, _, name):

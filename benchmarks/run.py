@@ -28,12 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    __package__ = "benchmarks"
-
-import aiormq
-
 import amqp_locks
 from amqp_locks_dev import devbroker
 from benchmarks import compare, contention, failover, floors, handoff, latency, report, scale
@@ -106,9 +100,8 @@ def _environment(url: str, command: str) -> dict[str, Any]:
         return next((x.split(":", 1)[1].strip() for x in lines if x.startswith(key)), "")
 
     async def server_properties() -> dict[str, Any]:  # RabbitMQ's own account of itself
-        conn = await aiormq.connect(url)
-        await conn.close()
-        return dict(conn.server_properties)
+        async with floors.connections(url, 1, "environment") as (conn,):
+            return dict(conn.server_properties)
 
     props = asyncio.run(server_properties())
     text = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in props.items()}

@@ -245,9 +245,7 @@ async def _hand_over(
 async def handoff_floor(
     url: str, quorum: bool, samples: int, reps: int, tx: bool = False
 ) -> list[list[float]]:
-    """From just before the holder's reject (or fenced release) on connection A to the
-    delivery callback of B's consumer; A cancelled its consumer first (untimed, as a token
-    release does) and consumes again afterwards, so the roles swap every sample."""
+    """:data:`RAW`'s ``reject_deliver_*`` (``tx``: ``token_handoff_tx``); the roles swap."""
     async with one_message_queue(url, 2, quorum, "reject") as (conns, _, name):
         chans = []
         for conn in conns:
@@ -296,9 +294,7 @@ async def _declare_floor(url: str, samples: int, reps: int) -> dict[str, list[li
 
 
 async def _token_cycle_floor(url: str, samples: int, reps: int) -> list[list[float]]:
-    """Consume -> delivery of a token whose last release (cancel, ack, re-publish, commit on
-    the other channel) was sent but not yet committed: what an acquire right after a
-    release waits for, with no library code in between."""
+    """:data:`RAW`'s ``token_cycle``: what an acquire right after a release waits for."""
     async with one_message_queue(url, 1, False, "token cycle") as ((conn,), _, name):
         chans = []
         for _ in range(2):
@@ -333,10 +329,7 @@ async def _token_cycle_floor(url: str, samples: int, reps: int) -> list[list[flo
 
 
 async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[float]]:
-    """The broker steps of a mutex handoff, raw: the holder deletes N and, on delete-ok,
-    publishes a mandatory notice; the waiter, on the notice, declares N exclusive, then
-    consumes N and takes the fence (quorum get + reject) at once. Timed from the delete
-    to the waiter's last reply."""
+    """:data:`RAW`'s ``mutex_handoff``, from the delete to the waiter's last reply."""
     async with one_message_queue(url, 2, True, "mutex") as ((cb, ca), _, fence):
         tag = uuid.uuid4().hex[:8]
         lock, wakeups = f"bench-floor-m-{tag}", f"bench-floor-m-{tag}-wakeups"
@@ -394,11 +387,8 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
 
 
 def primitives(url: str, samples: int, reps: int) -> dict[str, Any]:
-    """The AMQP steps an acquire is made of, timed one by one through the library's internal
-    session API (the calls the client makes): an uncontended semaphore acquire is one window
-    of 16 probes (`A[1..8]`, `B[1..8]`), the exclusive declare of `B[k]` overlapped with
-    opening the lease's watch channel, two consumes overlapped with taking a fencing token
-    from the quorum fence queue; a release deletes `B[k]`."""
+    """The AMQP steps an uncontended semaphore acquire is made of (docs/benchmarks.md),
+    timed one by one through the library's internal session API."""
     with Broker(url) as broker:
         core, name = broker._core, unique_name("prim")
         admin = SemaphoreAdmin(broker, name)

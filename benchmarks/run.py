@@ -172,9 +172,8 @@ def measure(
     results["peers"] = compare.run(url, cfg["compare"], cfg["compare_uncontended"], _log)
     _log("scale: acquire latency and broker memory vs distinct live locks")
     t0, sizes, budget = time.monotonic(), cfg["scale_sizes"], cfg["scale_budget"]
-    results["scale"] = scale.live_locks(
-        url, node, broker_pid, sizes, budget, cfg["scale_extras"], _log
-    )
+    extras = cfg["scale_extras"]
+    results["scale"] = scale.live_locks(url, node, broker_pid, sizes, budget, extras, _log)
     results["scale"]["wall_s"] = round(time.monotonic() - t0, 1)
     for row in report.target_rows(results):
         verdict = {True: "met", False: "NOT met", None: "-"}[row["met"]]
@@ -237,12 +236,8 @@ def _default_paths(quick: bool, line: str) -> tuple[Path, Path, Path]:
     owns docs/benchmarks.md; another line's full report goes under benchmarks/results/."""
     host = line == devbroker.HOST_VERSION
     if quick:
-        base, suffix = RESULTS / "quick", "" if host else f"-{line}"
-        return (
-            base / f"results{suffix}.json",
-            base / f"benchmarks{suffix}.md",
-            base / f"img{suffix}",
-        )
+        q, sfx = RESULTS / "quick", "" if host else f"-{line}"
+        return q / f"results{sfx}.json", q / f"benchmarks{sfx}.md", q / f"img{sfx}"
     if host:
         return RESULTS / "latest.json", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "img"
     sub = RESULTS / f"rabbitmq-{line}"
@@ -252,11 +247,8 @@ def _default_paths(quick: bool, line: str) -> tuple[Path, Path, Path]:
 def _also(args: argparse.Namespace, line: str, own: Path) -> list[dict[str, Any]]:
     """Results of the other RabbitMQ lines whose floors/targets table the report shows too:
     ``--also`` files, else the other lines' default results files that exist."""
-    paths = args.also
-    if paths is None:
-        paths = [
-            _default_paths(args.quick, other)[0] for other in devbroker.VERSIONS if other != line
-        ]
+    others = [v for v in devbroker.VERSIONS if v != line]
+    paths = args.also or [_default_paths(args.quick, v)[0] for v in others]
     out = []
     for p in paths:
         if p.name != "none" and p.exists() and p.resolve() != own.resolve():
@@ -391,21 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     add("--doc", type=Path, help="markdown report")
     add("--img-dir", type=Path, help="directory for the PNG plots")
     add("--render-only", type=Path, metavar="JSON", help="re-render docs from a results file")
-    add(
-        "--rabbitmq",
-        choices=devbroker.VERSIONS,
-        help="RabbitMQ line of the private node (default: $AMQP_LOCKS_RABBITMQ, else 3.10; "
-        "cluster: 4.3); for the report a line other than 3.10 writes latest-LINE.json and "
-        "its report under benchmarks/results/rabbitmq-LINE/",
-    )
-    add(
-        "--also",
-        type=Path,
-        action="append",
-        metavar="JSON",
-        help="also show the floors/targets table of this results file (another RabbitMQ "
-        "line); default: the other lines' results files that exist; `--also none`: none",
-    )
+    lines = "default: $AMQP_LOCKS_RABBITMQ, else 3.10; cluster: 4.3"
+    add("--rabbitmq", choices=devbroker.VERSIONS, help=f"private node's line ({lines})")
+    also = "another line's results file whose floors/targets table to show too (or none)"
+    add("--also", type=Path, action="append", metavar="JSON", help=also)
     add("--calls", type=int, help="celery-overhead: measured calls per variant (200)")
     add("--warmup", type=int, default=20, help="celery-overhead: unmeasured calls per variant")
     add("-n", type=int, help="profile-*: samples (acquire 1000, handoff 200)")

@@ -19,7 +19,7 @@ from typing import Any
 from amqp_locks import Broker, Lease, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
 from amqp_locks_dev import devbroker, devcluster
 
-from .floors import consume_floor, handoff_floor
+from .floors import handoff_floor, take_floor
 from .stats import Budget, summarize_reps, timed
 
 SETTLE = 0.05  # the waiter's head start before each handoff (it must be waiting)
@@ -81,9 +81,11 @@ def handoff_reps(pair: list[Broker], kind: str, samples: int, reps: int) -> list
 
 
 def floors(url: str, samples: int, reps: int) -> dict[str, Any]:
+    consume = take_floor(url, True, samples, reps, get=False)
+    reject = handoff_floor(url, True, samples, reps)
     return {
-        f"{what}_deliver_quorum": summarize_reps(asyncio.run(floor(url, True, samples, reps)))
-        for what, floor in (("consume", consume_floor), ("reject", handoff_floor))
+        "consume_deliver_quorum": summarize_reps(asyncio.run(consume)),
+        "reject_deliver_quorum": summarize_reps(asyncio.run(reject)),
     }
 
 

@@ -51,40 +51,34 @@ RAW = {
 MUTEX_SETTLE = 0.05  # seconds the holder holds before each mutex handoff (as the report's)
 
 
-def _echo_server(port_pipe: Any) -> None:
+def _echo_server(srv: socket.socket) -> None:
     """Accept one client and echo fixed-size pings until it closes (runs in a child)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        port_pipe.send(srv.getsockname()[1])
-        conn, _ = srv.accept()
-        with conn:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while len(data := conn.recv(len(PING), socket.MSG_WAITALL)) == len(PING):
-                conn.sendall(data)
+    conn, _ = srv.accept()
+    with conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while len(data := conn.recv(len(PING), socket.MSG_WAITALL)) == len(PING):
+            conn.sendall(data)
 
 
 def loopback_rtt(samples: int, reps: int) -> list[list[float]]:
     """Round trips (seconds) to an echo server in a separate process."""
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_echo_server, args=(child,), daemon=True)
-    proc.start()
-    try:
-        port = parent.recv() if parent.poll(30) else None
-        with socket.create_connection(("127.0.0.1", port or 0), timeout=10) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        proc = mp.get_context("spawn").Process(target=_echo_server, args=(srv,), daemon=True)
+        proc.start()
+        try:
+            with socket.create_connection(srv.getsockname(), timeout=10) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-            def ping() -> None:
-                sock.sendall(PING)
-                if len(sock.recv(len(PING), socket.MSG_WAITALL)) != len(PING):
-                    raise ConnectionError("echo peer closed")
+                def ping() -> None:
+                    sock.sendall(PING)
+                    if len(sock.recv(len(PING), socket.MSG_WAITALL)) != len(PING):
+                        raise ConnectionError("echo peer closed")
 
-            # 200 warm-up pings: page in, settle the scheduler.
-            return timed(clocked(ping), Budget(reps, samples, warmup=200))
-    finally:
-        proc.join(5)
-        proc.kill()
+                # 200 warm-up pings: page in, settle the scheduler.
+                return timed(clocked(ping), Budget(reps, samples, warmup=200))
+        finally:
+            proc.join(5)
+            proc.kill()
 
 
 def broker_rtt(url: str, samples: int, reps: int) -> list[list[float]]:
@@ -172,41 +166,38 @@ async def repeat(
     return out
 
 
-async def get_floor(url: str, quorum: bool, samples: int, reps: int) -> list[list[float]]:
-    """``basic.get`` of the ready message, returned (untimed) by ``basic.reject(requeue)``."""
-    async with one_message_queue(url, 1, quorum, "basic.get") as (_, ch, name):
+async def take(ch: AbstractChannel, queue: str, get: bool) -> float | None:
+    """Seconds to take ``queue``'s message by ``basic.get`` (None if it is not back yet) or
+    ``basic.consume`` -> delivery; then, untimed, cancel the consumer and
+    ``basic.reject(requeue)``, as an uncontended token acquire and release do."""
+    t0 = time.perf_counter()
+    if get:
+        msg = await ch.basic_get(queue, no_ack=False)
+    else:
+        tag, got = await consume(ch, queue)
+        _, msg = await got
+    dt = time.perf_counter() - t0
+    if msg.delivery_tag is None:  # basic.get-empty: the last reject has not requeued it yet
+        await asyncio.sleep(0.001)
+        return None
+    if not get:
+        await ch.basic_cancel(tag)
+    await ch.basic_reject(msg.delivery_tag, requeue=True)
+    return dt
 
-        async def sample() -> float | None:
-            t0 = time.perf_counter()
-            msg = await ch.basic_get(name, no_ack=False)
-            dt = time.perf_counter() - t0
-            if isinstance(msg.delivery, spec.Basic.GetEmpty) or msg.delivery_tag is None:
-                await asyncio.sleep(0.001)  # the previous reject has not requeued it yet
-                return None
-            await ch.basic_reject(msg.delivery_tag, requeue=True)
-            return dt
 
-        return await repeat(sample, samples, reps, min(50, samples))
-
-
-async def consume_floor(url: str, quorum: bool, samples: int, reps: int) -> list[list[float]]:
-    """``basic.consume`` -> delivery of the queue's one message, then (untimed) cancel and
-    ``basic.reject(requeue)``, as an uncontended token acquire and release do; the next
-    consume may find the message still being returned."""
-    async with one_message_queue(url, 1, quorum, "consume") as ((conn,), _, name):
-        ch = await conn.channel()
-        await ch.basic_qos(prefetch_count=1)
-
-        async def sample() -> float:
-            t0 = time.perf_counter()
-            tag, got = await consume(ch, name)
-            _, msg = await got
-            dt = time.perf_counter() - t0
-            await ch.basic_cancel(tag)
-            await ch.basic_reject(msg.delivery_tag or 0, requeue=True)
-            return dt
-
-        return await repeat(sample, samples, reps, samples)
+async def take_floor(
+    url: str, quorum: bool, samples: int, reps: int, get: bool = True
+) -> list[list[float]]:
+    """:func:`take` back to back: ``basic.get`` on the declaring channel, or consume on a
+    prefetch-1 channel (the next consume may find the message still being returned)."""
+    what = "basic.get" if get else "consume"
+    async with one_message_queue(url, 1, quorum, what) as ((conn,), setup, name):
+        ch = setup if get else await conn.channel()
+        if not get:
+            await ch.basic_qos(prefetch_count=1)
+        warmup = min(50, samples) if get else samples
+        return await repeat(lambda: take(ch, name, get), samples, reps, warmup)
 
 
 async def write_together(ch: AbstractChannel, frames: list[Any]) -> None:
@@ -376,7 +367,7 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     """Every raw-aiormq floor (:data:`RAW`): its summary and label."""
     out: dict[str, Any] = {}
     for quorum, kind in ((False, "classic"), (True, "quorum")):
-        out[f"get_{kind}"] = asyncio.run(get_floor(url, quorum, samples, reps))
+        out[f"get_{kind}"] = asyncio.run(take_floor(url, quorum, samples, reps))
         out[f"reject_deliver_{kind}"] = asyncio.run(handoff_floor(url, quorum, samples, reps))
     out.update(asyncio.run(_declare_floor(url, samples, reps)))
     out["token_cycle"] = asyncio.run(_token_cycle_floor(url, samples, reps))

@@ -23,7 +23,7 @@ from amqp_locks import Broker, TokenSemaphore
 from amqp_locks.names import token_queue
 from amqp_locks.tokens import acquire_permit
 
-from .floors import consume, get_floor, one_message_queue, write_together
+from .floors import one_message_queue, take, take_floor, write_together
 from .stats import clocked, fresh_lock
 
 GAP = 0.003
@@ -60,25 +60,16 @@ def acquire(url: str, n: int) -> dict[str, float]:
             await state.release()
             return dt
 
-        async def raw(get: bool) -> float:
+        async def raw(get: bool) -> float | None:
             session = await core.session()
             ch = await session.holder_channel(transactional=True)
-            t = time.perf_counter()
-            if get:
-                m = await ch.basic_get(queue, no_ack=False)
-            else:
-                tag, got = await consume(ch, queue)
-                _, m = await got
-            dt = time.perf_counter() - t
-            if not get:
-                await ch.basic_cancel(tag)
-            await ch.basic_reject(m.delivery_tag, requeue=True)
+            dt = await take(ch, queue, get)
             await ch.tx_commit()
             session.return_holder_channel(ch, transactional=True)
             return dt
 
         hop, caller = _p50(clocked(broker.round_trip), n, 0), _p50(outside, n)
-        floor = statistics.median(asyncio.run(get_floor(url, False, n, 1))[0]) * 1000
+        floor = statistics.median(asyncio.run(take_floor(url, False, n, 1))[0]) * 1000
         return {
             "floor: raw aiormq basic.get, own connection and loop": floor,
             "round_trip (thread hop + RTT)": hop,

@@ -333,12 +333,15 @@ def _report(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 def _scenario(args: argparse.Namespace, _: Any) -> int:
     """The scenarios besides the report, each quoted in its doc (see the module docstring)."""
-    if args.scenario == "celery-overhead":  # its own private node and Redis
+    if args.scenario == "celery-overhead":  # on the private node, with a private Redis
         from benchmarks import celery_overhead
 
-        result = celery_overhead.run(args.calls or 200, args.warmup, args.node)
-        _write_json(args.json or RESULTS / "celery-overhead.json", result)
-        print(celery_overhead.table(result))
+        def celery(url: str, _: Any) -> None:
+            result = celery_overhead.run(url, args.rabbitmq, args.calls or 200, args.warmup)
+            _write_json(args.json or RESULTS / "celery-overhead.json", result)
+            print(celery_overhead.table(result))
+
+        _with_broker(args, celery)
         return 0
     if args.scenario == "cluster":  # private nodes of --rabbitmq (default 4.3)
         from benchmarks import cluster

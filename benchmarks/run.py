@@ -115,10 +115,9 @@ def _environment(url: str, command: str) -> dict[str, Any]:
         "kernel": f"{platform.system()} {platform.release()}",
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
-        **{
-            dist.replace("-", "_"): compare.version(dist)
-            for dist in ("aiormq", "pamqp", "amqp-locks")
-        },
+        "aiormq": compare.version("aiormq"),
+        "pamqp": compare.version("pamqp"),
+        "amqp_locks": compare.version("amqp-locks"),
         "git_commit": _git("rev-parse", "--short", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain", "--", "src")),
         "amqp_locks_path": str(here),

@@ -88,30 +88,26 @@ def _call(task: Any, i: int) -> tuple[float, int]:
     return time.perf_counter() - t0, refused
 
 
-def run(calls: int, warmup: int, node_name: str = "amqplocksbench") -> dict[str, Any]:
-    from amqp_locks_dev import devbroker, devredis
-
-    broker_was = devbroker.status(name=node_name) is not None
-    redis_was = devredis.status("celery-bench") is not None
-    node, rinfo = devbroker.start(name=node_name), devredis.start("celery-bench")
+def run(url: str, line: str, calls: int, warmup: int) -> dict[str, Any]:
+    """The round trips on the broker ``url`` (of RabbitMQ ``line``) and a private Redis."""
     import redis
+
+    from amqp_locks_dev import devredis
+
+    redis_was = devredis.status("celery-bench") is not None
+    rinfo = devredis.start("celery-bench")
 
     redis_version = str(redis.Redis.from_url(rinfo.url).info()["redis_version"])
     tmp = Path(tempfile.mkdtemp(prefix="celery-bench-"))
     queue, ready = f"celery-bench-{uuid.uuid4().hex[:8]}", tmp / "ready"
-    env = {**os.environ, "BENCH_BROKER": node.url, "BENCH_REDIS": rinfo.url, "BENCH_QUEUE": queue}
+    env = {**os.environ, "BENCH_BROKER": url, "BENCH_REDIS": rinfo.url, "BENCH_QUEUE": queue}
     env.update(BENCH_READY=str(ready), PYTHONPATH=str(ROOT))
-    app.conf.broker_url, app.conf.task_default_queue = node.url, queue
+    app.conf.broker_url, app.conf.task_default_queue = url, queue
     app.conf.ONCE["settings"]["url"] = rinfo.url
     argv = [sys.executable, "-m", "celery", "-A", "benchmarks.celery_overhead", "worker"]
-    argv += ["--pool", "solo", "--queues", queue, "--hostname", f"{queue}@%h", "--loglevel"]
-    argv += [
-        "WARNING",
-        "--logfile",
-        str(tmp / "worker.log"),
-        "--without-gossip",
-        "--without-mingle",
-    ]
+    argv += ["--pool", "solo", "--queues", queue, "--hostname", f"{queue}@%h"]
+    argv += ["--loglevel", "WARNING", "--logfile", str(tmp / "worker.log")]
+    argv += ["--without-gossip", "--without-mingle"]
     worker = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
     samples: list[list[float]] = [[] for _ in VARIANTS]
     refusals = [0] * len(VARIANTS)
@@ -137,8 +133,6 @@ def run(calls: int, warmup: int, node_name: str = "amqplocksbench") -> dict[str,
             worker.wait(10)
         if not redis_was:
             devredis.stop("celery-bench")
-        if not broker_was:
-            devbroker.stop(name=node_name)
     base = percentile(samples[0], 50)
     rows = []
     for (label, _, library, key), xs, refused in zip(VARIANTS, samples, refusals, strict=True):
@@ -152,7 +146,7 @@ def run(calls: int, warmup: int, node_name: str = "amqplocksbench") -> dict[str,
         "calls_per_variant": calls,
         "warmup_per_variant": warmup,
         "pool": "solo",
-        "rabbitmq_line": devbroker.default_version(),
+        "rabbitmq_line": line,
         "redis": redis_version,
         "celery": metadata.version("celery"),
         "celery_once": metadata.version("celery_once"),

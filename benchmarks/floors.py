@@ -51,40 +51,34 @@ RAW = {
 MUTEX_SETTLE = 0.05  # seconds the holder holds before each mutex handoff (as the report's)
 
 
-def _echo_server(port_pipe: Any) -> None:
+def _echo_server(srv: socket.socket) -> None:
     """Accept one client and echo fixed-size pings until it closes (runs in a child)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        port_pipe.send(srv.getsockname()[1])
-        conn, _ = srv.accept()
-        with conn:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while len(data := conn.recv(len(PING), socket.MSG_WAITALL)) == len(PING):
-                conn.sendall(data)
+    conn, _ = srv.accept()
+    with conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while len(data := conn.recv(len(PING), socket.MSG_WAITALL)) == len(PING):
+            conn.sendall(data)
 
 
 def loopback_rtt(samples: int, reps: int) -> list[list[float]]:
     """Round trips (seconds) to an echo server in a separate process."""
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_echo_server, args=(child,), daemon=True)
-    proc.start()
-    try:
-        port = parent.recv() if parent.poll(30) else None
-        with socket.create_connection(("127.0.0.1", port or 0), timeout=10) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        proc = mp.get_context("spawn").Process(target=_echo_server, args=(srv,), daemon=True)
+        proc.start()
+        try:
+            with socket.create_connection(srv.getsockname(), timeout=10) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-            def ping() -> None:
-                sock.sendall(PING)
-                if len(sock.recv(len(PING), socket.MSG_WAITALL)) != len(PING):
-                    raise ConnectionError("echo peer closed")
+                def ping() -> None:
+                    sock.sendall(PING)
+                    if len(sock.recv(len(PING), socket.MSG_WAITALL)) != len(PING):
+                        raise ConnectionError("echo peer closed")
 
-            # 200 warm-up pings: page in, settle the scheduler.
-            return timed(clocked(ping), Budget(reps, samples, warmup=200))
-    finally:
-        proc.join(5)
-        proc.kill()
+                # 200 warm-up pings: page in, settle the scheduler.
+                return timed(clocked(ping), Budget(reps, samples, warmup=200))
+        finally:
+            proc.join(5)
+            proc.kill()
 
 
 def broker_rtt(url: str, samples: int, reps: int) -> list[list[float]]:
@@ -116,7 +110,7 @@ def queue_arguments(version: tuple[int, int], quorum: bool) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def _connections(url: str, n: int, what: str) -> AsyncIterator[list[AbstractConnection]]:
+async def connections(url: str, n: int, what: str) -> AsyncIterator[list[AbstractConnection]]:
     props = {"connection_name": f"bench floor {what}"}
     conns = [await aiormq.connect(url, client_properties=props) for _ in range(n)]
     try:
@@ -126,17 +120,38 @@ async def _connections(url: str, n: int, what: str) -> AsyncIterator[list[Abstra
             await conn.close()
 
 
-async def _one_message_queue(conn: AbstractConnection, quorum: bool) -> tuple[AbstractChannel, str]:
-    """A fresh durable queue holding one message (durable: 4.x refuses transient ones)."""
-    ch = await conn.channel(publisher_confirms=True)
-    name = f"bench-floor-{'qq' if quorum else 'cq'}-{uuid.uuid4().hex[:8]}"
-    args = queue_arguments(server_version(conn.server_properties), quorum)
-    await ch.queue_declare(name, durable=True, arguments=args)
-    await ch.basic_publish(b"token", routing_key=name)
-    return ch, name
+@contextlib.asynccontextmanager
+async def one_message_queue(
+    url: str, n: int, quorum: bool, what: str
+) -> AsyncIterator[tuple[list[AbstractConnection], AbstractChannel, str]]:
+    """``n`` connections and a fresh durable queue holding one message, declared on a
+    channel of the first (durable: 4.x refuses transient ones); deleted afterwards."""
+    async with connections(url, n, what) as conns:
+        ch = await conns[0].channel(publisher_confirms=True)
+        name = f"bench-floor-{'qq' if quorum else 'cq'}-{uuid.uuid4().hex[:8]}"
+        args = queue_arguments(server_version(conns[0].server_properties), quorum)
+        await ch.queue_declare(name, durable=True, arguments=args)
+        await ch.basic_publish(b"token", routing_key=name)
+        try:
+            yield conns, ch, name
+        finally:
+            await ch.queue_delete(name)
 
 
-async def _reps(
+async def consume(ch: AbstractChannel, queue: str) -> tuple[str, asyncio.Future[Any]]:
+    """``basic.consume`` on ``queue``: the consumer tag and the first delivery's future,
+    set to (``perf_counter()`` on arrival, the message)."""
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def on_message(msg: DeliveredMessage) -> None:
+        if not got.done():
+            got.set_result((time.perf_counter(), msg))
+
+    ok = await ch.basic_consume(queue, on_message, no_ack=False)
+    return str(ok.consumer_tag), got
+
+
+async def repeat(
     sample: Callable[[], Awaitable[float | None]], samples: int, reps: int, warmup: int
 ) -> list[list[float]]:
     """``warmup`` untimed samples, then ``reps`` x ``samples``; None (a miss) is taken again."""
@@ -151,25 +166,38 @@ async def _reps(
     return out
 
 
-async def get_floor(url: str, quorum: bool, samples: int, reps: int) -> list[list[float]]:
-    """``basic.get`` of the ready message, returned (untimed) by ``basic.reject(requeue)``."""
-    async with _connections(url, 1, "basic.get") as (conn,):
-        ch, name = await _one_message_queue(conn, quorum)
+async def take(ch: AbstractChannel, queue: str, get: bool) -> float | None:
+    """Seconds to take ``queue``'s message by ``basic.get`` (None if it is not back yet) or
+    ``basic.consume`` -> delivery; then, untimed, cancel the consumer and
+    ``basic.reject(requeue)``, as an uncontended token acquire and release do."""
+    t0 = time.perf_counter()
+    if get:
+        msg = await ch.basic_get(queue, no_ack=False)
+    else:
+        tag, got = await consume(ch, queue)
+        _, msg = await got
+    dt = time.perf_counter() - t0
+    if msg.delivery_tag is None:  # basic.get-empty: the last reject has not requeued it yet
+        await asyncio.sleep(0.001)
+        return None
+    if not get:
+        await ch.basic_cancel(tag)
+    await ch.basic_reject(msg.delivery_tag, requeue=True)
+    return dt
 
-        async def sample() -> float | None:
-            t0 = time.perf_counter()
-            msg = await ch.basic_get(name, no_ack=False)
-            dt = time.perf_counter() - t0
-            if isinstance(msg.delivery, spec.Basic.GetEmpty) or msg.delivery_tag is None:
-                await asyncio.sleep(0.001)  # the previous reject has not requeued it yet
-                return None
-            await ch.basic_reject(msg.delivery_tag, requeue=True)
-            return dt
 
-        try:
-            return await _reps(sample, samples, reps, min(50, samples))
-        finally:
-            await ch.queue_delete(name)
+async def take_floor(
+    url: str, quorum: bool, samples: int, reps: int, get: bool = True
+) -> list[list[float]]:
+    """:func:`take` back to back: ``basic.get`` on the declaring channel, or consume on a
+    prefetch-1 channel (the next consume may find the message still being returned)."""
+    what = "basic.get" if get else "consume"
+    async with one_message_queue(url, 1, quorum, what) as ((conn,), setup, name):
+        ch = setup if get else await conn.channel()
+        if not get:
+            await ch.basic_qos(prefetch_count=1)
+        warmup = min(50, samples) if get else samples
+        return await repeat(lambda: take(ch, name, get), samples, reps, warmup)
 
 
 async def write_together(ch: AbstractChannel, frames: list[Any]) -> None:
@@ -180,86 +208,64 @@ async def write_together(ch: AbstractChannel, frames: list[Any]) -> None:
         await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
 
 
-class _Side:
-    """One connection of the reject -> deliver floor: a prefetch-1 consumer."""
-
-    def __init__(self, ch: AbstractChannel, queue: str) -> None:
-        self.ch, self.queue, self.tag, self.delivery, self.at = ch, queue, "", 0, 0.0
-        self.got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def consume(self) -> None:
-        self.got = asyncio.get_running_loop().create_future()
-
-        async def on_message(msg: DeliveredMessage) -> None:
-            self.at, self.delivery = time.perf_counter(), msg.delivery_tag or 0
-            if not self.got.done():
-                self.got.set_result(None)
-
-        self.tag = str(
-            (await self.ch.basic_consume(self.queue, on_message, no_ack=False)).consumer_tag
-        )
-
-    async def hand_over(self, tx: bool) -> tuple[float, Awaitable[Any] | None]:
-        """Cancel (untimed), then reject the held message; returns the time just before. With
-        ``tx``, a fenced token release's steps: cancel (nowait), ack and publish again in one
-        write, then ``tx.commit`` (its reply awaited in the returned task, untimed)."""
-        if not tx:
-            await self.ch.basic_cancel(self.tag)
-            t0 = time.perf_counter()
-            await self.ch.basic_reject(self.delivery, requeue=True)
-            return t0, None
-        chan: Any = self.ch
-        chan.consumers.pop(self.tag, None)  # nowait: no cancel-ok will come
-        frames = [
-            spec.Basic.Cancel(consumer_tag=self.tag, nowait=True),
-            spec.Basic.Ack(delivery_tag=self.delivery),
-            spec.Basic.Publish(exchange="", routing_key=self.queue),
-            ContentHeader(body_size=len(b"token"), properties=spec.Basic.Properties()),
-            ContentBody(b"token"),
-        ]
+async def _hand_over(
+    ch: AbstractChannel, queue: str, tag: str, delivery: int, tx: bool
+) -> tuple[float, Awaitable[Any] | None]:
+    """Cancel (untimed), then reject the held message; returns the time just before. With
+    ``tx``, a fenced token release's steps: cancel (nowait), ack and publish again in one
+    write, then ``tx.commit`` (its reply awaited in the returned task, untimed)."""
+    if not tx:
+        await ch.basic_cancel(tag)
         t0 = time.perf_counter()
-        await write_together(self.ch, frames)
-        return t0, asyncio.ensure_future(self.ch.tx_commit())
+        await ch.basic_reject(delivery, requeue=True)
+        return t0, None
+    chan: Any = ch
+    chan.consumers.pop(tag, None)  # nowait: no cancel-ok will come
+    frames = [
+        spec.Basic.Cancel(consumer_tag=tag, nowait=True),
+        spec.Basic.Ack(delivery_tag=delivery),
+        spec.Basic.Publish(exchange="", routing_key=queue),
+        ContentHeader(body_size=len(b"token"), properties=spec.Basic.Properties()),
+        ContentBody(b"token"),
+    ]
+    t0 = time.perf_counter()
+    await write_together(ch, frames)
+    return t0, asyncio.ensure_future(ch.tx_commit())
 
 
 async def handoff_floor(
     url: str, quorum: bool, samples: int, reps: int, tx: bool = False
 ) -> list[list[float]]:
-    """From just before the holder's reject (or fenced release) on connection A to the
-    delivery callback of B's consumer; A cancelled its consumer first (untimed, as a token
-    release does) and consumes again afterwards, so the roles swap every sample."""
-    async with _connections(url, 2, "reject") as conns:
-        setup, name = await _one_message_queue(conns[0], quorum)
-        sides = []
+    """:data:`RAW`'s ``reject_deliver_*`` (``tx``: ``token_handoff_tx``); the roles swap."""
+    async with one_message_queue(url, 2, quorum, "reject") as (conns, _, name):
+        chans = []
         for conn in conns:
-            ch = await conn.channel(publisher_confirms=not tx)
+            chans.append(ch := await conn.channel(publisher_confirms=not tx))
             await ch.basic_qos(prefetch_count=1)
             if tx:
                 await ch.tx_select()
-            sides.append(_Side(ch, name))
-        await sides[0].consume()
-        await asyncio.wait_for(sides[0].got, 10)
-        await sides[1].consume()
+        held = await consume(chans[0], name)
+        await asyncio.wait_for(held[1], 10)
+        waiting = await consume(chans[1], name)
 
         async def sample() -> float:
-            holder, waiter = sides
-            t0, commit = await holder.hand_over(tx)
-            await asyncio.wait_for(waiter.got, 10)
+            nonlocal held, waiting
+            tag, got = held
+            delivery = got.result()[1].delivery_tag or 0
+            t0, commit = await _hand_over(chans[0], name, tag, delivery, tx)
+            at, _ = await asyncio.wait_for(waiting[1], 10)
             if commit is not None:
                 await commit
-            await holder.consume()  # the releaser waits next
-            sides.reverse()
-            return waiter.at - t0
+            held, waiting = waiting, await consume(chans[0], name)  # the releaser waits next
+            chans.reverse()
+            return at - t0
 
-        try:
-            return await _reps(sample, samples, reps, min(20, samples))
-        finally:
-            await setup.queue_delete(name)
+        return await repeat(sample, samples, reps, min(20, samples))
 
 
 async def _declare_floor(url: str, samples: int, reps: int) -> dict[str, list[list[float]]]:
     """Exclusive ``queue.declare`` and, timed separately, its ``queue.delete``."""
-    async with _connections(url, 1, "exclusive declare") as (conn,):
+    async with connections(url, 1, "exclusive declare") as (conn,):
         ch = await conn.channel()
         name = f"bench-floor-x-{uuid.uuid4().hex[:8]}"
         deletes: list[float] = []
@@ -272,18 +278,15 @@ async def _declare_floor(url: str, samples: int, reps: int) -> dict[str, list[li
             deletes.append(time.perf_counter() - t1)
             return t1 - t0
 
-        out = await _reps(sample, samples, reps, min(20, samples))
+        out = await repeat(sample, samples, reps, min(20, samples))
         dels = deletes[-samples * reps :]
         split = [dels[i * samples : (i + 1) * samples] for i in range(reps)]
         return {"exclusive_declare": out, "exclusive_delete": split}
 
 
 async def _token_cycle_floor(url: str, samples: int, reps: int) -> list[list[float]]:
-    """Consume -> delivery of a token whose last release (cancel, ack, re-publish, commit on
-    the other channel) was sent but not yet committed: what an acquire right after a
-    release waits for, with no library code in between."""
-    async with _connections(url, 1, "token cycle") as (conn,):
-        setup, name = await _one_message_queue(conn, quorum=False)
+    """:data:`RAW`'s ``token_cycle``: what an acquire right after a release waits for."""
+    async with one_message_queue(url, 1, False, "token cycle") as ((conn,), _, name):
         chans = []
         for _ in range(2):
             chans.append(ch := await conn.channel(publisher_confirms=False))
@@ -299,40 +302,28 @@ async def _token_cycle_floor(url: str, samples: int, reps: int) -> list[list[flo
 
         async def sample() -> float:
             chans.reverse()
-            ch = chans[0]
-            got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
-
-            async def on_message(msg: DeliveredMessage) -> None:
-                if not got.done():
-                    got.set_result(msg)
-
             t0 = time.perf_counter()
-            ok = await ch.basic_consume(name, on_message, no_ack=False)
-            msg = await got
+            tag, got = await consume(chans[0], name)
+            _, msg = await got
             dt = time.perf_counter() - t0
             if committing:  # the channel we release on next must have finished its commit
                 await committing.pop()
-            tag, delivery = str(ok.consumer_tag), msg.delivery_tag or 0
-            committing.append(asyncio.ensure_future(give_back(ch, tag, delivery)))
+            give = give_back(chans[0], tag, msg.delivery_tag or 0)
+            committing.append(asyncio.ensure_future(give))
             return dt
 
         try:
-            return await _reps(sample, samples, reps, min(50, samples))
+            return await repeat(sample, samples, reps, min(50, samples))
         finally:
             if committing:
                 await committing.pop()
-            await setup.queue_delete(name)
 
 
 async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[float]]:
-    """The broker steps of a mutex handoff, raw: the holder deletes N and, on delete-ok,
-    publishes a mandatory notice; the waiter, on the notice, declares N exclusive, then
-    consumes N and takes the fence (quorum get + reject) at once. Timed from the delete
-    to the waiter's last reply."""
-    async with _connections(url, 2, "mutex") as (ca, cb):
+    """:data:`RAW`'s ``mutex_handoff``, from the delete to the waiter's last reply."""
+    async with one_message_queue(url, 2, True, "mutex") as ((cb, ca), _, fence):
         tag = uuid.uuid4().hex[:8]
         lock, wakeups = f"bench-floor-m-{tag}", f"bench-floor-m-{tag}-wakeups"
-        fence_ch, fence = await _one_message_queue(cb, quorum=True)
         a_ch = await ca.channel()
         b_ch, b_watch, b_wake = [await cb.channel() for _ in range(3)]
         await b_watch.basic_qos(prefetch_count=1)
@@ -367,9 +358,8 @@ async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[f
             return dt
 
         try:
-            return await _reps(sample, samples, reps, min(5, samples))
+            return await repeat(sample, samples, reps, min(5, samples))
         finally:
-            await fence_ch.queue_delete(fence)
             await b_wake.queue_delete(wakeups)
 
 
@@ -377,7 +367,7 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     """Every raw-aiormq floor (:data:`RAW`): its summary and label."""
     out: dict[str, Any] = {}
     for quorum, kind in ((False, "classic"), (True, "quorum")):
-        out[f"get_{kind}"] = asyncio.run(get_floor(url, quorum, samples, reps))
+        out[f"get_{kind}"] = asyncio.run(take_floor(url, quorum, samples, reps))
         out[f"reject_deliver_{kind}"] = asyncio.run(handoff_floor(url, quorum, samples, reps))
     out.update(asyncio.run(_declare_floor(url, samples, reps)))
     out["token_cycle"] = asyncio.run(_token_cycle_floor(url, samples, reps))
@@ -388,11 +378,8 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
 
 
 def primitives(url: str, samples: int, reps: int) -> dict[str, Any]:
-    """The AMQP steps an acquire is made of, timed one by one through the library's internal
-    session API (the calls the client makes): an uncontended semaphore acquire is one window
-    of 16 probes (`A[1..8]`, `B[1..8]`), the exclusive declare of `B[k]` overlapped with
-    opening the lease's watch channel, two consumes overlapped with taking a fencing token
-    from the quorum fence queue; a release deletes `B[k]`."""
+    """The AMQP steps an uncontended semaphore acquire is made of (docs/benchmarks.md),
+    timed one by one through the library's internal session API."""
     with Broker(url) as broker:
         core, name = broker._core, unique_name("prim")
         admin = SemaphoreAdmin(broker, name)
@@ -400,41 +387,43 @@ def primitives(url: str, samples: int, reps: int) -> dict[str, Any]:
         window = [f(name, k) for f in (slot_queue, holder_queue) for k in range(1, 9)]
         scratch = f"{name}-scratch"
 
-        async def channel() -> None:
-            await (await (await core.session()).open_channel()).close()
+        async def channel(s: Any) -> None:
+            await (await s.open_channel()).close()
+
+        async def declare(s: Any) -> None:
+            await s.declare(scratch, exclusive=True, arguments=HOLDER_ARGS)
+
+        async def delete(s: Any) -> None:
+            await s.delete(scratch)
 
         # label: (timed step, untimed step before, untimed step after), each (session) -> coro
-        steps: dict[str, tuple[Callable[[Any], Awaitable[Any]], ...]] = {
+        steps: dict[str, tuple[Any, ...]] = {
             "probe: 1 queue": (lambda s: s.probe(window[:1]),),
             "probe: window of 16 queues": (lambda s: s.probe(window),),
-            "open + close a channel (publisher confirms)": (lambda s: channel(),),
-            "declare an exclusive queue": (
-                lambda s: s.declare(scratch, exclusive=True, arguments=HOLDER_ARGS),
-                None,
-                lambda s: s.delete(scratch),
-            ),
-            "delete that queue": (
-                lambda s: s.delete(scratch),
-                lambda s: s.declare(scratch, exclusive=True, arguments=HOLDER_ARGS),
-            ),
+            "open + close a channel (publisher confirms)": (channel,),
+            "declare an exclusive queue": (declare, None, delete),
+            "delete that queue": (delete, declare),
             "fencing token (basic.get + reject on the quorum queue)": (
                 lambda s: take_token(s, name),
             ),
         }
 
-        def run(step: Callable[[Any], Awaitable[Any]] | None) -> None:
-            async def go() -> None:
-                await step(await core.session())  # type: ignore[misc]
+        def run(step: Callable[[Any], Awaitable[Any]]) -> float:
+            """``step(session)`` on the I/O loop, called from this thread: its seconds."""
 
-            if step is not None:
-                core.run(go())
+            async def go() -> None:
+                await step(await core.session())
+
+            t0 = time.perf_counter()
+            core.run(go())
+            return time.perf_counter() - t0
 
         def sample(step: Any, before: Any = None, after: Any = None) -> float:
-            run(before)
-            t0 = time.perf_counter()
-            run(step)
-            dt = time.perf_counter() - t0
-            run(after)
+            if before is not None:
+                run(before)
+            dt = run(step)
+            if after is not None:
+                run(after)
             return dt
 
         try:  # a first repetition warms up

@@ -13,20 +13,18 @@ import asyncio
 import multiprocessing as mp
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import aiormq
-from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 from amqp_locks import Broker, TokenSemaphore
 from amqp_locks.names import token_queue
 from amqp_locks.tokens import acquire_permit
 
-from .floors import _one_message_queue, get_floor, write_together
-from .stats import clocked
+from .floors import one_message_queue, take, take_floor, write_together
+from .stats import clocked, fresh_lock
 
 GAP = 0.003
 
@@ -42,11 +40,9 @@ def _p50(sample: Callable[[], float], n: int, gap: float = GAP) -> float:
 
 def acquire(url: str, n: int) -> dict[str, float]:
     """The p50 (ms) of an uncontended token grant taken five ways."""
-    with Broker(url) as broker:
+    with fresh_lock(url, "token", tag="profile") as name, Broker(url) as broker:
         core = broker.connect()._core
-        sem = TokenSemaphore(broker, "profile-" + uuid.uuid4().hex[:8])
-        sem.setup(1)
-        queue = token_queue(sem.name)
+        sem, queue = TokenSemaphore(broker, name), token_queue(name)
 
         def outside() -> float:
             t = time.perf_counter()
@@ -64,44 +60,24 @@ def acquire(url: str, n: int) -> dict[str, float]:
             await state.release()
             return dt
 
-        async def raw(get: bool) -> float:
+        async def raw(get: bool) -> float | None:
             session = await core.session()
             ch = await session.holder_channel(transactional=True)
-            got: asyncio.Future[DeliveredMessage] = asyncio.get_running_loop().create_future()
-
-            async def on(m: DeliveredMessage) -> None:
-                if not got.done():
-                    got.set_result(m)
-
-            t = time.perf_counter()
-            if get:
-                m = await ch.basic_get(queue, no_ack=False)
-            else:
-                ok = await ch.basic_consume(queue, on, no_ack=False)
-                m = await got
-            dt = time.perf_counter() - t
-            if not get:
-                await ch.basic_cancel(str(ok.consumer_tag))
-            await ch.basic_reject(m.delivery.delivery_tag, requeue=True)  # type: ignore[union-attr]
+            dt = await take(ch, queue, get)
             await ch.tx_commit()
             session.return_holder_channel(ch, transactional=True)
             return dt
 
-        try:
-            hop, caller = _p50(clocked(broker.round_trip), n, 0), _p50(outside, n)
-            floor = statistics.median(asyncio.run(get_floor(url, False, n, 1))[0]) * 1000
-            return {
-                "floor: raw aiormq basic.get, own connection and loop": floor,
-                "round_trip (thread hop + RTT)": hop,
-                "acquire, caller's thread": caller,
-                "acquire, inside the I/O loop": _p50(lambda: core.run(inside()), n),
-                "raw basic.consume -> token, inside the loop": _p50(
-                    lambda: core.run(raw(False)), n
-                ),
-                "raw basic.get, inside the loop (floor)": _p50(lambda: core.run(raw(True)), n),
-            }
-        finally:
-            sem.destroy()
+        hop, caller = _p50(clocked(broker.round_trip), n, 0), _p50(outside, n)
+        floor = statistics.median(asyncio.run(take_floor(url, False, n, 1))[0]) * 1000
+        return {
+            "floor: raw aiormq basic.get, own connection and loop": floor,
+            "round_trip (thread hop + RTT)": hop,
+            "acquire, caller's thread": caller,
+            "acquire, inside the I/O loop": _p50(lambda: core.run(inside()), n),
+            "raw basic.consume -> token, inside the loop": _p50(lambda: core.run(raw(False)), n),
+            "raw basic.get, inside the loop (floor)": _p50(lambda: core.run(raw(True)), n),
+        }
 
 
 STAGES = (
@@ -243,34 +219,20 @@ def _stage_p50(rows: list[dict[str, float]], a: str, b: str) -> float | None:
 def handoff(url: str, n: int, settle: float) -> dict[str, dict[str, float | None]]:
     """Per variant (ours with and without fencing, raw aiormq twice): p50 ms per stage."""
     results: dict[str, dict[str, float | None]] = {}
-    with Broker(url) as broker:
-        for fencing in (True, False):
-            sem = TokenSemaphore(broker, "profile-" + uuid.uuid4().hex[:8])
-            sem.setup(1)
-            try:
-                rows = _run(_ours, (url, sem.name, fencing), n, settle)
-            finally:
-                sem.destroy()
-            label = "amqp-locks, fencing on" if fencing else "amqp-locks, fencing=False"
-            results[label] = {what: _stage_p50(rows, a, b) for what, a, b in STAGES}
+    for fencing in (True, False):
+        with fresh_lock(url, "token", tag="profile") as name:
+            rows = _run(_ours, (url, name, fencing), n, settle)
+        label = "amqp-locks, fencing on" if fencing else "amqp-locks, fencing=False"
+        results[label] = {what: _stage_p50(rows, a, b) for what, a, b in STAGES}
 
-    async def queue(name: str | None = None) -> str:
-        conn = await aiormq.connect(url)
-        if name is None:
-            _, name = await _one_message_queue(conn, quorum=False)
-        else:
-            await (await conn.channel()).queue_delete(name)
-        await conn.close()
-        return name
+    async def raw(together: bool) -> list[dict[str, float]]:
+        async with one_message_queue(url, 1, False, "profile") as (_, _, name):
+            return await asyncio.to_thread(_run, _raw, (url, name, together), n, settle)
 
     for together, label in (
         (False, "raw aiormq, one thread per process: cancel-ok awaited, then reject (timed)"),
         (True, "raw aiormq, one thread per process: cancel (nowait) + reject in one write"),
     ):
-        name = asyncio.run(queue())
-        try:
-            rows = _run(_raw, (url, name, together), n, settle)
-        finally:
-            asyncio.run(queue(name))
+        rows = asyncio.run(raw(together))
         results[label] = {STAGES[2][0]: _stage_p50(rows, "h_write", "w_token")}
     return results

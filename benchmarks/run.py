@@ -1,22 +1,10 @@
-"""The one benchmark runner: named scenarios against private servers on loopback.
+"""The one benchmark runner: ``python -m benchmarks.run [SCENARIO]`` against private
+servers on loopback (scenarios, options and outputs: benchmarks/README.md).
 
-    python -m benchmarks.run            # scenario `report` (~20 min): every measurement of
-                                        # docs/benchmarks.md into benchmarks/results/latest.json,
-                                        # then the report (docs/benchmarks.md, docs/img/)
-    python -m benchmarks.run --quick    # smoke run (<3 min) into benchmarks/results/quick/
-    python -m benchmarks.run --render-only benchmarks/results/latest.json
-    python -m benchmarks.run --rabbitmq 4.0   # on a private RabbitMQ 4.0 node:
-                                        # benchmarks/results/latest-4.0.json and
-                                        # benchmarks/results/rabbitmq-4.0/benchmarks.md
-    python -m benchmarks.run celery-overhead [--calls 200]  # docs/celery.md
-    python -m benchmarks.run cluster [--rabbitmq 4.3]        # docs/cluster.md (3-node cluster)
-    python -m benchmarks.run cluster-failover [--trials 3]   # 3-node cluster: node loss
-    python -m benchmarks.run profile-acquire [-n 1000]       # docs/benchmarks.md's profiles
-    python -m benchmarks.run profile-handoff [-n 200] [--settle 0.05]
-
-The report's node (``amqplocksbench-<checkout hash>``, separate from the tests'
-``amqplockstest``) is started by the run and stopped at the end unless it was already
-running; ``--url`` uses another broker.
+``report`` (the default; ``scripts/bench``) measures every figure of docs/benchmarks.md
+into a results JSON, then renders the report from it; ``--render-only JSON`` only renders.
+The others feed docs/celery.md (``celery-overhead``), docs/cluster.md (``cluster``) and
+docs/benchmarks.md's profiles (``profile-acquire``, ``profile-handoff``).
 """
 
 from __future__ import annotations
@@ -39,12 +27,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    __package__ = "benchmarks"
-
-import aiormq
 
 import amqp_locks
 from amqp_locks_dev import devbroker
@@ -118,9 +100,8 @@ def _environment(url: str, command: str) -> dict[str, Any]:
         return next((x.split(":", 1)[1].strip() for x in lines if x.startswith(key)), "")
 
     async def server_properties() -> dict[str, Any]:  # RabbitMQ's own account of itself
-        conn = await aiormq.connect(url)
-        await conn.close()
-        return dict(conn.server_properties)
+        async with floors.connections(url, 1, "environment") as (conn,):
+            return dict(conn.server_properties)
 
     props = asyncio.run(server_properties())
     text = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in props.items()}
@@ -134,10 +115,9 @@ def _environment(url: str, command: str) -> dict[str, Any]:
         "kernel": f"{platform.system()} {platform.release()}",
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
-        **{
-            dist.replace("-", "_"): compare.version(dist)
-            for dist in ("aiormq", "pamqp", "amqp-locks")
-        },
+        "aiormq": compare.version("aiormq"),
+        "pamqp": compare.version("pamqp"),
+        "amqp_locks": compare.version("amqp-locks"),
         "git_commit": _git("rev-parse", "--short", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain", "--", "src")),
         "amqp_locks_path": str(here),
@@ -154,12 +134,8 @@ def measure(
         broker_pid = int(pid_file.read_text().strip())  # type: ignore[union-attr]
     pids, ours = {"client": os.getpid(), "broker": broker_pid}, {"amqp": url}
     results: dict[str, Any] = {"quick": quick, "environment": _environment(url, command)}
-    started, busy0, own0, beam0 = (
-        time.monotonic(),
-        system_busy(),
-        own_cpu(),
-        process_cpu(broker_pid),
-    )
+    started, busy0 = time.monotonic(), system_busy()
+    own0, beam0 = own_cpu(), process_cpu(broker_pid)
 
     def figures(key: str) -> None:
         for label, s in results[key].items():
@@ -195,9 +171,8 @@ def measure(
     results["peers"] = compare.run(url, cfg["compare"], cfg["compare_uncontended"], _log)
     _log("scale: acquire latency and broker memory vs distinct live locks")
     t0, sizes, budget = time.monotonic(), cfg["scale_sizes"], cfg["scale_budget"]
-    results["scale"] = scale.live_locks(
-        url, node, broker_pid, sizes, budget, cfg["scale_extras"], _log
-    )
+    extras = cfg["scale_extras"]
+    results["scale"] = scale.live_locks(url, node, broker_pid, sizes, budget, extras, _log)
     results["scale"]["wall_s"] = round(time.monotonic() - t0, 1)
     for row in report.target_rows(results):
         verdict = {True: "met", False: "NOT met", None: "-"}[row["met"]]
@@ -260,13 +235,8 @@ def _default_paths(quick: bool, line: str) -> tuple[Path, Path, Path]:
     owns docs/benchmarks.md; another line's full report goes under benchmarks/results/."""
     host = line == devbroker.HOST_VERSION
     if quick:
-        suffix = "" if host else f"-{line}"
-        base = RESULTS / "quick"
-        return (
-            base / f"results{suffix}.json",
-            base / f"benchmarks{suffix}.md",
-            base / f"img{suffix}",
-        )
+        q, sfx = RESULTS / "quick", "" if host else f"-{line}"
+        return q / f"results{sfx}.json", q / f"benchmarks{sfx}.md", q / f"img{sfx}"
     if host:
         return RESULTS / "latest.json", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "img"
     sub = RESULTS / f"rabbitmq-{line}"
@@ -276,11 +246,8 @@ def _default_paths(quick: bool, line: str) -> tuple[Path, Path, Path]:
 def _also(args: argparse.Namespace, line: str, own: Path) -> list[dict[str, Any]]:
     """Results of the other RabbitMQ lines whose floors/targets table the report shows too:
     ``--also`` files, else the other lines' default results files that exist."""
-    paths = args.also
-    if paths is None:
-        paths = [
-            _default_paths(args.quick, other)[0] for other in devbroker.VERSIONS if other != line
-        ]
+    others = [v for v in devbroker.VERSIONS if v != line]
+    paths = args.also or [_default_paths(args.quick, v)[0] for v in others]
     out = []
     for p in paths:
         if p.name != "none" and p.exists() and p.resolve() != own.resolve():
@@ -341,9 +308,8 @@ def _report(args: argparse.Namespace, argv: list[str] | None) -> int:
         return 0
     json_path, doc, img_dir = _default_paths(args.quick, args.rabbitmq)
     json_path, doc, img_dir = args.json or json_path, args.doc or doc, args.img_dir or img_dir
-    command = shlex.join(
-        ["python", "-m", "benchmarks.run", *(sys.argv[1:] if argv is None else argv)]
-    )
+    argv = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "benchmarks.run", *argv])
     if os.environ.get("PYTHONPATH"):  # e.g. measuring a snapshot of the library
         command = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} {command}"
     failed: list[str] = []
@@ -365,49 +331,43 @@ def _report(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def _scenario(args: argparse.Namespace, _: Any) -> int:
-    """The scenarios besides the report, each quoted in its doc (see ``--help``)."""
-    if args.scenario == "celery-overhead":  # its own private node and Redis
+    """The scenarios besides the report, each quoted in its doc (see the module docstring)."""
+    if args.scenario == "celery-overhead":  # on the private node, with a private Redis
         from benchmarks import celery_overhead
 
-        result = celery_overhead.run(args.calls or 200, args.warmup, args.node)
-        _write_json(args.json or RESULTS / "celery-overhead.json", result)
-        print(celery_overhead.table(result))
-    elif args.scenario.startswith("cluster"):  # private nodes of --rabbitmq (default 4.3)
+        def celery(url: str, _: Any) -> None:
+            result = celery_overhead.run(url, args.rabbitmq, args.calls or 200, args.warmup)
+            _write_json(args.json or RESULTS / "celery-overhead.json", result)
+            print(celery_overhead.table(result))
+
+        _with_broker(args, celery)
+        return 0
+    if args.scenario == "cluster":  # private nodes of --rabbitmq (default 4.3)
         from benchmarks import cluster
 
-        if args.scenario == "cluster-failover":
-            print(cluster.failover_table(args.trials))
-            return 0
         version = args.rabbitmq_given or "4.3"
         results = cluster.run(version, *((12, 1) if args.quick else (100, 3)), _log)
         _write_json(args.json or RESULTS / f"cluster-{version}.json", results)
         print(cluster.table(results))
-    else:
-        from benchmarks import profile
+        return 0
+    from benchmarks import profile
 
-        def body(url: str, _: Any) -> None:
-            if args.scenario == "profile-acquire":
-                for what, p50 in profile.acquire(url, args.n or 1000).items():
-                    print(f"{p50:7.3f} ms p50  {what}")
-                return
-            for label, stages in profile.handoff(url, args.n or 200, args.settle).items():
-                print(label)
-                for what, p50 in stages.items():
-                    if p50 is not None:
-                        print(f"  {p50:7.3f} ms p50  {what}")
+    def body(url: str, _: Any) -> None:
+        if args.scenario == "profile-acquire":
+            for what, p50 in profile.acquire(url, args.n or 1000).items():
+                print(f"{p50:7.3f} ms p50  {what}")
+            return
+        for label, stages in profile.handoff(url, args.n or 200, args.settle).items():
+            print(label)
+            for what, p50 in stages.items():
+                if p50 is not None:
+                    print(f"  {p50:7.3f} ms p50  {what}")
 
-        _with_broker(args, body)
+    _with_broker(args, body)
     return 0
 
 
-SCENARIOS = (
-    "report",
-    "celery-overhead",
-    "cluster",
-    "cluster-failover",
-    "profile-acquire",
-    "profile-handoff",
-)
+SCENARIOS = ("report", "celery-overhead", "cluster", "profile-acquire", "profile-handoff")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -425,24 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     add("--doc", type=Path, help="markdown report")
     add("--img-dir", type=Path, help="directory for the PNG plots")
     add("--render-only", type=Path, metavar="JSON", help="re-render docs from a results file")
-    add(
-        "--rabbitmq",
-        choices=devbroker.VERSIONS,
-        help="RabbitMQ line of the private node (default: $AMQP_LOCKS_RABBITMQ, else 3.10; "
-        "cluster: 4.3); for the report a line other than 3.10 writes latest-LINE.json and "
-        "its report under benchmarks/results/rabbitmq-LINE/",
-    )
-    add(
-        "--also",
-        type=Path,
-        action="append",
-        metavar="JSON",
-        help="also show the floors/targets table of this results file (another RabbitMQ "
-        "line); default: the other lines' results files that exist; `--also none`: none",
-    )
+    lines = "default: $AMQP_LOCKS_RABBITMQ, else 3.10; cluster: 4.3"
+    add("--rabbitmq", choices=devbroker.VERSIONS, help=f"private node's line ({lines})")
+    also = "another line's results file whose floors/targets table to show too (or none)"
+    add("--also", type=Path, action="append", metavar="JSON", help=also)
     add("--calls", type=int, help="celery-overhead: measured calls per variant (200)")
     add("--warmup", type=int, default=20, help="celery-overhead: unmeasured calls per variant")
-    add("--trials", type=int, default=3, help="cluster-failover: trials per primitive")
     add("-n", type=int, help="profile-*: samples (acquire 1000, handoff 200)")
     add("--settle", type=float, default=0.05, help="profile-handoff: the waiter's head start")
     args = parser.parse_args(argv)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from . import stats
+from . import failover, stats
 from .peers.kinds import KINDS, available, make, supports
 from .peers.servers import running
 from .peers.worker import Crew, Job, kill_series
@@ -101,27 +101,21 @@ def uncontended_lockers(
     url: str, pg_url: str | None, tmp: Path, budget: Budget, log: Log
 ) -> dict[str, Any]:
     """``start()`` + ``stop()`` of each of our lockers (uncontended; the master's path)."""
-    from amqp_locks import AmqpLocker, Broker
-    from amqp_locks.lockers import DatabaseLocker, LeaseDatabaseLocker, SharedFileLocker
+    from amqp_locks import Broker
 
-    name = stats.unique_name("uc-locker")
-    lockers: dict[str, Callable[[], Any]] = {
-        "SharedFileLocker": lambda: SharedFileLocker(str(tmp / "locker"), "lock")
-    }
-    for db, db_url in {"SQLite": f"sqlite:///{tmp / 'db.sqlite'}", "PostgreSQL": pg_url}.items():
-        for cls in (DatabaseLocker, LeaseDatabaseLocker):
-            if db_url:  # SQLite locks the whole file: one file per locker
-                u = db_url.replace("db.sqlite", f"{cls.__name__}.sqlite")
-                lockers[f"{cls.__name__} / {db}"] = lambda cls=cls, u=u: cls(u, name)
+    specs = failover.specs(
+        failover.DEFAULT, "uc", tmp, {"PostgreSQL": pg_url} if pg_url else {}, url
+    )
     out: dict[str, Any] = {}
     with Broker(url, connection_name="amqp-locks bench AmqpLocker") as broker:
-        lockers["AmqpLocker"] = lambda: AmqpLocker(broker, name)
-        for label, new in lockers.items():
-            lk = new()
-            out[label] = cell(log, label, cycles, lambda lk=lk: lk.start() or True, lk.stop, budget)
+        for spec in specs:
+            lk = failover.locker(spec, broker)
+            out[spec.label] = cell(
+                log, spec.label, cycles, lambda lk=lk: lk.start() or True, lk.stop, budget
+            )
             with contextlib.suppress(Exception):
                 lk.close()
-    stats.delete_queues(url, stats.leftovers(name))
+    stats.delete_queues(url, stats.leftovers(specs[-1].name))
     return out
 
 
@@ -208,18 +202,14 @@ def crash_series(
     kind: str, group: str, targets: dict[str, str], samples: int, seed: int,
     settle: tuple[float, float], cap: float,
 ) -> dict[str, Any]:  # fmt: skip
-    """A holder killed with SIGKILL while the next process has been blocked in ``acquire()``
-    a random ``settle`` s; from just before ``os.kill`` to that waiter holding the lock. A
-    lock still held by the dead process after ``cap`` s is "censored" (no further samples)."""
+    """Holder SIGKILL -> the waiter (blocked a random ``settle`` s) holds (``kill_series``)."""
     with fresh_lock(targets["amqp"], kind, 1, f"cr-{group}") as name:
         job = Job(kind, name, 1, targets, group, "hold")
         return {**kill_series(job, samples, settle, seed, cap), "cap_s": cap}
 
 
 def crash(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> dict[str, Any]:
-    """Per lock and settings group. The fast series run first, one after another; then
-    those whose lock comes free only by expiry (seconds of mostly idle waiting) run
-    concurrently, each on its own lock."""
+    """Per lock and settings group; the series that wait for an expiry run concurrently."""
     rng = random.Random(6)
     series = [
         (kind, group, samples, rng.randrange(1 << 30))

@@ -1,10 +1,6 @@
-"""Master/standby failover per locker: master process kill -9 -> the standby is master.
-
-A master and a standby process each run a ``LockableService`` and report their state
-changes on CLOCK_MONOTONIC; the master is killed 0.1 s plus a random part of the retry
-interval after the standby reports STANDBY; the sample ends when the standby reports
-MASTER, and it is the next sample's master. All series run concurrently, each on its own
-lock: a failover is mostly waiting.
+"""Master/standby failover per locker: master ``LockableService`` process kill -9 -> the
+standby reports MASTER (and is the next sample's master); every series concurrently, each
+on its own lock: a failover is mostly waiting.
 """
 
 from __future__ import annotations
@@ -57,24 +53,33 @@ def specs(st: dict[str, Any], tag: str, tmp: Path, dbs: dict[str, str], url: str
     return [*out, Spec("AmqpLocker", "amqp", url, name, iv, None, ka)]
 
 
-def _service(spec: Spec, idx: int, sync: Sync) -> None:
-    """A LockableService reporting (state, idx, monotonic time) on every transition."""
-    from amqp_locks import AmqpLocker, Broker, LockableService
+def locker(spec: Spec, broker: Any) -> Any:
+    """The locker ``spec`` describes (``broker``: an AmqpLocker's, connected)."""
+    from amqp_locks import AmqpLocker
     from amqp_locks.lockers import DatabaseLocker, LeaseDatabaseLocker, SharedFileLocker
 
-    quiet()
     opts: dict[str, Any] = {"lock_acquire_sleep_interval": spec.interval}
+    if spec.kind == "amqp":
+        return AmqpLocker(broker, spec.name, **opts)
+    if spec.kind == "lease":
+        return LeaseDatabaseLocker(spec.target, spec.name, lease_duration=spec.lease, **opts)
+    return (SharedFileLocker if spec.kind == "file" else DatabaseLocker)(
+        spec.target, spec.name, **opts
+    )
+
+
+def _service(spec: Spec, idx: int, sync: Sync) -> None:
+    """A LockableService reporting (state, idx, monotonic time) on every transition."""
+    from amqp_locks import Broker, LockableService
+
+    quiet()
     try:
-        if spec.kind == "amqp":
-            broker = Broker(spec.target, connection_name=f"amqp-locks bench locker {idx}")
-            locker: Any = AmqpLocker(broker.connect(), spec.name, **opts)
-        elif spec.kind == "lease":
-            locker = LeaseDatabaseLocker(spec.target, spec.name, lease_duration=spec.lease, **opts)
-        else:
-            cls = SharedFileLocker if spec.kind == "file" else DatabaseLocker
-            locker = cls(spec.target, spec.name, **opts)
+        name = f"amqp-locks bench locker {idx}"
+        broker = (
+            Broker(spec.target, connection_name=name).connect() if spec.kind == "amqp" else None
+        )
         LockableService(
-            locker,
+            locker(spec, broker),
             lambda stop: stop.wait(),
             lock_keep_alive_period=spec.keep_alive,
             on_state=lambda _svc, state: sync.out.put((state.value, idx, time.monotonic())),

@@ -1,7 +1,5 @@
-"""Our one-permit locks (``peers.kinds.OURS``) through the comparison's code: handoff
-(two processes; the waiter blocked ``settle`` s), the same with the releaser asking again
-at once (re-ask), holder kill -9 (the waiter blocked a random ``crash_settle`` s), and the
-fairness loop (a few processes: acquire -> hold -> release -> acquire).
+"""Our one-permit locks (``peers.kinds.OURS``) through the comparison's code: handoff, the
+same with the releaser asking again at once (re-ask), holder kill -9, and the fairness loop.
 """
 
 from __future__ import annotations
@@ -61,9 +59,8 @@ def crash(url: str, plan: Plan) -> dict[str, Any]:
 
 
 def reask(url: str, plan: Plan) -> dict[str, Any]:
-    """Two processes, one permit: the holder releases and asks again at once while the
-    other has been blocked in ``acquire()`` for ``settle`` s; from just before ``release()``
-    to whichever ``acquire()`` returns first; how often the releaser won its lock back."""
+    """Release (the other process blocked ``settle`` s) -> whichever ``acquire()`` returns
+    first, the releaser asking again at once; how often it won its lock back."""
     out: dict[str, Any] = {}
     n, warmup = plan.reask_reps * plan.reask_samples, plan.reask_warmup
     for kind in LOCKS:
@@ -79,9 +76,7 @@ def reask(url: str, plan: Plan) -> dict[str, Any]:
 
 
 def fairness(url: str, plan: Plan) -> dict[str, Any]:
-    """Per lock: ``fair_processes`` processes loop acquire -> hold ``fair_hold`` s -> release
-    for ``fair_seconds`` s; Jain's index over grants per process, and every wait
-    (``acquire()`` called -> returned) against the median wait."""
+    """Per lock: processes loop acquire -> hold -> release; ``stats.fairness_summary``."""
     out: dict[str, Any] = {}
     n = plan.fair_processes
     for kind in LOCKS:

@@ -1,10 +1,6 @@
-"""Many distinct live locks: acquire latency and broker memory against the number held.
-
-Holder processes hold mutexes without fencing tokens (at most ``PER_CONNECTION`` per
-connection: each lease has a watch channel, a connection allows 2047). At each size this
-client times one more mutex (with its fencing token) and reads ``rabbitmqctl status`` and
-``list_queues``; first, on the quiet broker, the memory of idle connections and of fence
-(quorum) queues, which docs/scaling.md adds up for other shapes of load.
+"""Many distinct live locks: acquire latency and broker memory against the number held
+(mutexes without fencing tokens in holder processes, ``PER_CONNECTION`` per connection),
+and first, on the quiet broker, the memory of idle connections and of fence queues.
 """
 
 from __future__ import annotations

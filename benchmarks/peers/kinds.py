@@ -210,11 +210,9 @@ class _PgAdvisory(Adapter):
         super().__init__(None, self.conn.close)
 
     def acquire(self, blocking: bool = True) -> bool:
-        if blocking:
-            self.conn.execute("SELECT pg_advisory_lock(%s)", (self.key,))
-            return True
-        row = self.conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
-        return bool(row and row[0])
+        call = "pg_advisory_lock" if blocking else "pg_try_advisory_lock"
+        row = self.conn.execute(f"SELECT {call}(%s)", (self.key,)).fetchone()
+        return blocking or bool(row and row[0])
 
     def release(self) -> None:
         self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
@@ -276,19 +274,18 @@ def make(
     if slots > 1 and not k.native_slots:
         raise ValueError(f"{k.label} has no semaphore")
     pg = targets.get("postgresql", "").replace("postgresql+psycopg://", "postgresql://", 1)
+    redis, zk = targets.get("redis", ""), targets.get("zookeeper", "")
     factories: dict[str, Callable[[], Adapter]] = {
-        "redis_py": lambda: _redis(targets["redis"], name, st, kind),
-        "redis_lock": lambda: _redis(targets["redis"], name, st, kind),
+        "redis_py": lambda: _redis(redis, name, st, kind),
+        "redis_lock": lambda: _redis(redis, name, st, kind),
         "tooz_redis": lambda: _tooz(
-            f"{targets['redis'].rsplit('/', 1)[0]}?lock_timeout={st.get('lock_timeout')}", name
+            f"{redis.rsplit('/', 1)[0]}?lock_timeout={st.get('lock_timeout')}", name
         ),
         "tooz_pg": lambda: _tooz(pg, name),
-        "tooz_zk": lambda: _tooz(
-            f"zookeeper://{targets['zookeeper']}?timeout={st.get('timeout')}", name
-        ),
+        "tooz_zk": lambda: _tooz(f"zookeeper://{zk}?timeout={st.get('timeout')}", name),
         "tooz_file": lambda: _tooz(f"file://{os.path.join(files, 'tooz')}", name),
-        "kazoo_lock": lambda: _kazoo(targets["zookeeper"], name, slots, st, sem=False),
-        "kazoo_semaphore": lambda: _kazoo(targets["zookeeper"], name, slots, st, sem=True),
+        "kazoo_lock": lambda: _kazoo(zk, name, slots, st, sem=False),
+        "kazoo_semaphore": lambda: _kazoo(zk, name, slots, st, sem=True),
         "pg_advisory": lambda: _PgAdvisory(pg, name),
         "filelock": lambda: _FileLock(os.path.join(files, "filelock"), name, st),
     }

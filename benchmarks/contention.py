@@ -6,6 +6,7 @@ grant of that slot: the handoff.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -129,19 +130,11 @@ def handoffs(per_worker: dict[int, list[Event]]) -> tuple[list[float], int]:
     for worker, events in per_worker.items():
         for kind, slot, token, t in events:
             by_slot[slot].append((token, kind, t, worker))
-    out: list[float] = []
-    to_self = 0
+    pairs = []
     for events in by_slot.values():
         events.sort(key=lambda e: (e[0], e[1] != "A"))  # per token the grant precedes its release
-        pending: tuple[float, int] | None = None
-        for _token, kind, t, worker in events:
-            if kind == "R":
-                pending = (t, worker)
-            elif pending is not None:
-                out.append(t - pending[0])
-                to_self += worker == pending[1]
-                pending = None
-    return out, to_self
+        pairs += [(a, b) for a, b in itertools.pairwise(events) if (a[1], b[1]) == ("R", "A")]
+    return [b[2] - a[2] for a, b in pairs], sum(a[3] == b[3] for a, b in pairs)
 
 
 def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:

@@ -131,12 +131,10 @@ def fairness(per_process: Sequence[int]) -> dict[str, Any]:
     }
 
 
-def fairness_summary(
-    per_process: list[list[tuple[float, float]]], bound_x: float = 3.0
-) -> dict[str, Any]:
+def fairness_summary(per_process: list[list[tuple[float, float]]]) -> dict[str, Any]:
     """Jain's index over grants per process; waits (ms, from (called, returned) pairs), the
-    max over the median, how many waits exceed ``bound_x`` x the median and when the worst
-    began (seconds into the run: a start-up effect or a stall)."""
+    max over the median, how many waits exceed 3 x the median and when the worst began
+    (seconds into the run: a start-up effect or a stall)."""
     grants = [len(w) for w in per_process]
     waits = [(t1 - t0, t0) for w in per_process for t0, t1 in w]
     out = {"grants": grants, **fairness(grants), "waits": summarize_reps([[w for w, _ in waits]])}
@@ -149,7 +147,7 @@ def fairness_summary(
         "wait_p50_ms": ms(med),
         "wait_max_ms": ms(worst),
         "wait_max_over_median": round(worst / med, 2) if med > 0 else None,
-        "waits_over_bound": sum(1 for w, _ in waits if w > bound_x * med),
+        "waits_over_bound": sum(1 for w, _ in waits if w > 3 * med),
         "wait_max_at_s": round(worst_at - min(t0 for _, t0 in waits), 3),
     }
 

@@ -1,10 +1,8 @@
 """The contender process of every multi-process measurement, whatever the lock (its
 ``kinds.make`` adapter, own connection), and the parent's side of it, :class:`Crew`.
 
-A worker says ``ready`` (after one untimed acquire + release, except to hold), waits for
-``go``, then: ``chain`` (handoff): acquire, hold a random ``hold`` s, release, and ask again
-only once *another* process got the lock; ``loop``: acquire, hold, release, again until the
-deadline; ``hold`` (crash): acquire once and keep it until killed. Each grant goes to the
+Modes: ``chain`` (handoff: ask again only once *another* process got the lock), ``loop``
+(until the deadline), ``hold`` (acquire once, keep it until killed). Each grant goes to the
 parent as it happens, on CLOCK_MONOTONIC: ("grant", idx, acquire called, acquired, release
 called, released). Workers are always ended with SIGKILL, as a crash-safe lock must allow.
 """
@@ -207,10 +205,9 @@ def kill_series(
     job: Any, samples: int, settle: tuple[float, float], seed: int, cap: float,
     target: Any = main, steps: tuple[str, str] = ("acquiring", "acquired"),
 ) -> dict[str, Any]:  # fmt: skip
-    """Crash -> takeover, ``samples`` times: each new worker reports ``steps[0]`` (waiting),
-    a random ``settle`` s later the holder gets SIGKILL; from just before ``os.kill`` to the
-    new one's ``steps[1]`` (it then holds). A takeover not within ``cap`` s is "censored"
-    and, like any error, ends the series."""
+    """``samples`` times: a new worker says ``steps[0]`` (it waits), a random ``settle`` s
+    later the holder gets SIGKILL; from just before ``os.kill`` to its ``steps[1]`` (it holds).
+    None within ``cap`` s is "censored"; that, like any error, ends the series."""
     rng, out, errors, censored = random.Random(seed), [], [], 0
     wait, took = steps
     with Crew() as crew:

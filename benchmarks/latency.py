@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from unittest import mock
 
 from amqp_locks import Broker, PersistentSemaphore
 from amqp_locks.names import holder_queue, slot_queue
@@ -45,11 +46,8 @@ class ProbeCounter:
             self.held += len(self.held_names.intersection(queues))
             return await original(session, queues)
 
-        Session.probe = probe  # type: ignore[method-assign]
-        try:
+        with mock.patch.object(Session, "probe", probe):
             yield self
-        finally:
-            Session.probe = original  # type: ignore[method-assign]
 
 
 def _holder(job: tuple[str, str, list[int]], idx: int, sync: Sync) -> None:

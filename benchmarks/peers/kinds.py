@@ -233,8 +233,7 @@ class _FileLock(Adapter):
         from filelock import Timeout
 
         with contextlib.suppress(Timeout):
-            self.lock.acquire(timeout=-1 if blocking else 0, poll_interval=self.poll)
-            return True
+            return bool(self.lock.acquire(timeout=-1 if blocking else 0, poll_interval=self.poll))
         return False
 
 

@@ -12,16 +12,16 @@ import importlib.metadata
 import itertools
 import random
 import tempfile
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from . import stats
+from . import failover, stats
 from .peers.kinds import KINDS, available, make, supports
 from .peers.servers import running
-from .peers.worker import Crew, Job
+from .peers.worker import Crew, Job, kill_series
 from .stats import Budget, CpuMeter, brief, fairness, fresh_lock, ms, summarize_reps, timed
 
 Log = Callable[[str], None]
@@ -43,10 +43,10 @@ class Plan:
     never_cap: float = 10.0  # how long to show that a lock with no expiry stays held
 
 
-def cell(log: Log, what: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``measure()``, or its error (the run goes on; ``run.problems`` reports it); logged."""
+def cell(log: Log, what: str, measure: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``measure(*args)``, or its error (the run goes on; ``run.problems`` reports it); logged."""
     try:
-        s = measure()
+        s = measure(*args)
     except Exception as exc:
         s = {"error": f"{type(exc).__name__}: {exc}"[:300], "n": 0}
     log(f"  {what}: {brief(s)}")
@@ -94,37 +94,28 @@ def uncontended(
             finally:
                 lock.close()
 
-    return {k: cell(log, k, lambda k=k: measure(k)) for k in kinds}
+    return {k: cell(log, k, measure, k) for k in kinds}
 
 
 def uncontended_lockers(
     url: str, pg_url: str | None, tmp: Path, budget: Budget, log: Log
 ) -> dict[str, Any]:
     """``start()`` + ``stop()`` of each of our lockers (uncontended; the master's path)."""
-    from amqp_locks import AmqpLocker, Broker
-    from amqp_locks.lockers import DatabaseLocker, LeaseDatabaseLocker, SharedFileLocker
+    from amqp_locks import Broker
 
-    name = stats.unique_name("uc-locker")
-    dbs = {"SQLite": f"sqlite:///{tmp / 'db.sqlite'}", "PostgreSQL": pg_url}
-    lockers: dict[str, Callable[[], Any]] = {
-        "SharedFileLocker": lambda: SharedFileLocker(str(tmp / "locker"), "lock")
-    }
-    for db, db_url in dbs.items():
-        for cls in (DatabaseLocker, LeaseDatabaseLocker):
-            if db_url:  # SQLite locks the whole file: one file per locker
-                u = db_url.replace("db.sqlite", f"{cls.__name__}.sqlite")
-                lockers[f"{cls.__name__} / {db}"] = lambda cls=cls, u=u: cls(u, name)
+    specs = failover.specs(
+        failover.DEFAULT, "uc", tmp, {"PostgreSQL": pg_url} if pg_url else {}, url
+    )
     out: dict[str, Any] = {}
     with Broker(url, connection_name="amqp-locks bench AmqpLocker") as broker:
-        lockers["AmqpLocker"] = lambda: AmqpLocker(broker, name)
-        for label, new in lockers.items():
-            lk = new()
-            out[label] = cell(
-                log, label, lambda lk=lk: cycles(lambda: lk.start() or True, lk.stop, budget)
+        for spec in specs:
+            lk = failover.locker(spec, broker)
+            out[spec.label] = cell(
+                log, spec.label, cycles, lambda lk=lk: lk.start() or True, lk.stop, budget
             )
             with contextlib.suppress(Exception):
                 lk.close()
-    stats.delete_queues(url, stats.leftovers(name))
+    stats.delete_queues(url, stats.leftovers(specs[-1].name))
     return out
 
 
@@ -136,9 +127,8 @@ def chain(
     ``samples`` handoffs (release called -> the next process holds it), the ``release()``
     calls' durations, and how often two held it at once (a broken lock)."""
     with fresh_lock(targets["amqp"], kind, 1, f"ho{waiters}") as name, Crew() as crew:
-        crew.spawn(
-            Job(kind, name, 1, targets, mode="chain", hold=hold, seconds=seconds), waiters + 1
-        )
+        job = Job(kind, name, 1, targets, mode="chain", hold=hold, seconds=seconds)
+        crew.spawn(job, waiters + 1)
         t0 = crew.start()
         grants = sorted(g[3:] for g in crew.grants(t0 + seconds, samples + warmup + 1))
     gaps = [a - r for (_, r, _), (a, _, _) in itertools.pairwise(grants)]
@@ -146,25 +136,6 @@ def chain(
         raise RuntimeError(f"no handoff within {seconds:.0f} s")
     calls = [done - r for _, r, done in grants]
     return gaps[warmup:], calls[warmup:], sum(1 for g in gaps if g < 0)
-
-
-def handoff(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> dict[str, Any]:
-    """Per lock and per number of waiters: release -> the next process holds it."""
-
-    def measure(kind: str, n: int) -> dict[str, Any]:
-        gaps, _, overlaps = chain(
-            kind, targets, n, plan.handoff_hold, plan.handoff_samples, plan.handoff_seconds
-        )
-        return {**summarize_reps([gaps], samples=True), "overlaps": overlaps, "waiters": n}
-
-    what = "handoff {} waiters={}"
-    return {
-        k: {
-            str(n): cell(log, what.format(k, n), lambda k=k, n=n: measure(k, n))
-            for n in plan.waiters
-        }
-        for k in kinds
-    }
 
 
 def loop(
@@ -181,6 +152,20 @@ def loop(
     return sorted((g[1:5] for g in grants if t0 <= g[3] <= t0 + seconds), key=lambda g: g[2])
 
 
+def handoff(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> dict[str, Any]:
+    """Per lock and per number of waiters: release -> the next process holds it."""
+
+    def measure(kind: str, n: int) -> dict[str, Any]:
+        hold, samples, seconds = plan.handoff_hold, plan.handoff_samples, plan.handoff_seconds
+        gaps, _, overlaps = chain(kind, targets, n, hold, samples, seconds)
+        return {**summarize_reps([gaps], samples=True), "overlaps": overlaps, "waiters": n}
+
+    return {
+        k: {str(n): cell(log, f"handoff {k} waiters={n}", measure, k, n) for n in plan.waiters}
+        for k in kinds
+    }
+
+
 def throughput(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> dict[str, Any]:
     """Per lock and slot count: P processes looping acquire -> release for ``seconds``."""
 
@@ -195,12 +180,12 @@ def throughput(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) 
         }  # fmt: skip
 
     return {
-        str(slots): {
-            k: cell(log, f"throughput {k} slots={slots}", lambda k=k, s=slots: measure(k, s))
+        str(s): {
+            k: cell(log, f"throughput {k} slots={s}", measure, k, s)
             for k in kinds
-            if supports(k, slots) and not (slots > 1 and k in ("ours_mutex", "kazoo_lock"))
+            if supports(k, s) and not (s > 1 and k in ("ours_mutex", "kazoo_lock"))
         }
-        for slots in plan.slot_counts
+        for s in plan.slot_counts
     }
 
 
@@ -217,44 +202,14 @@ def crash_series(
     kind: str, group: str, targets: dict[str, str], samples: int, seed: int,
     settle: tuple[float, float], cap: float,
 ) -> dict[str, Any]:  # fmt: skip
-    """A holder killed with SIGKILL while the next process has been blocked in ``acquire()``
-    a random ``settle`` s; from just before ``os.kill`` to that waiter holding the lock. A
-    lock still held by the dead process after ``cap`` s is "censored" (no further samples)."""
-    rng = random.Random(seed)
-    out: list[float] = []
-    errors: list[str] = []
-    censored = 0
-    with fresh_lock(targets["amqp"], kind, 1, f"cr-{group}") as name, Crew() as crew:
+    """Holder SIGKILL -> the waiter (blocked a random ``settle`` s) holds (``kill_series``)."""
+    with fresh_lock(targets["amqp"], kind, 1, f"cr-{group}") as name:
         job = Job(kind, name, 1, targets, group, "hold")
-        crew.spawn(job)
-        if crew.expect("acquired", 0, 60) is None:
-            raise RuntimeError("the first holder did not acquire within 60 s")
-        for i in range(1, samples + 1):
-            crew.spawn(job)
-            crew.expect("acquiring", i, 30)
-            time.sleep(rng.uniform(*settle))  # the waiter is blocked meanwhile
-            if crew.expect("acquired", i, 0.01) is not None:
-                errors.append(f"sample {i}: the waiter acquired while the holder was alive")
-                break
-            t_kill = time.monotonic()
-            crew.kill(i - 1)
-            got = crew.expect("acquired", i, cap)
-            if got is None:
-                censored += 1
-                break  # held by a dead process for good: no further samples
-            out.append(got[2] - t_kill)
-    return {
-        **summarize_reps([out], samples=True),
-        "censored": censored,
-        "cap_s": cap,
-        "errors": errors,
-    }
+        return {**kill_series(job, samples, settle, seed, cap), "cap_s": cap}
 
 
 def crash(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> dict[str, Any]:
-    """Per lock and settings group. The fast series run first, one after another; then
-    those whose lock comes free only by expiry (seconds of mostly idle waiting) run
-    concurrently, each on its own lock."""
+    """Per lock and settings group; the series that wait for an expiry run concurrently."""
     rng = random.Random(6)
     series = [
         (kind, group, samples, rng.randrange(1 << 30))
@@ -264,26 +219,22 @@ def crash(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> di
     ]
     results: dict[tuple[str, str], dict[str, Any]] = {}
 
+    def expiry(kind: str, group: str) -> float | None:
+        return KINDS[kind].expiry[group == "tuned"]
+
     def run(kind: str, group: str, samples: int, seed: int) -> None:
-        expiry = KINDS[kind].expiry[group == "tuned"]
-        cap = plan.never_cap if expiry is None else 1.5 * expiry + 10.0
-        measure = lambda: crash_series(kind, group, targets, samples, seed, plan.crash_settle, cap)  # noqa: E731
-        results[kind, group] = {**cell(log, f"crash {kind} {group}", measure)}
+        cap = plan.never_cap if (e := expiry(kind, group)) is None else 1.5 * e + 10.0
+        args = (kind, group, targets, samples, seed, plan.crash_settle, cap)
+        results[kind, group] = cell(log, f"crash {kind} {group}", crash_series, *args)
         results[kind, group]["settings"] = KINDS[kind].settings(group)
 
-    def slow(s: tuple[str, str, int, int]) -> bool:
-        expiry = KINDS[s[0]].expiry[s[1] == "tuned"]
-        return expiry is None or expiry >= 1.0
-
+    slow = [s for s in series if (e := expiry(s[0], s[1])) is None or e >= 1.0]
     started = time.monotonic()
     for s in series:
-        if not slow(s):
+        if s not in slow:
             run(*s)
-    threads = [threading.Thread(target=run, args=s, daemon=True) for s in series if slow(s)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(max(1, len(slow))) as pool:
+        list(pool.map(lambda s: run(*s), slow))
     out: dict[str, Any] = {"wall_s": round(time.monotonic() - started, 1), "rows": {}}
     for kind, group, _, _ in series:
         out["rows"].setdefault(kind, {})[group] = results[kind, group]
@@ -294,7 +245,7 @@ def run(url: str, plan: Plan, budget: Budget, log: Log) -> dict[str, Any]:
     """Every comparison, each peer against its own private server (started and stopped here)."""
     tmp = Path(tempfile.mkdtemp(prefix="amqp-locks-bench-peers-"))
     needed = {k.server for k in KINDS.values() if k.server and k.server != "amqp"}
-    out: dict[str, Any] = {"plan": dataclasses.asdict(plan)}
+    out: dict[str, Any] = {"plan": dataclasses.asdict(plan), "wall_s": {}}
     log(f"peers: starting private {', '.join(sorted(needed))} servers on loopback")
     with running(needed, log) as srv:
         targets = {**srv.urls, "amqp": url, "files": str(tmp / "files")}
@@ -303,11 +254,10 @@ def run(url: str, plan: Plan, budget: Budget, log: Log) -> dict[str, Any]:
             servers=srv.versions, server_settings=srv.settings, missing_servers=srv.missing,
             kinds=kinds, libraries={k: version(KINDS[k].library) for k in kinds},
         )  # fmt: skip
+        pg = srv.urls.get("postgresql")
         phases: dict[str, Callable[[], Any]] = {
             "uncontended": lambda: uncontended(kinds, targets, budget, log=log),
-            "lockers": lambda: uncontended_lockers(
-                url, srv.urls.get("postgresql"), tmp, budget, log
-            ),
+            "lockers": lambda: uncontended_lockers(url, pg, tmp, budget, log),
             "handoff": lambda: handoff(kinds, targets, plan, log),
             "throughput": lambda: throughput(kinds, targets, plan, log),
             "crash": lambda: crash(kinds, targets, plan, log),
@@ -316,7 +266,7 @@ def run(url: str, plan: Plan, budget: Budget, log: Log) -> dict[str, Any]:
             log(f"peers: {label}")
             t0 = time.monotonic()
             out[label] = phase()
-            out.setdefault("wall_s", {})[label] = round(time.monotonic() - t0, 1)
+            out["wall_s"][label] = round(time.monotonic() - t0, 1)
     return out
 
 

@@ -6,6 +6,7 @@ grant of that slot: the handoff.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -68,12 +69,11 @@ def _worker(job: tuple[str, str, Plan], idx: int, sync: Sync) -> None:
         cpu0 = time.process_time()
         with probes.installed():
             while (left := deadline - time.monotonic()) > 0 and lock.acquire(timeout=left):
-                lease = lock.lease
-                t_a = time.monotonic()
+                lease, t_a = lock.lease, time.monotonic()
                 if plan.hold:
                     time.sleep(plan.hold)
-                grant = [(kind, lease.number, lease.fencing_token) for kind in "AR"]
-                events = [(*grant[0], t_a), (*grant[1], time.monotonic())]
+                grant = (lease.number, lease.fencing_token)
+                events = [("A", *grant, t_a), ("R", *grant, time.monotonic())]
                 lock.release()
                 sync.out.put(("grant", idx, events))
     except BaseException as exc:  # concurrent.futures.CancelledError is not an Exception
@@ -81,18 +81,15 @@ def _worker(job: tuple[str, str, Plan], idx: int, sync: Sync) -> None:
     finally:
         # How late the last acquire(timeout=...) returned after the run's end (its timeout).
         late = time.monotonic() - deadline if deadline else math.nan
-        cpu = time.process_time() - cpu0
-        figures = {"cpu": cpu, "late": late, "probe_calls": probes.calls, "probes": probes.queues}
+        figures = {"cpu": time.process_time() - cpu0, "late": late, "probe_calls": probes.calls}
         sync.out.put(("done", idx, error, figures, dict(tally.counts)))
         lock.close()
 
 
 def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
     """One timed contention run on a fresh semaphore: raw events and CPU seconds spent."""
-    per_worker: dict[int, list[Event]] = {i: [] for i in range(plan.processes)}
-    done, errors, overruns = set(), [], []
-    totals: Counter[str] = Counter()
-    warned: Counter[str] = Counter()
+    events: dict[int, list[Event]] = {i: [] for i in range(plan.processes)}
+    done, errors, overruns, totals, warned = set(), [], [], Counter[str](), Counter[str]()
     meter, broker_cpu = CpuMeter({"broker": broker_pid}), math.nan
     with fresh_lock(url, "semaphore", plan.slots, "contention") as name, Crew(spawn=True) as crew:
         crew.spawn((url, name, plan), plan.processes, target=_worker)
@@ -101,17 +98,15 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
         while len(done) < plan.processes and time.monotonic() < end + plan.grace:
             if math.isnan(broker_cpu) and time.monotonic() >= end:
                 broker_cpu = meter.stop()["broker"]
-            if (msg := crew.get(0.2)) is None:
-                continue
-            if msg[0] == "grant":
-                per_worker[msg[1]].extend(msg[2])
-                continue
-            _, idx, error, figures, counts = msg
-            done.add(idx)
-            overruns.append(figures.pop("late"))
-            totals.update(figures)
-            warned.update(counts)
-            errors += [f"worker {idx}: {error}"] if error else []
+            if (msg := crew.get(0.2)) is not None and msg[0] == "grant":
+                events[msg[1]].extend(msg[2])
+            elif msg is not None:
+                _, idx, error, figures, counts = msg
+                done.add(idx)
+                overruns.append(figures.pop("late"))
+                totals.update(figures)
+                warned.update(counts)
+                errors += [f"worker {idx}: {error}"] if error else []
         if math.isnan(broker_cpu):
             broker_cpu = meter.stop()["broker"]
     for idx in sorted(set(range(plan.processes)) - done):
@@ -120,17 +115,13 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
             f"worker {idx}: still inside acquire(timeout=...) {plan.grace:.0f} s after the "
             "end of the run (terminated; its CPU time is not counted)"
         )
-    if not any(per_worker.values()):
+    if not any(events.values()):
         raise RuntimeError("contention run produced no grants:\n" + "\n".join(errors))
     return {
-        "events": per_worker,
-        "cpu": {"workers": totals["cpu"], "broker": broker_cpu},
-        "errors": errors,
-        "warnings": warned,
-        "timeout_overruns": overruns,
+        "events": events, "cpu": {"workers": totals["cpu"], "broker": broker_cpu},
+        "errors": errors, "warnings": warned, "timeout_overruns": overruns,
         "probe_calls": totals["probe_calls"],
-        "probes": totals["probes"],
-    }
+    }  # fmt: skip
 
 
 def handoffs(per_worker: dict[int, list[Event]]) -> tuple[list[float], int]:
@@ -139,19 +130,11 @@ def handoffs(per_worker: dict[int, list[Event]]) -> tuple[list[float], int]:
     for worker, events in per_worker.items():
         for kind, slot, token, t in events:
             by_slot[slot].append((token, kind, t, worker))
-    out: list[float] = []
-    to_self = 0
+    pairs = []
     for events in by_slot.values():
         events.sort(key=lambda e: (e[0], e[1] != "A"))  # per token the grant precedes its release
-        pending: tuple[float, int] | None = None
-        for _token, kind, t, worker in events:
-            if kind == "R":
-                pending = (t, worker)
-            elif pending is not None:
-                out.append(t - pending[0])
-                to_self += worker == pending[1]
-                pending = None
-    return out, to_self
+        pairs += [(a, b) for a, b in itertools.pairwise(events) if (a[1], b[1]) == ("R", "A")]
+    return [b[2] - a[2] for a, b in pairs], sum(a[3] == b[3] for a, b in pairs)
 
 
 def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
@@ -159,9 +142,7 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
     med = statistics.median
     per_run = []
     for run in runs:
-        grants = [
-            sum(1 for e in run["events"].get(i, []) if e[0] == "A") for i in range(plan.processes)
-        ]
+        grants = [sum(e[0] == "A" for e in run["events"].get(i, [])) for i in range(plan.processes)]
         total = sum(grants) or math.nan
         hand, to_self = handoffs(run["events"])
         per_run.append({
@@ -169,17 +150,16 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
             "self": to_self / len(hand) if hand else math.nan,
             "fair": {**fairness(grants), "stddev": statistics.pstdev(grants)},
             "workers": run["cpu"]["workers"] / total, "broker": run["cpu"]["broker"] / total,
-            "calls": run.get("probe_calls", 0) / total, "probes": run.get("probes", 0) / total,
+            "calls": run["probe_calls"] / total,
         })  # fmt: skip
 
     def median_of(key: str) -> float:
         return float(med([x[key] for x in per_run]))
 
     rates = [x["rate"] for x in per_run]
-    hand_reps = [x["hand"] for x in per_run]
-    lates = [x for run in runs for x in run.get("timeout_overruns", [])]
+    lates = [x for run in runs for x in run["timeout_overruns"]]
     finite = [x for x in lates if math.isfinite(x)]
-    warned: Counter[str] = sum((Counter(run.get("warnings", {})) for run in runs), Counter())
+    warned: Counter[str] = sum((Counter(run["warnings"]) for run in runs), Counter())
     return {
         "plan": {**asdict(plan), "hold_ms": plan.hold * 1000, "grace_s": plan.grace},
         "runs": len(runs),
@@ -190,13 +170,12 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
             for k in ("min", "max", "stddev", "cv", "jain")
         },
         "grants_per_process_last_run": per_run[-1]["grants"],
-        "handoff": summarize_reps(hand_reps),
+        "handoff": summarize_reps([x["hand"] for x in per_run]),
         "handoff_to_releaser_share": round(median_of("self"), 3),
-        "handoff_samples_ms": [ms(x) for r in hand_reps for x in r],
+        "handoff_samples_ms": [ms(x) for r in per_run for x in r["hand"]],
         "probe_round_trips_per_grant": round(median_of("calls"), 1),
-        "probes_per_grant": round(median_of("probes"), 1),
         "cpu_per_grant_ms": {k: ms(median_of(k)) for k in ("workers", "broker")},
-        "worker_errors": [e for run in runs for e in run.get("errors", [])],
+        "worker_errors": [e for run in runs for e in run["errors"]],
         "worker_warnings": dict(warned.most_common()),
         "timeout_overrun": {  # how late workers' final acquire(timeout=...) returned
             "workers": len(lates),

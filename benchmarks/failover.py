@@ -1,10 +1,6 @@
-"""Master/standby failover per locker: master process kill -9 -> the standby is master.
-
-A master and a standby process each run a ``LockableService`` and report their state
-changes on CLOCK_MONOTONIC; the master is killed 0.1 s plus a random part of the retry
-interval after the standby reports STANDBY; the sample ends when the standby reports
-MASTER, and it is the next sample's master. All series run concurrently, each on its own
-lock: a failover is mostly waiting.
+"""Master/standby failover per locker: master ``LockableService`` process kill -9 -> the
+standby reports MASTER (and is the next sample's master); every series concurrently, each
+on its own lock: a failover is mostly waiting.
 """
 
 from __future__ import annotations
@@ -14,17 +10,17 @@ import os
 import random
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from amqp_locks_dev import devdb
 
-from .peers.worker import Crew, Sync, quiet, what
-from .stats import brief, delete_queues, own_cpu, summarize_reps, system_busy
+from .peers.worker import Sync, kill_series, quiet, what
+from .stats import brief, delete_queues, own_cpu, system_busy
 
 #: ActiveMQ's defaults: lockAcquireSleepInterval 10 s, lease = interval, keep-alive 0
 #: (a lease locker needs one shorter than the lease: 5 s as in ActiveMQ's lease example).
@@ -57,25 +53,33 @@ def specs(st: dict[str, Any], tag: str, tmp: Path, dbs: dict[str, str], url: str
     return [*out, Spec("AmqpLocker", "amqp", url, name, iv, None, ka)]
 
 
-def _service(spec: Spec, idx: int, sync: Sync) -> None:
-    """A LockableService reporting (state, idx, monotonic time) on every transition."""
-    from amqp_locks import AmqpLocker, Broker, LockableService
+def locker(spec: Spec, broker: Any) -> Any:
+    """The locker ``spec`` describes (``broker``: an AmqpLocker's, connected)."""
+    from amqp_locks import AmqpLocker
     from amqp_locks.lockers import DatabaseLocker, LeaseDatabaseLocker, SharedFileLocker
 
-    quiet()
     opts: dict[str, Any] = {"lock_acquire_sleep_interval": spec.interval}
+    if spec.kind == "amqp":
+        return AmqpLocker(broker, spec.name, **opts)
+    if spec.kind == "lease":
+        return LeaseDatabaseLocker(spec.target, spec.name, lease_duration=spec.lease, **opts)
+    return (SharedFileLocker if spec.kind == "file" else DatabaseLocker)(
+        spec.target, spec.name, **opts
+    )
+
+
+def _service(spec: Spec, idx: int, sync: Sync) -> None:
+    """A LockableService reporting (state, idx, monotonic time) on every transition."""
+    from amqp_locks import Broker, LockableService
+
+    quiet()
     try:
-        if spec.kind == "file":
-            locker: Any = SharedFileLocker(spec.target, spec.name, **opts)
-        elif spec.kind == "db":
-            locker = DatabaseLocker(spec.target, spec.name, **opts)
-        elif spec.kind == "lease":
-            locker = LeaseDatabaseLocker(spec.target, spec.name, lease_duration=spec.lease, **opts)
-        else:
-            broker = Broker(spec.target, connection_name=f"amqp-locks bench locker {idx}")
-            locker = AmqpLocker(broker.connect(), spec.name, **opts)
+        name = f"amqp-locks bench locker {idx}"
+        broker = (
+            Broker(spec.target, connection_name=name).connect() if spec.kind == "amqp" else None
+        )
         LockableService(
-            locker,
+            locker(spec, broker),
             lambda stop: stop.wait(),
             lock_keep_alive_period=spec.keep_alive,
             on_state=lambda _svc, state: sync.out.put((state.value, idx, time.monotonic())),
@@ -86,32 +90,11 @@ def _service(spec: Spec, idx: int, sync: Sync) -> None:
 
 def _series(spec: Spec, samples: int, seed: int) -> dict[str, Any]:
     """``samples`` failovers of one locker, each standby becoming the next master."""
-    rng = random.Random(seed)
-    out: list[float] = []
-    errors: list[str] = []
     limit = (spec.lease or 0) + 2 * spec.interval + 2 * spec.keep_alive + 30.0
-    with Crew() as crew:
-        try:
-            crew.spawn(spec, target=_service, ready=False)
-            if crew.expect("master", 0, limit) is None:
-                raise RuntimeError(f"worker 0 not master within {limit:.0f} s")
-            for i in range(1, samples + 1):
-                crew.spawn(spec, target=_service, ready=False)
-                if crew.expect("standby", i, 60) is None:
-                    raise RuntimeError(f"worker {i} not standby within 60 s")
-                time.sleep(0.1 + rng.uniform(0, spec.interval))
-                if crew.expect("master", i, 0.01) is not None:
-                    raise RuntimeError(
-                        f"sample {i}: standby became master while the master was alive"
-                    )
-                t_kill = time.monotonic()
-                crew.kill(i - 1)
-                if (got := crew.expect("master", i, limit)) is None:
-                    raise RuntimeError(f"sample {i}: worker {i} not master within {limit:.0f} s")
-                out.append(got[2] - t_kill)
-        except Exception as exc:  # a series must not take the others down
-            errors.append(str(exc))
-    return {**summarize_reps([out], samples=True), "errors": errors}
+    settle, steps = (0.1, 0.1 + spec.interval), ("standby", "master")
+    s = kill_series(spec, samples, settle, seed, limit, _service, steps)
+    s["errors"] += [f"the standby not master within {limit:.0f} s"] * s.pop("censored")
+    return s
 
 
 def measure(
@@ -119,28 +102,17 @@ def measure(
 ) -> dict[str, Any]:
     """Every spec of every group concurrently (one thread each, each on its own lock)."""
     started = time.monotonic()
-    results: dict[tuple[str, str], Any] = {}
-
-    def run(group: str, spec: Spec, seed: int) -> None:
-        results[group, spec.label] = _series(spec, samples[group], seed)
-
-    threads = [
-        threading.Thread(target=run, args=(group, spec, 100 * g + i), daemon=True)
-        for g, (group, group_specs) in enumerate(groups.items())
-        for i, spec in enumerate(group_specs)
+    calls = [
+        (g, sp, 100 * i + j)
+        for i, (g, sps) in enumerate(groups.items())
+        for j, sp in enumerate(sps)
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out: dict[str, Any] = {}
-    for group, group_specs in groups.items():
-        out[group] = {"rows": []}
-        for spec in group_specs:
-            s = results[group, spec.label]
-            s["spec"] = {k: v for k, v in asdict(spec).items() if k not in ("target", "name")}
-            out[group]["rows"].append({"locker": spec.label, **s})
-            log(f"  failover {group} {spec.label}: {brief(s)}")
+    with ThreadPoolExecutor(len(calls)) as pool:
+        results = list(pool.map(lambda c: _series(c[1], samples[c[0]], c[2]), calls))
+    out: dict[str, Any] = {g: {"rows": []} for g in groups}
+    for (group, spec, _), s in zip(calls, results, strict=True):
+        out[group]["rows"].append({"locker": spec.label, **s})
+        log(f"  failover {group} {spec.label}: {brief(s)}")
     return {"groups": out, "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -152,17 +124,11 @@ def run(
     tmp = Path(tempfile.mkdtemp(prefix="amqp-locks-bench-"))
     dbs: dict[str, str] = {}
     started: list[tuple[str, Path]] = []
-    notes = (
-        []
-        if db_servers
-        else ["smoke run: no PostgreSQL/MariaDB servers, no default-settings failover"]
-    )
-    groups: dict[str, list[Spec]] = {}
+    smoke = "smoke run: no PostgreSQL/MariaDB servers, no default-settings failover"
+    notes, groups = ([] if db_servers else [smoke]), {}
     busy0, own0, t0 = system_busy(), own_cpu(), time.monotonic()
     try:
-        for kind, label in (
-            (("postgresql", "PostgreSQL"), ("mariadb", "MariaDB")) if db_servers else ()
-        ):
+        for kind, label in (("postgresql", "PostgreSQL"), ("mariadb", "MariaDB"))[: 2 * db_servers]:
             base = devdb.db_fixture_base() / kind
             try:
                 log(f"starting private {kind} server")

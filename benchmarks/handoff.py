@@ -1,7 +1,5 @@
-"""Our one-permit locks (``peers.kinds.OURS``) through the comparison's code: handoff
-(two processes; the waiter blocked ``settle`` s), the same with the releaser asking again
-at once (re-ask), holder kill -9 (the waiter blocked a random ``crash_settle`` s), and the
-fairness loop (a few processes: acquire -> hold -> release -> acquire).
+"""Our one-permit locks (``peers.kinds.OURS``) through the comparison's code: handoff, the
+same with the releaser asking again at once (re-ask), holder kill -9, and the fairness loop.
 """
 
 from __future__ import annotations
@@ -9,14 +7,13 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .compare import chain, crash_series, loop
 from .stats import fairness_summary, ms, summarize_reps
 
-Log = Callable[[str], None]
+LOCKS = ("token", "token_nofence", "mutex", "semaphore")
 
 
 @dataclass
@@ -35,14 +32,18 @@ class Plan:
     crash_settle: tuple[float, float] = (0.1, 2.5)
 
 
+def _reps(xs: list[float], reps: int, k: int) -> dict[str, Any]:
+    """The summary of ``xs`` cut into ``reps`` repetitions of ``k`` samples."""
+    return summarize_reps([xs[i * k : i * k + k] for i in range(reps)], samples=True)
+
+
 def handoff(url: str, plan: Plan) -> dict[str, Any]:
     """Release -> the blocked waiter's acquire returned, per lock (one permit, two processes)."""
     out: dict[str, Any] = {}
     for kind in ("token", "token_nofence", "token_quorum", "mutex", "semaphore"):
         n, hold = plan.reps * plan.samples, (plan.settle, plan.settle)
         gaps, calls, _ = chain(kind, {"amqp": url}, 1, hold, n, 60 + n * plan.settle, plan.warmup)
-        reps = [gaps[i * plan.samples : (i + 1) * plan.samples] for i in range(plan.reps)]
-        out[kind] = summarize_reps(reps, samples=True)
+        out[kind] = _reps(gaps, plan.reps, plan.samples)
         out[kind]["release_call_p50_ms"] = ms(statistics.median(calls))
     return out
 
@@ -51,33 +52,23 @@ def crash(url: str, plan: Plan) -> dict[str, Any]:
     """kill -9 of the holder -> the blocked waiter's acquire returned, per lock."""
     rng, out = random.Random(4), {}
     for kind in ("token", "mutex", "semaphore"):
-        seed = rng.randrange(1 << 30)
-        s = crash_series(
-            kind, "default", {"amqp": url}, plan.crash_samples, seed, plan.crash_settle, 90
-        )
+        args = (plan.crash_samples, rng.randrange(1 << 30), plan.crash_settle, 90)
+        s = out[kind] = crash_series(kind, "default", {"amqp": url}, *args)
         s["errors"] += ["the waiter did not acquire within 90 s of the kill"] * s["censored"]
-        out[kind] = s
     return out
 
 
 def reask(url: str, plan: Plan) -> dict[str, Any]:
-    """Two processes, one permit: the holder releases and asks again at once while the
-    other has been blocked in ``acquire()`` for ``settle`` s; from just before ``release()``
-    to whichever ``acquire()`` returns first; how often the releaser won its lock back."""
+    """Release (the other process blocked ``settle`` s) -> whichever ``acquire()`` returns
+    first, the releaser asking again at once; how often it won its lock back."""
     out: dict[str, Any] = {}
-    n = plan.reask_reps * plan.reask_samples
-    for kind in ("token", "token_nofence", "mutex", "semaphore"):
-        grants = loop(
-            kind, {"amqp": url}, 1, 2, 60 + n * plan.settle, plan.settle, n + plan.reask_warmup + 1
-        )
+    n, warmup = plan.reask_reps * plan.reask_samples, plan.reask_warmup
+    for kind in LOCKS:
+        grants = loop(kind, {"amqp": url}, 1, 2, 60 + n * plan.settle, plan.settle, n + warmup + 1)
         pairs = [(b[2] - a[3], a[0] == b[0]) for a, b in itertools.pairwise(grants)]
-        pairs = pairs[plan.reask_warmup :][:n]
-        gaps = [gap for gap, _ in pairs]
+        pairs = pairs[warmup:][:n]
+        s = out[kind] = _reps([gap for gap, _ in pairs], plan.reask_reps, plan.reask_samples)
         won = [gap for gap, releaser in pairs if releaser]
-        k = plan.reask_samples
-        s = out[kind] = summarize_reps(
-            [gaps[i * k : i * k + k] for i in range(plan.reask_reps)], True
-        )
         s["releaser_won"], s["handoffs"] = len(won), len(pairs)
         s["to_waiter"] = summarize_reps([[gap for gap, releaser in pairs if not releaser]])
         s["to_releaser"] = summarize_reps([won])
@@ -85,12 +76,10 @@ def reask(url: str, plan: Plan) -> dict[str, Any]:
 
 
 def fairness(url: str, plan: Plan) -> dict[str, Any]:
-    """Per lock: ``fair_processes`` processes loop acquire -> hold ``fair_hold`` s -> release
-    for ``fair_seconds`` s; Jain's index over grants per process, and every wait
-    (``acquire()`` called -> returned) against the median wait."""
+    """Per lock: processes loop acquire -> hold -> release; ``stats.fairness_summary``."""
     out: dict[str, Any] = {}
     n = plan.fair_processes
-    for kind in ("token", "token_nofence", "mutex", "semaphore"):
+    for kind in LOCKS:
         errors: list[str] = []
         try:
             grants = loop(kind, {"amqp": url}, 1, n, plan.fair_seconds, plan.fair_hold)

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from unittest import mock
 
 from amqp_locks import Broker, PersistentSemaphore
 from amqp_locks.names import holder_queue, slot_queue
@@ -45,11 +46,8 @@ class ProbeCounter:
             self.held += len(self.held_names.intersection(queues))
             return await original(session, queues)
 
-        Session.probe = probe  # type: ignore[method-assign]
-        try:
+        with mock.patch.object(Session, "probe", probe):
             yield self
-        finally:
-            Session.probe = original  # type: ignore[method-assign]
 
 
 def _holder(job: tuple[str, str, list[int]], idx: int, sync: Sync) -> None:
@@ -64,10 +62,6 @@ def _holder(job: tuple[str, str, list[int]], idx: int, sync: Sync) -> None:
             session = await core.session()
             return [await _claim(core, session, name, k) for k in slots]
 
-        async def release(held: list[Any]) -> None:
-            for state in held:
-                await state.release()
-
         try:
             held = core.run(claim())
             if None in held:
@@ -77,7 +71,8 @@ def _holder(job: tuple[str, str, list[int]], idx: int, sync: Sync) -> None:
             return
         sync.out.put(("ready", idx))
         sync.stop.wait()
-        core.run(release(held))
+        for state in held:
+            core.run(state.release())
         sync.out.put(("released", idx))
 
 
@@ -100,6 +95,7 @@ def _cell(
 ) -> dict[str, Any]:  # fmt: skip
     """One cell of the sweep: every slot but ``free`` held by another process."""
     held = [k for k in range(1, capacity + 1) if k != free]
+    names = frozenset(q for k in held for q in (slot_queue(sem.name, k), holder_queue(sem.name, k)))
 
     def op() -> float:
         counter.sizes = []
@@ -111,27 +107,18 @@ def _cell(
         lease.release()
         return dt
 
-    t0 = time.monotonic()
     with held_slots(url, sem.name, held) as holder_pid:
-        setup = time.monotonic() - t0
         meter = CpuMeter({"client": os.getpid(), "holders": holder_pid, "broker": broker_pid})
-        names = frozenset(
-            q for k in held for q in (slot_queue(sem.name, k), holder_queue(sem.name, k))
-        )
         samples = timed(op, budget, lambda: (counter.reset(names), meter.start()))
         cpu = meter.stop()
     n = sum(map(len, samples))
     return {
-        "capacity": capacity,
-        "slot": free,
-        **summarize_reps(samples, samples=True),
+        "capacity": capacity, "slot": free, **summarize_reps(samples, samples=True),
         "probes_sent": round(counter.queues / n),
         "probe_round_trips": round(counter.calls / n, 1),
-        "held_probes": round(counter.held / n),
-        "windows": counter.sizes,
+        "held_probes": round(counter.held / n), "windows": counter.sizes,
         "cpu_per_acquire_ms": {k: ms(v / n) for k, v in cpu.items()},
-        "setup_s": round(setup, 2),
-    }
+    }  # fmt: skip
 
 
 def search_sweep(
@@ -142,15 +129,11 @@ def search_sweep(
     rows: list[dict[str, Any]] = []
     counter = ProbeCounter()
     with Broker(url) as broker, counter.installed():
-        for capacity in capacities:
-            with fresh_lock(url, "semaphore", capacity, f"c{capacity}") as name:
+        for c in capacities:
+            with fresh_lock(url, "semaphore", c, f"c{c}") as name:
                 sem = PersistentSemaphore(broker, name)
-                for position, free in (("last", capacity), ("first", 1))[: min(2, capacity)]:
-                    cell = _cell(
-                        url, sem, free, capacity, budget_for(capacity, free), broker_pid, counter
-                    )
+                for position, free in (("last", c), ("first", 1))[: min(2, c)]:
+                    cell = _cell(url, sem, free, c, budget_for(c, free), broker_pid, counter)
                     rows.append({"free_slot": position, **cell})
-                    log(
-                        f"  C={capacity} free={position} probes={cell['probes_sent']} {brief(cell)}"
-                    )
+                    log(f"  C={c} free={position} probes={cell['probes_sent']} {brief(cell)}")
     return rows

@@ -1,10 +1,6 @@
-"""Many distinct live locks: acquire latency and broker memory against the number held.
-
-Holder processes hold mutexes without fencing tokens (at most ``PER_CONNECTION`` per
-connection: each lease has a watch channel, a connection allows 2047). At each size this
-client times one more mutex (with its fencing token) and reads ``rabbitmqctl status`` and
-``list_queues``; first, on the quiet broker, the memory of idle connections and of fence
-(quorum) queues, which docs/scaling.md adds up for other shapes of load.
+"""Many distinct live locks: acquire latency and broker memory against the number held
+(mutexes without fencing tokens in holder processes, ``PER_CONNECTION`` per connection),
+and first, on the quiet broker, the memory of idle connections and of fence queues.
 """
 
 from __future__ import annotations
@@ -61,23 +57,20 @@ class _Holders:
 
     def __init__(self, url: str, prefix: str) -> None:
         self.url, self.prefix, self.ctx = url, prefix, context()
-        self.procs: list[list[Any]] = []  # [process, pipe, locks held]
+        self.procs: list[tuple[Any, Any]] = []  # (process, pipe), PER_CONNECTION locks each
         self.names: list[str] = []
 
     def grow(self, total: int) -> float:
         t0 = time.monotonic()
         orders: dict[int, list[str]] = {}
-        while len(self.names) < total:
-            if not self.procs or self.procs[-1][2] >= PER_CONNECTION:
-                parent, child = self.ctx.Pipe()
-                p = self.ctx.Process(target=_holder_main, args=(self.url, child), daemon=True)
-                p.start()
-                self.procs.append([p, parent, 0])
-            take = min(PER_CONNECTION - self.procs[-1][2], total - len(self.names))
-            names = [f"{self.prefix}-{len(self.names) + i}" for i in range(take)]
-            self.names += names
-            self.procs[-1][2] += take
-            orders.setdefault(len(self.procs) - 1, []).extend(names)
+        for i in range(len(self.names), total):
+            self.names.append(f"{self.prefix}-{i}")
+            orders.setdefault(i // PER_CONNECTION, []).append(self.names[-1])
+        while len(self.procs) < len(self.names) / PER_CONNECTION:
+            parent, child = self.ctx.Pipe()
+            p = self.ctx.Process(target=_holder_main, args=(self.url, child), daemon=True)
+            p.start()
+            self.procs.append((p, parent))
         for idx, names in orders.items():  # connections place their share concurrently
             self.procs[idx][1].send(("hold", names))
         for idx in orders:
@@ -88,10 +81,10 @@ class _Holders:
         return time.monotonic() - t0
 
     def close(self) -> None:
-        for _, pipe, _ in self.procs:
+        for _, pipe in self.procs:
             with contextlib.suppress(OSError):
                 pipe.send(("exit",))
-        for p, _, _ in self.procs:
+        for p, _ in self.procs:
             p.join(30)
             if p.is_alive():
                 p.kill()
@@ -109,8 +102,7 @@ def _broker_state(node: devbroker.NodeInfo | None, beam: int | None) -> dict[str
     st, queues = ctl("status"), ctl("list_queues", "name", "memory", "type")
     # Categories as rabbitmqctl names them; "total" is the Erlang VM's own count (the rss
     # and allocator reservations are kept beside it: they move in steps, not per lock).
-    raw = st["memory"]
-    skip = ("allocated_unused", "reserved_unallocated")
+    raw, skip = st["memory"], ("allocated_unused", "reserved_unallocated")
     mem = {k: v for k, v in raw.items() if isinstance(v, int) and k not in skip}
     mem["total"] = int(raw.get("total", {}).get("erlang", sum(mem.values())))
     by_type: dict[str, dict[str, int]] = {}
@@ -123,12 +115,9 @@ def _broker_state(node: devbroker.NodeInfo | None, beam: int | None) -> dict[str
         lines = Path(f"/proc/{beam}/status").read_text().splitlines()
         rss = int(next(x for x in lines if x.startswith("VmRSS:")).split()[1]) * 1024
     return {
-        "memory": mem,
-        "queues": by_type,
-        "erlang_processes": st["processes"]["used"],
-        "fds_used": st["file_descriptors"]["total_used"],
-        "beam_rss": rss,
-    }
+        "memory": mem, "queues": by_type, "erlang_processes": st["processes"]["used"],
+        "fds_used": st["file_descriptors"]["total_used"], "beam_rss": rss,
+    }  # fmt: skip
 
 
 def _per(delta: float, count: int, digits: int | None = None) -> float:
@@ -137,18 +126,16 @@ def _per(delta: float, count: int, digits: int | None = None) -> float:
 
 def _delta(before: dict[str, Any], after: dict[str, Any], n: int) -> dict[str, Any]:
     """Per object added between two broker states: memory by category, processes, queues."""
-    q = [
-        sum(x[k] for x in s["queues"].values())
+    q0, q1 = (
+        [sum(x[k] for x in s["queues"].values()) for k in ("queues", "memory")]
         for s in (before, after)
-        for k in ("queues", "memory")
-    ]
-    mem = after["memory"].items()
+    )
     return {
-        "memory": {k: _per(v - before["memory"].get(k, 0), n) for k, v in mem},
+        "memory": {k: _per(v - before["memory"].get(k, 0), n) for k, v in after["memory"].items()},
         "rss": _per((after["beam_rss"] or 0) - (before["beam_rss"] or 0), n),
         "procs": (after["erlang_processes"] - before["erlang_processes"]) / n,
-        "queues": _per(q[2] - q[0], n, 2),
-        "queue_bytes": _per(q[3] - q[1], n),
+        "queues": _per(q1[0] - q0[0], n, 2),
+        "queue_bytes": _per(q1[1] - q0[1], n),
     }
 
 
@@ -160,8 +147,7 @@ def live_locks(
     holders = _Holders(url, unique_name("live"))
     rows: list[dict[str, Any]] = []
     out: dict[str, Any] = {"per_connection": PER_CONNECTION, "rows": rows}
-    probe = unique_name("live-probe")
-    extra: list[str] = []
+    probe, extra = unique_name("live-probe"), []
     lock = make("mutex", probe, 1, {"amqp": url})
     try:
         if node is not None:  # on a quiet broker: deltas of a small heap are readable
@@ -171,9 +157,8 @@ def live_locks(
             row: dict[str, Any] = {"locks": size, "place_s": round(holders.grow(size), 2)}
             row["connections"] = len(holders.procs)
             row["acquire"] = cycles(lock.acquire, lock.release, budget)["acquire"]
-            row["broker"] = _broker_state(node, beam)
-            rows.append(row)
-            mib = row["broker"].get("memory", {}).get("total", 0) / 2**20
+            rows.append({**row, "broker": _broker_state(node, beam)})
+            mib = rows[-1]["broker"].get("memory", {}).get("total", 0) / 2**20
             log(f"  {size} live locks: acquire {brief(row['acquire'])}, broker {mib:.0f} MiB")
     finally:
         lock.close()
@@ -186,17 +171,13 @@ def live_locks(
     if len(rows) > 1 and rows[0]["broker"]:
         n = rows[-1]["locks"] - rows[0]["locks"]
         d = _delta(rows[0]["broker"], rows[-1]["broker"], n)
-        cats = {
-            k: v
-            for k, v in sorted(d["memory"].items(), key=lambda kv: -kv[1])
-            if v and k != "total"
-        }
+        cats = sorted(
+            ((k, v) for k, v in d["memory"].items() if v and k != "total"), key=lambda kv: -kv[1]
+        )
         out["slopes"] = {  # per held lock, between the smallest and the largest size measured
             "locks": n, "bytes_total": d["memory"]["total"], "bytes_rss": d["rss"],
-            "bytes_by_category": cats, "queues_each": d["queues"],
-            "queue_bytes_each": d["queue_bytes"],
-            "erlang_processes_each": round(d["procs"], 2),
-            "fds_each": _per(rows[-1]["broker"]["fds_used"] - rows[0]["broker"]["fds_used"], n, 4),
+            "bytes_by_category": dict(cats), "queues_each": d["queues"],
+            "queue_bytes_each": d["queue_bytes"], "erlang_processes_each": round(d["procs"], 2),
         }  # fmt: skip
     return out
 
@@ -211,11 +192,10 @@ def _extras(
     try:
         for b in brokers:
             b.connect()
-        after = _broker_state(node, beam)
+        d = _delta(before, _broker_state(node, beam), n)
     finally:
         for b in brokers:
             b.close()
-    d = _delta(before, after, n)
     connections = {  # Erlang's `binary` here: the sockets' user-level buffers
         "count": n, "bytes_each": d["memory"]["total"],
         "binary_bytes_each": d["memory"].get("binary", 0), "rss_bytes_each": d["rss"],
@@ -232,12 +212,13 @@ def _extras(
     took, after = time.monotonic() - t0, _broker_state(node, beam)
     d = _delta(before, after, n)
     qa, qb = (s["queues"].get("quorum", {"queues": 0, "memory": 0}) for s in (before, after))
-    quorum = [(k, v) for k, v in after["memory"].items() if k.startswith("quorum")]
+    quorum = sum(
+        v - before["memory"].get(k, 0) for k, v in after["memory"].items() if k.startswith("quorum")
+    )
     return {
         "connections": connections,
         "fence_queues": {
-            "count": n,
-            "quorum_bytes_each": _per(sum(v - before["memory"].get(k, 0) for k, v in quorum), n),
+            "count": n, "quorum_bytes_each": _per(quorum, n),
             "bytes_each_total": d["memory"]["total"],
             "bytes_each_queue": _per(qb["memory"] - qa["memory"], qb["queues"] - qa["queues"]),
             "erlang_processes_each": round(d["procs"], 1),

@@ -85,21 +85,19 @@ def ms(seconds: float) -> float:
 
 def summarize_reps(reps: Sequence[Sequence[float]], samples: bool = False) -> dict[str, Any]:
     """Repeated latency samples (seconds) in milliseconds: ``p50_ms``/``p99_ms`` are medians
-    over the repetitions, ``*_reps_ms`` their spread; ``samples``: every sample too."""
+    over the repetitions, ``p50_reps_ms`` their spread; ``samples``: every sample too."""
     reps = [r for r in reps if r]
     pooled = [x for r in reps for x in r]
     out: dict[str, Any] = {"samples_ms": [ms(x) for x in pooled]} if samples else {}
     if not reps:
         return {"n": 0, "reps": 0, "p50_ms": math.nan, "p99_ms": math.nan, **out}
-    p50s, p99s = [percentile(r, 50) for r in reps], [percentile(r, 99) for r in reps]
+    p50s = [percentile(r, 50) for r in reps]
     return {
         "n": len(pooled),
         "reps": len(reps),
         "p50_ms": ms(statistics.median(p50s)),
-        "p99_ms": ms(statistics.median(p99s)),
+        "p99_ms": ms(statistics.median(percentile(r, 99) for r in reps)),
         "p50_reps_ms": [ms(x) for x in p50s],
-        "p99_reps_ms": [ms(x) for x in p99s],
-        "mean_ms": ms(statistics.fmean(pooled)),
         "min_ms": ms(min(pooled)),
         "max_ms": ms(max(pooled)),
         **out,
@@ -129,31 +127,28 @@ def fairness(per_process: Sequence[int]) -> dict[str, Any]:
         "max": max(xs),
         "cv": round(statistics.pstdev(xs) / statistics.fmean(xs), 3),
         "jain": round(total**2 / (len(xs) * sum(x * x for x in xs)), 3),
-        "idle": sum(1 for x in xs if x == 0),  # processes that never got the lock
+        "idle": xs.count(0),  # processes that never got the lock
     }
 
 
-def fairness_summary(
-    per_process: list[list[tuple[float, float]]], bound_x: float = 3.0
-) -> dict[str, Any]:
+def fairness_summary(per_process: list[list[tuple[float, float]]]) -> dict[str, Any]:
     """Jain's index over grants per process; waits (ms, from (called, returned) pairs), the
-    max over the median, how many waits exceed ``bound_x`` x the median and when the worst
-    began (seconds into the run: a start-up effect or a stall)."""
+    max over the median, how many waits exceed 3 x the median and when the worst began
+    (seconds into the run: a start-up effect or a stall)."""
     grants = [len(w) for w in per_process]
-    waits = [t1 - t0 for w in per_process for t0, t1 in w]
-    out = {"grants": grants, **fairness(grants), "waits": summarize_reps([waits])}
+    waits = [(t1 - t0, t0) for w in per_process for t0, t1 in w]
+    out = {"grants": grants, **fairness(grants), "waits": summarize_reps([[w for w, _ in waits]])}
     if not waits:
         keys = ("wait_p50_ms", "wait_max_ms", "wait_max_over_median", "waits_over_bound")
         return {**out, **dict.fromkeys(keys), "wait_max_at_s": None}
-    med, worst = statistics.median(waits), max(waits)
-    worst_at = next(t0 for w in per_process for t0, t1 in w if t1 - t0 == worst)
+    med, (worst, worst_at) = statistics.median(w for w, _ in waits), max(waits, key=lambda x: x[0])
     return {
         **out,
         "wait_p50_ms": ms(med),
         "wait_max_ms": ms(worst),
         "wait_max_over_median": round(worst / med, 2) if med > 0 else None,
-        "waits_over_bound": sum(1 for w in waits if w > bound_x * med),
-        "wait_max_at_s": round(worst_at - min(t0 for w in per_process for t0, _ in w), 3),
+        "waits_over_bound": sum(1 for w, _ in waits if w > 3 * med),
+        "wait_max_at_s": round(worst_at - min(t0 for _, t0 in waits), 3),
     }
 
 
@@ -180,17 +175,17 @@ def process_cpu(pid: int | None) -> float:
     return math.nan if cpu is None else cpu
 
 
+@dataclass
 class CpuMeter:
     """CPU seconds spent by a few processes between :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, pids: dict[str, int | None]) -> None:
-        self.pids = pids
+    pids: dict[str, int | None]
 
     def start(self) -> None:
-        self._t0 = {k: process_cpu(p) for k, p in self.pids.items()}
+        self.t0 = {k: process_cpu(p) for k, p in self.pids.items()}
 
     def stop(self) -> dict[str, float]:
-        return {k: process_cpu(p) - self._t0[k] for k, p in self.pids.items()}
+        return {k: process_cpu(p) - self.t0[k] for k, p in self.pids.items()}
 
 
 def system_busy() -> float:

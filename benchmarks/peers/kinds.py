@@ -149,11 +149,19 @@ def _ours(kind: str, url: str, name: str, st: dict[str, Any]) -> Adapter:
     return _Ours(cls(broker, name, **st), broker.close)
 
 
-def _redis_py(url: str, name: str, st: dict[str, Any]) -> Adapter:
-    """redis-py's ``Lock`` has no lease renewal: ``renew`` (tuned) re-acquires on a thread."""
+def _redis(url: str, name: str, st: dict[str, Any], kind: str) -> Adapter:
+    """redis-py's ``Lock`` (no lease renewal: ``renew``, tuned, re-acquires on a thread), or
+    python-redis-lock's, whose client gets ``socket_timeout=None``: redis-py 8's default 5 s
+    cuts the library's ``BLPOP`` of an unexpiring lock (timeout 0, "for ever")."""
     import redis
     from redis.exceptions import LockError
 
+    if kind == "redis_lock":
+        import redis_lock
+
+        client = redis.Redis.from_url(url, socket_timeout=None)
+        lk = redis_lock.Lock(client, f"bench:{name}", st["expire"], auto_renewal=st["auto_renewal"])
+        return Adapter(lk, client.close)
     client = redis.Redis.from_url(url)
     lock = client.lock(
         f"bench:{name}", timeout=st["timeout"], sleep=st["sleep"], thread_local=False
@@ -168,19 +176,6 @@ def _redis_py(url: str, name: str, st: dict[str, Any]) -> Adapter:
     if st.get("renew"):
         threading.Thread(target=renew, daemon=True).start()
     return Adapter(lock, stop.set, client.close)
-
-
-def _redis_lock(url: str, name: str, st: dict[str, Any]) -> Adapter:
-    """python-redis-lock; its client gets ``socket_timeout=None``: redis-py 8's default 5 s
-    cuts the library's ``BLPOP`` of an unexpiring lock (timeout 0, "for ever")."""
-    import redis
-    import redis_lock
-
-    client = redis.Redis.from_url(url, socket_timeout=None)
-    expire, renewal = st["expire"], st["auto_renewal"]
-    return Adapter(
-        redis_lock.Lock(client, f"bench:{name}", expire, auto_renewal=renewal), client.close
-    )
 
 
 def _tooz(backend_url: str, name: str) -> Adapter:
@@ -215,11 +210,9 @@ class _PgAdvisory(Adapter):
         super().__init__(None, self.conn.close)
 
     def acquire(self, blocking: bool = True) -> bool:
-        if blocking:
-            self.conn.execute("SELECT pg_advisory_lock(%s)", (self.key,))
-            return True
-        row = self.conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
-        return bool(row and row[0])
+        call = "pg_advisory_lock" if blocking else "pg_try_advisory_lock"
+        row = self.conn.execute(f"SELECT {call}(%s)", (self.key,)).fetchone()
+        return blocking or bool(row and row[0])
 
     def release(self) -> None:
         self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
@@ -240,8 +233,7 @@ class _FileLock(Adapter):
         from filelock import Timeout
 
         with contextlib.suppress(Timeout):
-            self.lock.acquire(timeout=-1 if blocking else 0, poll_interval=self.poll)
-            return True
+            return bool(self.lock.acquire(timeout=-1 if blocking else 0, poll_interval=self.poll))
         return False
 
 
@@ -257,14 +249,10 @@ class SlotsOfLocks(Adapter):
 
     def acquire(self, blocking: bool = True) -> bool:
         order = self.rng.sample(self.locks, len(self.locks))
-        for lock in order:
-            if lock.acquire(blocking=False):
-                self.held = lock
-                return True
-        if blocking and order[0].acquire(blocking=True):
+        self.held = next((lock for lock in order if lock.acquire(blocking=False)), None)
+        if self.held is None and blocking and order[0].acquire(blocking=True):
             self.held = order[0]
-            return True
-        return False
+        return self.held is not None
 
     def release(self) -> None:
         held, self.held = self.held, None
@@ -285,19 +273,18 @@ def make(
     if slots > 1 and not k.native_slots:
         raise ValueError(f"{k.label} has no semaphore")
     pg = targets.get("postgresql", "").replace("postgresql+psycopg://", "postgresql://", 1)
+    redis, zk = targets.get("redis", ""), targets.get("zookeeper", "")
     factories: dict[str, Callable[[], Adapter]] = {
-        "redis_py": lambda: _redis_py(targets["redis"], name, st),
-        "redis_lock": lambda: _redis_lock(targets["redis"], name, st),
+        "redis_py": lambda: _redis(redis, name, st, kind),
+        "redis_lock": lambda: _redis(redis, name, st, kind),
         "tooz_redis": lambda: _tooz(
-            f"{targets['redis'].rsplit('/', 1)[0]}?lock_timeout={st.get('lock_timeout')}", name
+            f"{redis.rsplit('/', 1)[0]}?lock_timeout={st.get('lock_timeout')}", name
         ),
         "tooz_pg": lambda: _tooz(pg, name),
-        "tooz_zk": lambda: _tooz(
-            f"zookeeper://{targets['zookeeper']}?timeout={st.get('timeout')}", name
-        ),
+        "tooz_zk": lambda: _tooz(f"zookeeper://{zk}?timeout={st.get('timeout')}", name),
         "tooz_file": lambda: _tooz(f"file://{os.path.join(files, 'tooz')}", name),
-        "kazoo_lock": lambda: _kazoo(targets["zookeeper"], name, slots, st, sem=False),
-        "kazoo_semaphore": lambda: _kazoo(targets["zookeeper"], name, slots, st, sem=True),
+        "kazoo_lock": lambda: _kazoo(zk, name, slots, st, sem=False),
+        "kazoo_semaphore": lambda: _kazoo(zk, name, slots, st, sem=True),
         "pg_advisory": lambda: _PgAdvisory(pg, name),
         "filelock": lambda: _FileLock(os.path.join(files, "filelock"), name, st),
     }

@@ -1,10 +1,8 @@
 """The contender process of every multi-process measurement, whatever the lock (its
 ``kinds.make`` adapter, own connection), and the parent's side of it, :class:`Crew`.
 
-A worker says ``ready`` (after one untimed acquire + release, except to hold), waits for
-``go``, then: ``chain`` (handoff): acquire, hold a random ``hold`` s, release, and ask again
-only once *another* process got the lock; ``loop``: acquire, hold, release, again until the
-deadline; ``hold`` (crash): acquire once and keep it until killed. Each grant goes to the
+Modes: ``chain`` (handoff: ask again only once *another* process got the lock), ``loop``
+(until the deadline), ``hold`` (acquire once, keep it until killed). Each grant goes to the
 parent as it happens, on CLOCK_MONOTONIC: ("grant", idx, acquire called, acquired, release
 called, released). Workers are always ended with SIGKILL, as a crash-safe lock must allow.
 """
@@ -24,6 +22,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from ..stats import summarize_reps
 from .kinds import make
 
 PRELOAD = [
@@ -171,17 +170,15 @@ class Crew:
 
     def expect(self, what: str, idx: int | None, timeout: float) -> tuple[Any, ...] | None:
         """The next ``what`` message (of worker ``idx``); others are kept in ``inbox``."""
-        for i, msg in enumerate(self.inbox):
-            if msg[0] == what and (idx is None or msg[1] == idx):
-                return self.inbox.pop(i)
         end = time.monotonic() + timeout
-        while (left := end - time.monotonic()) > 0:
-            msg = self.get(min(left, 0.5))
-            if msg is not None and msg[0] == what and (idx is None or msg[1] == idx):
-                return msg
-            if msg is not None:
-                self.inbox.append(msg)
-        return None
+        while True:
+            for i, msg in enumerate(self.inbox):
+                if msg[0] == what and (idx is None or msg[1] == idx):
+                    return self.inbox.pop(i)
+            if (left := end - time.monotonic()) <= 0:
+                return None
+            if (got := self.get(min(left, 0.5))) is not None:
+                self.inbox.append(got)
 
     def start(self, delay: float = 0.05) -> float:
         self.sync.start_at.value = t0 = time.monotonic() + delay
@@ -202,3 +199,35 @@ class Crew:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGKILL)
         p.join(10)
+
+
+def kill_series(
+    job: Any, samples: int, settle: tuple[float, float], seed: int, cap: float,
+    target: Any = main, steps: tuple[str, str] = ("acquiring", "acquired"),
+) -> dict[str, Any]:  # fmt: skip
+    """``samples`` times: a new worker says ``steps[0]`` (it waits), a random ``settle`` s
+    later the holder gets SIGKILL; from just before ``os.kill`` to its ``steps[1]`` (it holds).
+    None within ``cap`` s is "censored"; that, like any error, ends the series."""
+    rng, out, errors, censored = random.Random(seed), [], [], 0
+    wait, took = steps
+    with Crew() as crew:
+        try:
+            crew.spawn(job, target=target, ready=False)
+            if crew.expect(took, 0, max(60.0, cap)) is None:
+                raise RuntimeError(f"worker 0 not {took} within {max(60.0, cap):.0f} s")
+            for i in range(1, samples + 1):
+                crew.spawn(job, target=target, ready=False)
+                if crew.expect(wait, i, 60) is None:
+                    raise RuntimeError(f"worker {i} not {wait} within 60 s")
+                time.sleep(rng.uniform(*settle))  # the waiter is blocked meanwhile
+                if crew.expect(took, i, 0.01) is not None:
+                    raise RuntimeError(f"sample {i}: {took} while the holder was alive")
+                t_kill = time.monotonic()
+                crew.kill(i - 1)
+                if (got := crew.expect(took, i, cap)) is None:
+                    censored = 1  # held by a dead process: no further samples
+                    break
+                out.append(got[2] - t_kill)
+        except Exception as exc:  # a series must not take the others down
+            errors.append(str(exc))
+    return {**summarize_reps([out], samples=True), "censored": censored, "errors": errors}

@@ -1,5 +1,6 @@
 """Every plot of docs/benchmarks.md (matplotlib, Agg), each a function of the results JSON
-drawn inside one helper, ``figure`` (``bar_rows`` for one horizontal bar per row)."""
+named after its file (``report.PLOTS``) and drawn inside one helper, ``figure``
+(``bar_rows`` for one horizontal bar per row)."""
 
 from __future__ import annotations
 
@@ -21,21 +22,12 @@ from . import report
 from .peers.kinds import KINDS
 
 FILES = report.PLOTS
-BLUE, LIGHT, GREEN, RED, ORANGE, PURPLE = (
-    "#2171b5",
-    "#c6dbef",
-    "#238b45",
-    "#cb181d",
-    "#fd8d3c",
-    "#6a51a3",
-)
-OURS_COLOR, PEER_COLOR, POLL_COLOR = BLUE, "#9e9ac8", ORANGE
+BLUE, LIGHT, GREEN, RED = "#2171b5", "#c6dbef", "#238b45", "#cb181d"
+ORANGE, PURPLE, PEER = "#fd8d3c", "#6a51a3", "#9e9ac8"
 GROUP_COLORS = {"tuned": GREEN, "default": RED}
 LOWER_RIGHT = {"fontsize": 7, "loc": "lower right"}
 #: A reference line across a plot: ("v" or "h", value, color, style, label).
 Line = tuple[str, float, str, str, str | None]
-
-
 #: The floors drawn as reference lines: key -> (color, text).
 FLOORS = {
     "get_classic": (GREEN, "floor: `basic.get`"),
@@ -115,53 +107,46 @@ def _log_ticks(axis: Any, fmt: str = "%g", minor: bool = False) -> None:
 # ------------------------------------------------------------------------ this run
 
 
-def floors(r: dict[str, Any], path: Path) -> None:
+def uncontended(r: dict[str, Any], path: Path) -> None:
     fl, uc, ut = r["floors"], r["uncontended"], r.get("uncontended_tokens", {})
-    items = [
-        ("loopback TCP round trip", fl["loopback_tcp"]),
-        ("broker round trip", fl["broker_round_trip"]),
-    ]
+    items = [("loopback TCP round trip", fl["loopback_tcp"])]
+    items += [("broker round trip", fl["broker_round_trip"])]
     ours = (("semaphore_c1", "semaphore C=1"), ("mutex", "mutex"))
     items += [(f"{label}: {op}", uc[k][op]) for k, label in ours for op in ("acquire", "release")]
     tokens = (("token", "token"), ("token_nofence", "token, fencing=False"))
     items += [(f"{label}: acquire", ut[k]["acquire"]) for k, label in tokens if k in ut]
     marks = floor_lines(fl, "v", "get_classic", "exclusive_declare")
-    title, xlabel = "Floors and uncontended operations", "latency (ms, log scale)"
-    with bar_rows(path, [x[0] for x in items], (7.5, 0.35, 1.5), title=title, xlabel=xlabel,
-                  lines=marks, legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
+    with bar_rows(path, [x[0] for x in items], (7.5, 0.35, 1.5), lines=marks, legend=LOWER_RIGHT,
+                  title="Floors and uncontended operations", xlabel="latency (ms, log scale)"
+                  ) as (ax, ys):  # fmt: skip
         _p50_p99_bars(ax, ys, [s for _, s in items])
 
 
-def search(r: dict[str, Any], path: Path) -> None:
+def latency_vs_slots(r: dict[str, Any], path: Path) -> None:
     rows, rtt = r["search"], r["floors"]["broker_round_trip"]["p50_ms"]
     c1 = [row for row in rows if row["capacity"] == rows[0]["capacity"]]
     marks: list[Line] = [("h", rtt, "grey", ":", f"broker round trip p50 ({rtt:.2f} ms)")]
     marks += floor_lines(r["floors"], "h", "exclusive_declare", fmt="{} p50 ({:.2f} ms)")
     marks += [("h", 3 * c1[0]["p50_ms"], ORANGE, "-.", "target: 3 x C=1 p50")] if c1 else []
-    labels = {"title": "Acquire latency vs number of slots", "ylabel": "acquire latency (ms, log)"}
-    labels["xlabel"] = "slots C (C-1 held by another connection)"
-    with figure(
-        path, (7.0, 4.2), log="xy", grid="both", lines=marks, legend={"fontsize": 8}, **labels
-    ) as ax:
+    with figure(path, (7.0, 4.2), log="xy", grid="both", lines=marks, legend={"fontsize": 8},
+                title="Acquire latency vs number of slots", ylabel="acquire latency (ms, log)",
+                xlabel="slots C (C-1 held by another connection)") as ax:  # fmt: skip
         for position, color in (("last", RED), ("first", BLUE)):
             sel = c1 + [x for x in rows if x["free_slot"] == position and x not in c1]
             sel.sort(key=lambda x: x["capacity"])
             for key, style, alpha in (("p50", "o-", 1.0), ("p99", "o--", 0.5)):
-                ys, label = [x[f"{key}_ms"] for x in sel], f"free slot {position}: {key}"
-                ax.plot(
-                    [x["capacity"] for x in sel], ys, style, color=color, alpha=alpha, label=label
-                )
+                xs, ys = [x["capacity"] for x in sel], [x[f"{key}_ms"] for x in sel]
+                label = f"free slot {position}: {key}"
+                ax.plot(xs, ys, style, color=color, alpha=alpha, label=label)
 
 
-def handoff(r: dict[str, Any], path: Path) -> None:
+def handoff_cdf(r: dict[str, Any], path: Path) -> None:
     c, plan = r["contention"], r["contention"]["plan"]
     xs = sorted(x for x in c["handoff_samples_ms"] if x > 0)
     title = f"Handoff CDF: {plan['processes']} processes, {plan['slots']} slots, "
     title += f"{c['runs']} x {plan['seconds']:.0f} s"
-    xlabel = "release -> next grant of the same slot (ms, log)"
-    with figure(
-        path, (7.0, 3.8), grid="both", title=title, xlabel=xlabel, ylabel="fraction of handoffs"
-    ) as ax:
+    with figure(path, (7.0, 3.8), grid="both", title=title, ylabel="fraction of handoffs",
+                xlabel="release -> next grant of the same slot (ms, log)") as ax:  # fmt: skip
         if xs:
             ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", color=GREEN)
             for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
@@ -171,7 +156,7 @@ def handoff(r: dict[str, Any], path: Path) -> None:
             ax.set_xscale("log")
 
 
-def fairness(r: dict[str, Any], path: Path) -> None:
+def grants_per_process(r: dict[str, Any], path: Path) -> None:
     c = r["contention"]
     grants = c["grants_per_process_last_run"]
     mean = sum(grants) / len(grants) if grants else 0.0
@@ -189,19 +174,15 @@ def handoff_compare(r: dict[str, Any], path: Path) -> None:
     marks: list[Line] = [("v", rtt, "grey", ":", f"RTT p50 {rtt:.2f} ms")]
     marks += floor_lines(fl, "v", "reject_deliver_classic", "exclusive_declare")
     legend = {"fontsize": 7, "loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "ncol": 2}
-    with figure(
-        path, (10.0, 4.0), 2, grid="x", lines=marks, legend=legend, xlabel="ms (log scale)"
-    ) as axes:
-        titles = ("release -> blocked waiter holds", "holder kill -9 -> blocked waiter holds")
-        for ax, data, title in zip(
-            axes, (r.get("handoff", {}), r.get("crash", {})), titles, strict=True
-        ):
+    panels = [(r.get("handoff", {}), "release -> blocked waiter holds")]
+    panels += [(r.get("crash", {}), "holder kill -9 -> blocked waiter holds")]
+    with figure(path, (10.0, 4.0), 2, grid="x", lines=marks, legend=legend,
+                xlabel="ms (log scale)") as axes:  # fmt: skip
+        for ax, (data, title) in zip(axes, panels, strict=True):
             kinds = [k for k in report.HANDOFF_KINDS if k in data]
-            ys = rows_of(kinds)
-            _p50_p99_bars(ax, ys, [data[k] for k in kinds])
-            ax.set_yticks(
-                ys, [report.KIND_LABELS[k].replace(", ", "\n") for k in kinds], fontsize=8
-            )
+            _p50_p99_bars(ax, rows_of(kinds), [data[k] for k in kinds])
+            names = [report.KIND_LABELS[k].replace(", ", "\n") for k in kinds]
+            ax.set_yticks(rows_of(kinds), names, fontsize=8)
             ax.set_xscale("log")
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             _log_ticks(ax.xaxis, minor=True)
@@ -222,13 +203,8 @@ def _group_bars(
                 ax.barh(y + off, s["cap_s"] * 1000, height=0.34, color=color, alpha=0.15)
                 ax.text(s["cap_s"] * 1000, y + off, " never", fontsize=7, va="center")
             elif s.get("n") != 0:
-                ax.barh(
-                    y + off,
-                    s["p50_ms"] / scale,
-                    height=0.34,
-                    color=color,
-                    alpha=0.6 if samples else 0.7,
-                )
+                alpha = 0.6 if samples else 0.7
+                ax.barh(y + off, s["p50_ms"] / scale, height=0.34, color=color, alpha=alpha)
                 if samples:
                     xs += [x / scale for x in s["samples_ms"]]
                     yy += [y + off] * len(s["samples_ms"])
@@ -240,8 +216,8 @@ def _group_bars(
 
 def failover(r: dict[str, Any], path: Path) -> None:
     labels, per = report.failover_rows(r)
-    xlabel = "master kill -9 -> standby is master (s, log scale)"
-    with bar_rows(path, labels, (8.5, 0.45, 1.6), 8, "%g", title="Locker failover", xlabel=xlabel,
+    with bar_rows(path, labels, (8.5, 0.45, 1.6), 8, "%g", title="Locker failover",
+                  xlabel="master kill -9 -> standby is master (s, log scale)",
                   legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
         _group_bars(ax, ys, [per[label] for label in labels], 1000, samples=True)
 
@@ -251,23 +227,19 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
     runs, first = [r, *also], {x["label"]: x for x in report.target_rows(r)}
     labels = [label for label, x in first.items() if not x.get("higher_is_better")]
     rows = [textwrap.fill(x.replace("`", ""), 34) for x in labels]
-    title, xlabel = (
-        "Ours against the broker's floor, same run",
-        "ours / floor, p50 (log scale; left of the red mark = target met)",
-    )
-    with bar_rows(path, rows, (9.0, 0.42, 1.8), 7, "%gx", False, title=title, xlabel=xlabel,
-                  legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
+    with bar_rows(path, rows, (9.0, 0.42, 1.8), 7, "%gx", False, legend=LOWER_RIGHT,
+                  title="Ours against the broker's floor, same run",
+                  xlabel="ours / floor, p50 (log scale; left of the red mark = target met)",
+                  ) as (ax, ys):  # fmt: skip
         height = 0.8 / max(1, len(runs))
         for i, run in enumerate(runs):
             by = {x["label"]: x["ratio"] for x in report.target_rows(run)}
-            bars = [
-                (by.get(x), y + 0.4 - height * (i + 0.5)) for y, x in zip(ys, labels, strict=True)
-            ]
+            off = [y + 0.4 - height * (i + 0.5) for y in ys]
+            bars = [(by.get(x), y) for y, x in zip(off, labels, strict=True)]
             bars = [(x, y) for x, y in bars if x is not None]
             color, label = (BLUE, GREEN, PURPLE)[i % 3], f"RabbitMQ {report.version(run)}"
-            ax.barh(
-                [y for _, y in bars], [x for x, _ in bars], height=height, color=color, label=label
-            )
+            ax.barh([y for _, y in bars], [x for x, _ in bars], height=height, color=color,
+                    label=label)  # fmt: skip
         for y, label in zip(ys, labels, strict=True):
             if first[label]["target"].startswith("<="):
                 t = float(first[label]["target"][2:].strip().rstrip("x"))
@@ -292,52 +264,43 @@ def _peer_barh(ax: Any, kinds: list[str], p50: list[float], p99: list[float] | N
 
 def _color(kind: str) -> str:
     k = KINDS[kind]
-    return OURS_COLOR if k.ours else POLL_COLOR if k.polls else PEER_COLOR
+    return BLUE if k.ours else ORANGE if k.polls else PEER
 
 
 def _peer_legend(p99: bool = True) -> dict[str, Any]:
-    colors = {
-        OURS_COLOR: "amqp-locks",
-        PEER_COLOR: "peer, pushed wake-ups",
-        POLL_COLOR: "peer, polls",
-    }
+    colors = {BLUE: "amqp-locks", PEER: "peer, pushed wake-ups", ORANGE: "peer, polls"}
     handles = [Patch(color=color, label=label) for color, label in colors.items()]
     handles += [Patch(color="grey", alpha=0.3, label="p99 (light)")] if p99 else []
     return {"handles": handles, **LOWER_RIGHT}
 
 
-def cmp_uncontended(r: dict[str, Any], path: Path) -> None:
+def compare_uncontended(r: dict[str, Any], path: Path) -> None:
     uc = {k: s for k, s in r["peers"].get("uncontended", {}).items() if report.ok(s)}
     rtt, cycles = r["floors"]["broker_round_trip"]["p50_ms"], [s["cycle"] for s in uc.values()]
-    xlabel = "uncontended acquire + release, ms (log scale)"
     with figure(path, (8, 0.32 * len(uc) + 1.5), lines=[("v", rtt, "grey", ":", None)],
-                legend=_peer_legend(), xlabel=xlabel) as ax:  # fmt: skip
+                legend=_peer_legend(), xlabel="uncontended acquire + release, ms (log scale)",
+                ) as ax:  # fmt: skip
         ax.set_title("Uncontended acquire + release", fontsize=10)
         _peer_barh(ax, list(uc), [s["p50_ms"] for s in cycles], [s["p99_ms"] for s in cycles])
         ax.text(rtt, len(uc) - 0.5, f" broker RTT {rtt:.2f} ms", fontsize=7)
 
 
-def cmp_handoff(r: dict[str, Any], path: Path) -> None:
+def compare_handoff(r: dict[str, Any], path: Path) -> None:
     p = r["peers"]
     palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i % 2 == 0]
     palette += [c for i, c in enumerate(plt.get_cmap("tab20b").colors) if i % 4 == 0]
     legend = {"fontsize": 7, "ncol": 1, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
-    labels = {
-        "xlabel": "waiters blocked when the holder releases",
-        "ylabel": "release -> next process holds, p50 ms (log)",
-    }
-    with figure(path, (10.5, 4.8), grid="both", legend=legend, **labels) as ax:
-        ax.set_title(
-            "Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)", fontsize=10
-        )
+    with figure(path, (10.5, 4.8), grid="both", legend=legend,
+                xlabel="waiters blocked when the holder releases",
+                ylabel="release -> next process holds, p50 ms (log)") as ax:  # fmt: skip
+        title = "Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)"
+        ax.set_title(title, fontsize=10)
         for i, (k, cells) in enumerate(p.get("handoff", {}).items()):
             pts = sorted((int(n), s["p50_ms"]) for n, s in cells.items() if report.ok(s))
-            ours, style = (
-                KINDS[k].ours,
-                "o-" if KINDS[k].ours else "s--" if KINDS[k].polls else "^:",
-            )
+            kind = KINDS[k]
+            style = "o-" if kind.ours else "s--" if kind.polls else "^:"
             if pts:
-                color, width = palette[i % len(palette)], 2.5 if ours else 1.2
+                color, width = palette[i % len(palette)], 2.5 if kind.ours else 1.2
                 xs, ys = [x for x, _ in pts], [y for _, y in pts]
                 ax.plot(xs, ys, style, color=color, linewidth=width, label=report.plain(k))
         ax.set_xscale("log", base=2)
@@ -347,34 +310,30 @@ def cmp_handoff(r: dict[str, Any], path: Path) -> None:
         ax.set_xticks([int(n) for n in p["plan"]["waiters"]])
 
 
-def cmp_throughput(r: dict[str, Any], path: Path) -> None:
+def compare_throughput(r: dict[str, Any], path: Path) -> None:
     tp = r["peers"].get("throughput", {})
-    xlabel = "grants per second (log); J = Jain fairness"
-    with figure(
-        path, (10, 5.0), max(1, len(tp)), legend=_peer_legend(p99=False), xlabel=xlabel
-    ) as axes:
+    with figure(path, (10, 5.0), max(1, len(tp)), legend=_peer_legend(p99=False),
+                xlabel="grants per second (log); J = Jain fairness") as axes:  # fmt: skip
         for ax, (slots, cells) in zip(axes if len(tp) > 1 else [axes], tp.items(), strict=False):
             kinds = [k for k, c in cells.items() if "error" not in c]
             _peer_barh(ax, kinds, [cells[k]["grants_per_s"] for k in kinds], None)
             for y, k in zip(rows_of(kinds), kinds, strict=True):
                 jain = cells[k]["fairness"]["jain"]
                 ax.text(cells[k]["grants_per_s"], y, f" J={jain:.2f}", fontsize=6, va="center")
-            ax.set_title(
-                f"{r['peers']['plan']['processes']} processes, {slots} slot(s)", fontsize=10
-            )
+            processes = r["peers"]["plan"]["processes"]
+            ax.set_title(f"{processes} processes, {slots} slot(s)", fontsize=10)
 
 
-def cmp_crash(r: dict[str, Any], path: Path) -> None:
+def compare_crash(r: dict[str, Any], path: Path) -> None:
     rows = r["peers"].get("crash", {}).get("rows", {})
     xlabel = "holder kill -9 -> waiter holds, ms (log); bar p50, dots samples"
-    with bar_rows(
-        path, [report.plain(k) for k in rows], (8.5, 0.42, 1.6), 8, "%g", xlabel=xlabel
-    ) as (ax, ys):
+    labels = [report.plain(k) for k in rows]
+    with bar_rows(path, labels, (8.5, 0.42, 1.6), 8, "%g", xlabel=xlabel) as (ax, ys):
         ax.set_title("Crash failover: default (red) and tuned (green) settings", fontsize=10)
         _group_bars(ax, ys, list(rows.values()), 1, samples=False)
 
 
-def scale(r: dict[str, Any], path: Path) -> None:
+def scale_live_locks(r: dict[str, Any], path: Path) -> None:
     rows = r.get("scale", {}).get("rows", [])
     xs, broker = [row["locks"] for row in rows], [row.get("broker", {}) for row in rows]
     with figure(path, (10, 3.8), 2, grid="both", xlabel="distinct live locks held") as (a1, a2):
@@ -397,9 +356,10 @@ def render(r: dict[str, Any], also: list[dict[str, Any]], img_dir: Path) -> None
     """Every plot of the report into ``img_dir`` (the peers' and the scale run's only when
     they were measured)."""
     img_dir.mkdir(parents=True, exist_ok=True)
-    plots = [floors, search, handoff, fairness, handoff_compare, failover, scale]
-    plots += [cmp_uncontended, cmp_handoff, cmp_throughput, cmp_crash] if "peers" in r else []
+    plots = [uncontended, latency_vs_slots, handoff_cdf, grants_per_process, handoff_compare]
+    plots += [failover, scale_live_locks] if "scale" in r else [failover]
+    peers = [compare_uncontended, compare_handoff, compare_throughput, compare_crash]
+    plots += peers if "peers" in r else []
     for plot in plots:
-        if plot is not scale or "scale" in r:
-            plot(r, img_dir / FILES[plot.__name__])
+        plot(r, img_dir / FILES[plot.__name__])
     floors_targets(r, also, img_dir / FILES["floors_targets"])

@@ -18,21 +18,11 @@ from tabulate import tabulate
 from .floors import RAW
 from .peers.kinds import KINDS
 
-#: The plots by the template's key (``plots.py`` draws them).
-PLOTS = {
-    "floors": "bench-uncontended.png",
-    "search": "bench-latency-vs-slots.png",
-    "handoff": "bench-handoff-cdf.png",
-    "fairness": "bench-grants-per-process.png",
-    "handoff_compare": "bench-handoff-compare.png",
-    "failover": "bench-failover.png",
-    "cmp_uncontended": "bench-compare-uncontended.png",
-    "cmp_handoff": "bench-compare-handoff.png",
-    "cmp_throughput": "bench-compare-throughput.png",
-    "cmp_crash": "bench-compare-crash.png",
-    "scale": "bench-scale-live-locks.png",
-    "floors_targets": "bench-floors-targets.png",
-}
+#: The plots by the template's key, each drawn into bench-KEY.png by ``plots.KEY``.
+_PLOTS = """uncontended latency_vs_slots handoff_cdf grants_per_process handoff_compare
+failover scale_live_locks floors_targets
+compare_uncontended compare_handoff compare_throughput compare_crash"""
+PLOTS = {key: f"bench-{key.replace('_', '-')}.png" for key in _PLOTS.split()}
 #: The one-permit locks of handoff.py, in report order.
 KIND_LABELS = {
     "token": "token semaphore, classic token queue",

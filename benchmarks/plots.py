@@ -215,7 +215,8 @@ def _group_bars(
 
 
 def failover(r: dict[str, Any], path: Path) -> None:
-    labels, per = report.failover_rows(r)
+    fo = report.failover(r)
+    labels, per = fo["labels"], fo["per"]
     with bar_rows(path, labels, (8.5, 0.45, 1.6), 8, "%g", title="Locker failover",
                   xlabel="master kill -9 -> standby is master (s, log scale)",
                   legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip

@@ -41,7 +41,10 @@ LABELS = {
 TOKEN_HANDOFF_GOAL_RTT = 3.0  # issue 3: a token handoff within this many broker round trips
 #: Grants/s of 16 processes on 4 slots before issue 12 (latest.json of 2026-11-22, RabbitMQ
 #: 3.10.8, git aa24dac), the base of the 5x target.
-THROUGHPUT_BASELINE = {"ours_token": 195.0, "ours_semaphore": 48.2}
+THROUGHPUT_BASELINE = {
+    "ours_token": ("token semaphore", 195.0),
+    "ours_semaphore": ("persistent semaphore", 48.2),
+}
 THROUGHPUT_TARGET_X = 5.0
 JAIN_TARGET, WAIT_RATIO_TARGET = 0.98, 3.0  # fairness: Jain >= this, max wait <= this x median
 VERDICT = {True: "**met**", False: "**not met**", None: "-"}
@@ -58,6 +61,10 @@ def ms(x: float | None) -> str:
     return (
         "n/a" if x is None else num(x, 3 if x < 1 else 2 if x < 10 else 1 if x < 100 else 0, True)
     )
+
+
+def pct(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.{digits}%}"
 
 
 def times(a: float, b: float | None, digits: int = 1) -> str:
@@ -100,6 +107,11 @@ def _get(d: Any, *keys: str) -> Any:
 # ------------------------------------------------------------------------ this run
 
 
+def _us_each(cpu_ms: float, n: int) -> float | None:
+    """CPU microseconds per probe, when enough probes (100) were sent to tell."""
+    return round(1000 * cpu_ms / n, 1) if n >= 100 else None
+
+
 def search_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     """The sweep's rows with the figures derived from them: ratios to C=1 (one slot, first
     and last alike) and to the RTT; client + broker CPU per probe beyond those of the
@@ -111,17 +123,13 @@ def search_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
         same_c = [x for x in rows if x["capacity"] == s["capacity"] and x["free_slot"] == "first"]
         base = (same_c or [ref])[0]
         base_cpu = base["cpu_per_acquire_ms"]["client"] + base["cpu_per_acquire_ms"]["broker"]
-        extra, held = s["probes_sent"] - base["probes_sent"], s["held_probes"]
-        marginal = (
-            1000 * (cpu["client"] + cpu["broker"] - base_cpu) / extra if extra >= 100 else None
-        )
-        holders = 1000 * cpu["holders"] / held if held >= 100 else None
+        extra = s["probes_sent"] - base["probes_sent"]
         out.append({
             **s, "p50_x_c1": round(s["p50_ms"] / ref["p50_ms"], 1),
             "p99_x_c1": round(s["p99_ms"] / ref["p99_ms"], 1),
             "p50_x_rtt": round(s["p50_ms"] / rtt, 1),
-            "marginal_cpu_per_probe_us": None if marginal is None else round(marginal, 1),
-            "holder_cpu_per_held_probe_us": None if holders is None else round(holders, 1),
+            "marginal_cpu_per_probe_us": _us_each(cpu["client"] + cpu["broker"] - base_cpu, extra),
+            "holder_cpu_per_held_probe_us": _us_each(cpu["holders"], s["held_probes"]),
         })  # fmt: skip
     return out
 
@@ -144,13 +152,23 @@ def token_goal(r: dict[str, Any]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def failover_rows(r: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """Locker labels in order, and per label {group: stats}."""
-    per: dict[str, dict[str, Any]] = {}
-    for group, g in r.get("failover", {}).get("groups", {}).items():
+def failover(r: dict[str, Any]) -> dict[str, Any]:
+    """The locker failover's results with its locker labels in order, per label {group:
+    stats}, the settings groups and every sample's error."""
+    fo, per = r.get("failover", {}), {}
+    for group, g in fo.get("groups", {}).items():
         for row in g["rows"]:
             per.setdefault(row["locker"], {})[group] = row
-    return list(per), per
+    errors = [
+        f"{x} ({g}): {e}" for x in per for g, s in per[x].items() for e in s.get("errors", [])
+    ]
+    return {
+        **fo,
+        "labels": list(per),
+        "per": per,
+        "groups": list(fo.get("groups", {})),
+        "errors": errors,
+    }
 
 
 # ------------------------------------------------------- floors and targets (issue 12)
@@ -188,13 +206,27 @@ _TARGETS: list[tuple[str, str, tuple[str, ...], float | None, str | None]] = [
 ]  # fmt: skip
 
 
+def _p50(d: Any, *path: str) -> float | None:
+    """The p50 at ``path`` (None: not measured, failed or no samples)."""
+    cell = _get(d, *path)
+    if not isinstance(cell, dict) or "error" in cell or not cell.get("n", 1):
+        return None
+    v = cell.get("p50_ms")
+    return v if isinstance(v, (int, float)) else None
+
+
 def _row(
     label: str, floor_label: str, floor: float | None, ours: float | None,
-    target: float | None, note: str = "", sequence: float | None = None, **extra: Any,
+    target: float | None, note: str = "", sequence: float | None = None, judged: bool = True,
+    higher_is_better: bool = False, **extra: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """One line of the table: ours / floor against a target ratio (None: information)."""
+    """One line of the table: ours / floor against a target ratio (None: information), at
+    most it or (``higher_is_better``) at least it; not ``judged``: shown only."""
     ratio = ours / floor if ours is not None and floor else None
     seq_ratio = ours / sequence if ours is not None and sequence else None
+    met, sign = None, ">=" if higher_is_better else "<="
+    if target is not None and ratio is not None and judged:
+        met = ratio >= target if higher_is_better else ratio <= target
     return {
         "sequence_ms": sequence,
         "sequence_ratio": None if seq_ratio is None else round(seq_ratio, 2),
@@ -203,9 +235,10 @@ def _row(
         "floor_ms": floor,
         "ours_ms": ours,
         "ratio": None if ratio is None else round(ratio, 2),
-        "target": "(information)" if target is None else f"<= {target:g}x",
-        "met": None if target is None or ratio is None else ratio <= target,
+        "target": "(information)" if target is None else f"{sign} {target:g}x",
+        "met": met,
         "note": note,
+        "higher_is_better": higher_is_better,
         **extra,
     }
 
@@ -213,13 +246,7 @@ def _row(
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 12's targets judged from one results file: floor and ours p50 (ms), ratio,
     target, ``met`` (None when not measured or information only)."""
-    fl = r.get("floors", {})
-
-    def f50(key: str | None) -> float | None:
-        v = _get(fl, key, "p50_ms") if key else None
-        return float(v) if isinstance(v, (int, float)) else None
-
-    rows = []
+    fl, rows = r.get("floors", {}), []
     for label, key, path, target, seq in _TARGETS:
         s = _get(r, *path)
         note = ""
@@ -228,9 +255,9 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         # A floor whose p50 moved between its repetitions: how far a ratio to it holds.
         reps = _get(fl, key, "p50_reps_ms")
         spread = [min(reps), max(reps)] if isinstance(reps, list) and len(reps) > 1 else None
-        ours, floor = _get(s, "p50_ms"), _FLOORS[key]
+        floor, ours, sequence = _p50(fl, key), _get(s, "p50_ms"), _p50(fl, seq or "")
         rows.append(
-            _row(label, floor, f50(key), ours, target, note, f50(seq), floor_reps_ms=spread)
+            _row(label, _FLOORS[key], floor, ours, target, note, sequence, floor_reps_ms=spread)
         )
     search = r.get("search") or []
     c1 = next((x for x in search if x["capacity"] == 1), None)
@@ -240,49 +267,30 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         full = worst["capacity"] >= 1000
         note = "" if full else "smaller C than the target's 1000, not judged"
         label = f"persistent semaphore, C={worst['capacity']}, only the last slot free: acquire"
-        row = _row(label, "its C=1 acquire", _get(c1, "p50_ms"), worst["p50_ms"], 3.0, note)
-        row["met"] = row["met"] if full else None
-        rows.append(row)
+        floor, ours = _get(c1, "p50_ms"), worst["p50_ms"]
+        rows.append(_row(label, "its C=1 acquire", floor, ours, 3.0, note, judged=full))
     return rows
 
 
 def head_to_head(r: dict[str, Any]) -> list[dict[str, Any]]:
     """The head-to-head targets, from the comparison with the peers in the same run."""
-    peers = r.get("peers", {})
-
-    def p50(*path: str) -> float | None:
-        cell = _get(peers, *path)
-        if not isinstance(cell, dict) or "error" in cell or not cell.get("n", 1):
-            return None
-        v = cell.get("p50_ms")
-        return v if isinstance(v, (int, float)) else None
-
-    rows: list[dict[str, Any]] = []
+    peers, rows = r.get("peers", {}), []
     waiters = sorted(_get(peers, "handoff", "ours_token") or {}, key=int)
     if waiters:
         n = waiters[0]
-        pg, ours = p50("handoff", "pg_advisory", n), p50("handoff", "ours_token", n)
-        label, floor = f"token handoff, {n} waiters", "PostgreSQL `pg_advisory_lock`"
-        rows.append(_row(label, floor, pg, ours, 1.0))
-    redis, ours = p50("uncontended", "redis_py", "cycle"), p50("uncontended", "ours_token", "cycle")
+        pg, ours = _p50(peers, "handoff", "pg_advisory", n), _p50(peers, "handoff", "ours_token", n)
+        floor = "PostgreSQL `pg_advisory_lock`"
+        rows.append(_row(f"token handoff, {n} waiters", floor, pg, ours, 1.0))
+    redis, ours = (_p50(peers, "uncontended", k, "cycle") for k in ("redis_py", "ours_token"))
     rows.append(_row("token uncontended acquire + release", "redis-py `Lock`", redis, ours, 2.0))
     procs = _get(peers, "plan", "processes")
-    for kind, label in (
-        ("ours_token", "token semaphore"),
-        ("ours_semaphore", "persistent semaphore"),
-    ):
-        cell, base = _get(peers, "throughput", "4", kind) or {}, THROUGHPUT_BASELINE[kind]
-        rate = cell.get("grants_per_s")
-        got = None if rate is None or "error" in cell else rate / base
-        rows.append({
-            "label": f"{procs} processes on 4 slots, {label}: grants/s",
-            "floor_label": "grants/s before issue 12", "floor_ms": base, "ours_ms": rate,
-            "ratio": None if got is None else round(got, 2),
-            "target": f">= {THROUGHPUT_TARGET_X:g}x",
-            "met": got >= THROUGHPUT_TARGET_X if got is not None and procs == 16 else None,
-            "note": "" if procs == 16 else "smoke run: not 16 processes, not judged",
-            "higher_is_better": True,
-        })  # fmt: skip
+    note = "" if procs == 16 else "smoke run: not 16 processes, not judged"
+    for kind, (name, base) in THROUGHPUT_BASELINE.items():
+        cell = _get(peers, "throughput", "4", kind) or {}
+        rate = None if "error" in cell else cell.get("grants_per_s")
+        label = f"{procs} processes on 4 slots, {name}: grants/s"
+        rows.append(_row(label, "grants/s before issue 12", base, rate, THROUGHPUT_TARGET_X, note,
+                         judged=procs == 16, higher_is_better=True))  # fmt: skip
     return rows
 
 
@@ -521,6 +529,7 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
     if "peers" not in r:
         return None
     p = r["peers"]
+    tp = p.get("throughput", {})
     return {
         "p": p,
         "plan": p["plan"],
@@ -529,11 +538,9 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
         "bests": {
             "uc": _best(_uc(p)),
             "ho": {n: _best(_ho(p, n)) for n in map(str, p["plan"]["waiters"])},
-            "tp": {s: _best(_tp(p, s), high=True) for s in p.get("throughput", {})},
+            "tp": {s: _best(_tp(p, s), high=True) for s in tp},
         },
-        "tp_kinds": list(
-            dict.fromkeys(k for cells in p.get("throughput", {}).values() for k in cells)
-        ),
+        "tp_kinds": list(dict.fromkeys(k for cells in tp.values() for k in cells)),
         "crash_wall": p.get("crash", {}).get("wall_s"),
     }
 
@@ -546,7 +553,6 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
     r = {**r, "search": search_rows(r)}
     env, fl, c = r["environment"], r["floors"], r["contention"]
     worst, best = search_cases(r)
-    fo_labels, fo_per = failover_rows(r)
     cr = r.get("crash", {})
     fencing = [v for k, v in r.get("primitives", {}).items() if k.startswith("fencing token")]
     return {
@@ -570,18 +576,7 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
         "goal_rtt": TOKEN_HANDOFF_GOAL_RTT,
         "handoff_plan": r.get("handoff_plan", {}),
         "fencing_token": fencing[0] if fencing else None,
-        "failover": {
-            **r.get("failover", {}),
-            "labels": fo_labels,
-            "per": fo_per,
-            "groups": list(r.get("failover", {}).get("groups", {})),
-            "errors": [
-                f"{x} ({g}): {e}"
-                for x in fo_labels
-                for g, s in fo_per[x].items()
-                for e in s.get("errors", [])
-            ],
-        },
+        "failover": failover(r),
         "floors_targets": floors_targets(r, also),
         "cmp": peers(r),
     }
@@ -596,20 +591,9 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
-        autoescape=False,
     )
     env.globals.update(labels=KIND_LABELS, kinds=HANDOFF_KINDS, KINDS=KINDS, RAW=RAW, nan=math.nan)
-    env.filters.update(
-        rows=rows,
-        times=times,
-        label=label,
-        plain=plain,
-        ok=ok,
-        num=num,
-        ms=ms,
-        pct=lambda x, digits=0: "n/a" if x is None or math.isnan(x) else f"{x:.{digits}%}",
-        kib=lambda x: math.nan if x is None else x / 1024,
-        verdict=VERDICT.get,
-        table=Table.markdown,
-    )
+    env.filters.update({f.__name__: f for f in (rows, times, label, plain, ok, num, ms, pct)})
+    env.filters.update(kib=lambda x: math.nan if x is None else x / 1024)
+    env.filters.update(verdict=VERDICT.get, table=Table.markdown)
     return env

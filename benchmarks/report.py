@@ -8,9 +8,8 @@ ours / best peer (times: above 1 we are slower; throughput: below 1 we do less).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 from tabulate import tabulate
@@ -58,9 +57,8 @@ def num(x: float | None, digits: int = 2, grouped: bool = False) -> str:
 
 def ms(x: float | None) -> str:
     """Milliseconds with sensible digits (0.042, 4.20, 42.0, 4,200)."""
-    return (
-        "n/a" if x is None else num(x, 3 if x < 1 else 2 if x < 10 else 1 if x < 100 else 0, True)
-    )
+    digits = 3 if x is None or x < 1 else 2 if x < 10 else 1 if x < 100 else 0
+    return num(x, digits, True)
 
 
 def pct(x: float | None, digits: int = 0) -> str:
@@ -71,20 +69,17 @@ def times(a: float, b: float | None, digits: int = 1) -> str:
     return "n/a" if not b or math.isnan(b) or math.isnan(a) else f"{a / b:.{digits}f}x"
 
 
-@dataclass
-class Table:
+class Table(NamedTuple):
     """Formatted cells, rendered by the template's ``table`` filter (tabulate's pipe format:
-    first column left, the rest ``align``, or one alignment per column)."""
+    first column left, the rest right, or one alignment per column)."""
 
     header: list[str]
-    rows: list[list[str]] = field(default_factory=list)
-    align: str | list[str] = "right"
+    rows: list[list[str]]
+    align: list[str] | None = None
 
     def markdown(self) -> str:
-        a = self.align
-        cols = a if isinstance(a, list) else ["left"] + [a] * (len(self.header) - 1)
-        rows, header = self.rows, self.header
-        return str(tabulate(rows, header, "pipe", colalign=cols, disable_numparse=True))
+        cols = self.align or ["left"] + ["right"] * (len(self.header) - 1)
+        return str(tabulate(self.rows, self.header, "pipe", colalign=cols, disable_numparse=True))
 
 
 def rows(body: str, header: str, align: str = "right") -> str:
@@ -102,6 +97,15 @@ def _get(d: Any, *keys: str) -> Any:
             return None
         d = d[k]
     return d
+
+
+def _p50(d: Any, *path: str) -> float | None:
+    """The p50 at ``path`` (None: not measured, failed or no samples)."""
+    cell = _get(d, *path)
+    if not isinstance(cell, dict) or "error" in cell or not cell.get("n", 1):
+        return None
+    v = cell.get("p50_ms")
+    return v if isinstance(v, (int, float)) else None
 
 
 # ------------------------------------------------------------------------ this run
@@ -162,13 +166,8 @@ def failover(r: dict[str, Any]) -> dict[str, Any]:
     errors = [
         f"{x} ({g}): {e}" for x in per for g, s in per[x].items() for e in s.get("errors", [])
     ]
-    return {
-        **fo,
-        "labels": list(per),
-        "per": per,
-        "groups": list(fo.get("groups", {})),
-        "errors": errors,
-    }
+    return {**fo, "labels": list(per), "per": per, "groups": list(fo.get("groups", {})),
+            "errors": errors}  # fmt: skip
 
 
 # ------------------------------------------------------- floors and targets (issue 12)
@@ -228,19 +227,12 @@ def _row(
     if target is not None and ratio is not None and judged:
         met = ratio >= target if higher_is_better else ratio <= target
     return {
-        "sequence_ms": sequence,
-        "sequence_ratio": None if seq_ratio is None else round(seq_ratio, 2),
-        "label": label,
-        "floor_label": floor_label,
-        "floor_ms": floor,
-        "ours_ms": ours,
+        "label": label, "floor_label": floor_label, "floor_ms": floor, "ours_ms": ours,
         "ratio": None if ratio is None else round(ratio, 2),
         "target": "(information)" if target is None else f"{sign} {target:g}x",
-        "met": met,
-        "note": note,
-        "higher_is_better": higher_is_better,
-        **extra,
-    }
+        "met": met, "note": note, "higher_is_better": higher_is_better, "sequence_ms": sequence,
+        "sequence_ratio": None if seq_ratio is None else round(seq_ratio, 2), **extra,
+    }  # fmt: skip
 
 
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -382,30 +374,20 @@ def line(r: dict[str, Any]) -> dict[str, Any]:
     judged = [x["met"] for x in target_rows(r) + fairness_rows(r) if x["met"] is not None]
     env = r.get("environment", {})
     return {
-        "version": version(r),
-        "json_path": r.get("json_path", "?"),
-        "date": env.get("date", "?"),
-        "quick": bool(r.get("quick")),
-        "busy": busy_cores(env),
-        "nproc": env.get("nproc", "?"),
-        "met": sum(judged),
-        "judged": len(judged),
-        "targets": targets_table(r),
-        "fairness": fairness_table(r),
-    }
+        "version": version(r), "json_path": r.get("json_path", "?"), "date": env.get("date", "?"),
+        "quick": bool(r.get("quick")), "busy": busy_cores(env), "nproc": env.get("nproc", "?"),
+        "met": sum(judged), "judged": len(judged),
+        "targets": targets_table(r), "fairness": fairness_table(r),
+    }  # fmt: skip
 
 
 def floors_targets(r: dict[str, Any], also: list[dict[str, Any]]) -> dict[str, Any]:
     """This run's line, the other lines' (each judged against its own floors), the
     fairness plan and the re-ask table."""
     plan = {**r.get("headline_plan", {}), **r.get("handoff_plan", {})}  # older files: both
-    return {
-        "this": line(r),
-        "others": [line(other) for other in also],
-        "fair_processes": plan.get("fair_processes", 4),
-        "fair_hold_ms": plan.get("fair_hold", 0.005) * 1000,
-        "reask": reask_table(r),
-    }
+    return {"this": line(r), "others": [line(other) for other in also], "reask": reask_table(r),
+            "fair_processes": plan.get("fair_processes", 4),
+            "fair_hold_ms": plan.get("fair_hold", 0.005) * 1000}  # fmt: skip
 
 
 # ------------------------------------------------------------------------ the peers
@@ -456,31 +438,22 @@ def _best(values: dict[str, float], high: bool = False, ours: bool = False) -> A
 
 def peers_headline_table(r: dict[str, Any]) -> Table:
     """One row per metric: our best primitive, the best peer, the ratio, win or loss."""
-    p = r["peers"]
+    p, plan = r["peers"], r["peers"]["plan"]
     metrics = [("uncontended acquire + release (p50 ms)", _uc(p), False)]
-    metrics += [
-        (f"handoff, {n} waiters (p50 ms)", _ho(p, str(n)), False) for n in p["plan"]["waiters"]
-    ]
-    metrics += [
-        (f"throughput, {p['plan']['processes']} processes / {s} slot(s)", _tp(p, s), True)
-        for s in p.get("throughput", {})
-    ]
-    metrics += [
-        (f"crash: kill -9 -> waiter holds, {g} settings (p50 ms)", _cr(p, g), False)
-        for g in ("default", "tuned") if _cr(p, g)
-    ]  # fmt: skip
+    metrics += [(f"handoff, {n} waiters (p50 ms)", _ho(p, str(n)), False) for n in plan["waiters"]]
+    tp = f"throughput, {plan['processes']} processes / {{}} slot(s)"
+    metrics += [(tp.format(s), _tp(p, s), True) for s in p.get("throughput", {})]
+    crash = "crash: kill -9 -> waiter holds, {} settings (p50 ms)"
+    metrics += [(crash.format(g), _cr(p, g), False) for g in ("default", "tuned") if _cr(p, g)]
     rows = []
     for metric, values, high in metrics:
         bo, bp = _best(values, high, ours=True), _best(values, high)
-        if not bo or not bp:
-            continue
-        fmt = (lambda v: f"{v:,.0f}") if high else ms
-        ratio = (
-            f"{bo[1] / bp[1]:.2f}x" if high else "n/a" if math.isinf(bp[1]) else times(bo[1], bp[1])
-        )
-        win = bo[1] >= bp[1] if high else bo[1] <= bp[1]
-        best_ours, best_peer = f"{plain(bo[0])}: {fmt(bo[1])}", f"{plain(bp[0])}: {fmt(bp[1])}"
-        rows.append([metric, best_ours, best_peer, ratio, "**win**" if win else "loss"])
+        if bo and bp:
+            fmt = (lambda v: f"{v:,.0f}") if high else ms
+            ratio = "n/a" if math.isinf(bp[1]) else times(bo[1], bp[1], 2 if high else 1)
+            win = bo[1] >= bp[1] if high else bo[1] <= bp[1]
+            cells = [f"{plain(kind)}: {fmt(v)}" for kind, v in (bo, bp)]
+            rows.append([metric, *cells, ratio, "**win**" if win else "loss"])
     return Table(["metric", "ours (best primitive)", "best peer", "ours / best peer", ""], rows)
 
 
@@ -506,22 +479,20 @@ def peer_targets(r: dict[str, Any]) -> dict[str, Any]:
             ]
             factors += [f for f in fs if f is not None]
             rows.append([metric, f"{plain(ours)} ({ms(vals[ours])} ms)", *map(shown, fs)])
-    met = all(f >= 10 for f in factors)
     header = ["metric", "ours"] + [f"vs {plain(k)}" for k in pollers]
-    out: dict[str, Any] = {"pollers": met if rows else None, "rtt": rtt, "search": None}
-    out["pollers_table"] = Table(header, rows) if rows else None
-    tok = p.get("uncontended", {}).get("ours_token")
-    p50 = tok["acquire"]["p50_ms"] if tok is not None and ok(tok) else None
-    out["token"] = None if p50 is None else {"p50": p50, "x": p50 / rtt, "met": p50 / rtt <= 3}
+    p50 = _p50(p, "uncontended", "ours_token", "acquire")
+    token = None if p50 is None else {"p50": p50, "x": p50 / rtt, "met": p50 / rtt <= 3}
     search = r.get("search", [])
     c1 = next((s for s in search if s["capacity"] == 1), None)
     big = [s for s in search if s["capacity"] == max((s["capacity"] for s in search), default=0)]
+    at_big = None
     if c1 and big:
         parts = [(s["free_slot"], s["p50_ms"], s["p50_ms"] / c1["p50_ms"]) for s in big]
-        met = all(x <= 3 for *_, x in parts)
-        out["search"] = {"capacity": big[0]["capacity"], "c1": c1["p50_ms"], "parts": parts}
-        out["search"]["met"] = met
-    return out
+        at_big = {"capacity": big[0]["capacity"], "c1": c1["p50_ms"], "parts": parts,
+                  "met": all(x <= 3 for *_, x in parts)}  # fmt: skip
+    return {"pollers": all(f >= 10 for f in factors) if rows else None, "rtt": rtt,
+            "pollers_table": Table(header, rows) if rows else None,
+            "token": token, "search": at_big}  # fmt: skip
 
 
 def peers(r: dict[str, Any]) -> dict[str, Any] | None:
@@ -530,19 +501,14 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
         return None
     p = r["peers"]
     tp = p.get("throughput", {})
-    return {
-        "p": p,
-        "plan": p["plan"],
-        "headline": peers_headline_table(r),
-        "targets": peer_targets(r),
-        "bests": {
-            "uc": _best(_uc(p)),
-            "ho": {n: _best(_ho(p, n)) for n in map(str, p["plan"]["waiters"])},
-            "tp": {s: _best(_tp(p, s), high=True) for s in tp},
-        },
-        "tp_kinds": list(dict.fromkeys(k for cells in tp.values() for k in cells)),
-        "crash_wall": p.get("crash", {}).get("wall_s"),
+    bests = {
+        "uc": _best(_uc(p)),
+        "ho": {n: _best(_ho(p, n)) for n in map(str, p["plan"]["waiters"])},
+        "tp": {s: _best(_tp(p, s), high=True) for s in tp},
     }
+    return {"p": p, "plan": p["plan"], "headline": peers_headline_table(r), "bests": bests,
+            "targets": peer_targets(r), "crash_wall": p.get("crash", {}).get("wall_s"),
+            "tp_kinds": list(dict.fromkeys(k for cells in tp.values() for k in cells))}  # fmt: skip
 
 
 # ------------------------------------------------------------------------- render
@@ -556,30 +522,16 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
     cr = r.get("crash", {})
     fencing = [v for k, v in r.get("primitives", {}).items() if k.startswith("fencing token")]
     return {
-        "r": r,
-        "env": env,
-        "fl": fl,
-        "rtt": fl["broker_round_trip"],
-        "uc": r["uncontended"],
-        "c": c,
-        "plan": c["plan"],
+        "r": r, "env": env, "fl": fl, "rtt": fl["broker_round_trip"], "c": c, "plan": c["plan"],
+        "uc": r["uncontended"], "ut": r.get("uncontended_tokens", {}),
+        "ho": r.get("handoff", {}), "cr": cr, "handoff_plan": r.get("handoff_plan", {}),
         "img": {key: f"{img_rel}/{name}" for key, name in PLOTS.items()},
-        "busy": busy_cores(env),
-        "json_path": r.get("json_path", "benchmarks/results/latest.json"),
-        "ut": r.get("uncontended_tokens", {}),
-        "worst": worst,
-        "best": best,
-        "ho": r.get("handoff", {}),
-        "cr": cr,
+        "busy": busy_cores(env), "json_path": r.get("json_path", "benchmarks/results/latest.json"),
+        "worst": worst, "best": best, "fencing_token": fencing[0] if fencing else None,
         "crash_errors": [f"{k}: {e}" for k in cr for e in cr[k].get("errors", [])],
-        "token_goal": token_goal(r),
-        "goal_rtt": TOKEN_HANDOFF_GOAL_RTT,
-        "handoff_plan": r.get("handoff_plan", {}),
-        "fencing_token": fencing[0] if fencing else None,
-        "failover": failover(r),
-        "floors_targets": floors_targets(r, also),
-        "cmp": peers(r),
-    }
+        "token_goal": token_goal(r), "goal_rtt": TOKEN_HANDOFF_GOAL_RTT, "failover": failover(r),
+        "floors_targets": floors_targets(r, also), "cmp": peers(r),
+    }  # fmt: skip
 
 
 def environment() -> jinja2.Environment:

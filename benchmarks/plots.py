@@ -21,27 +21,22 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 from . import report
 from .peers.kinds import KINDS
 
-FILES = report.PLOTS
 BLUE, LIGHT, GREEN, RED = "#2171b5", "#c6dbef", "#238b45", "#cb181d"
 ORANGE, PURPLE, PEER = "#fd8d3c", "#6a51a3", "#9e9ac8"
 GROUP_COLORS = {"tuned": GREEN, "default": RED}
 LOWER_RIGHT = {"fontsize": 7, "loc": "lower right"}
 #: A reference line across a plot: ("v" or "h", value, color, style, label).
 Line = tuple[str, float, str, str, str | None]
-#: The floors drawn as reference lines: key -> (color, text).
-FLOORS = {
-    "get_classic": (GREEN, "floor: `basic.get`"),
-    "reject_deliver_classic": (GREEN, "floor: reject -> deliver"),
-    "exclusive_declare": (RED, "floor: exclusive declare"),
-}
+#: The floors drawn as reference lines, by colour.
+FLOORS = {"get_classic": GREEN, "reject_deliver_classic": GREEN, "exclusive_declare": RED}
 
 
 def floor_lines(
-    fl: dict[str, Any], vh: str, *keys: str, fmt: str = "{} p50 {:.2f} ms"
+    fl: dict[str, Any], vh: str, *keys: str, fmt: str = "floor: {} p50 {:.2f} ms"
 ) -> list[Line]:
     """Dashed lines at the p50 of the floors ``keys`` that were measured."""
     return [
-        (vh, fl[k]["p50_ms"], FLOORS[k][0], "--", fmt.format(FLOORS[k][1], fl[k]["p50_ms"]))
+        (vh, fl[k]["p50_ms"], FLOORS[k], "--", fmt.format(report.FLOORS[k], fl[k]["p50_ms"]))
         for k in keys
         if k in fl
     ]
@@ -80,28 +75,27 @@ def bar_rows(
     labels ``xfmt``, minor ones unless not ``minor_labels``); ``size``: width, height per
     row, extra height. Yields the axes and the rows' y positions."""
     with figure(path, (size[0], size[1] * len(labels) + size[2]), grid="x", **kw) as ax:
-        ys = rows_of(labels)
-        yield ax, ys
-        ax.set_yticks(ys, labels, **({"fontsize": fontsize} if fontsize else {}))
-        ax.set_xscale("log")
-        if xfmt is not None:
-            _log_ticks(ax.xaxis, xfmt, minor=not minor_labels)
+        yield ax, bar_axis(ax, labels, fontsize, xfmt, minor_labels)
 
 
-def rows_of(items: Sequence[Any]) -> list[int]:
-    """y positions of one horizontal bar per item, the first item at the top."""
-    return list(range(len(items)))[::-1]
+def bar_axis(
+    ax: Any, labels: list[str], fontsize: float | None, xfmt: str | None, minor_labels: bool = True
+) -> list[int]:
+    """One horizontal bar per label, the first on top, on a log x axis (tick labels ``xfmt``,
+    minor ones unless not ``minor_labels``): their y positions."""
+    ys = list(range(len(labels)))[::-1]
+    ax.set_yticks(ys, labels, **({"fontsize": fontsize} if fontsize else {}))
+    ax.set_xscale("log")
+    if xfmt is not None:
+        ax.xaxis.set_major_formatter(FormatStrFormatter(xfmt))
+    if not minor_labels:
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    return ys
 
 
 def _p50_p99_bars(ax: Any, ys: list[int], stats: list[dict[str, Any]]) -> None:
     ax.barh(ys, [s["p99_ms"] for s in stats], color=LIGHT, label="p99")
     ax.barh(ys, [s["p50_ms"] for s in stats], color=BLUE, label="p50")
-
-
-def _log_ticks(axis: Any, fmt: str = "%g", minor: bool = False) -> None:
-    axis.set_major_formatter(FormatStrFormatter(fmt))
-    if minor:
-        axis.set_minor_formatter(NullFormatter())
 
 
 # ------------------------------------------------------------------------ this run
@@ -126,7 +120,7 @@ def latency_vs_slots(r: dict[str, Any], path: Path) -> None:
     rows, rtt = r["search"], r["floors"]["broker_round_trip"]["p50_ms"]
     c1 = [row for row in rows if row["capacity"] == rows[0]["capacity"]]
     marks: list[Line] = [("h", rtt, "grey", ":", f"broker round trip p50 ({rtt:.2f} ms)")]
-    marks += floor_lines(r["floors"], "h", "exclusive_declare", fmt="{} p50 ({:.2f} ms)")
+    marks += floor_lines(r["floors"], "h", "exclusive_declare", fmt="floor: {} p50 ({:.2f} ms)")
     marks += [("h", 3 * c1[0]["p50_ms"], ORANGE, "-.", "target: 3 x C=1 p50")] if c1 else []
     with figure(path, (7.0, 4.2), log="xy", grid="both", lines=marks, legend={"fontsize": 8},
                 title="Acquire latency vs number of slots", ylabel="acquire latency (ms, log)",
@@ -180,12 +174,9 @@ def handoff_compare(r: dict[str, Any], path: Path) -> None:
                 xlabel="ms (log scale)") as axes:  # fmt: skip
         for ax, (data, title) in zip(axes, panels, strict=True):
             kinds = [k for k in report.HANDOFF_KINDS if k in data]
-            _p50_p99_bars(ax, rows_of(kinds), [data[k] for k in kinds])
             names = [report.KIND_LABELS[k].replace(", ", "\n") for k in kinds]
-            ax.set_yticks(rows_of(kinds), names, fontsize=8)
-            ax.set_xscale("log")
+            _p50_p99_bars(ax, bar_axis(ax, names, 8, "%g", False), [data[k] for k in kinds])
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-            _log_ticks(ax.xaxis, minor=True)
             ax.set_title(title, fontsize=10)
         axes[1].legend(**legend)
 
@@ -253,13 +244,10 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
 
 
 def _peer_barh(ax: Any, kinds: list[str], p50: list[float], p99: list[float] | None) -> None:
-    ys, colors = rows_of(kinds), [_color(k) for k in kinds]
+    ys, colors = bar_axis(ax, [report.plain(k) for k in kinds], 8, "%g"), [_color(k) for k in kinds]
     if p99 is not None:
         ax.barh(ys, p99, color=colors, alpha=0.3)
     ax.barh(ys, p50, color=colors)
-    ax.set_yticks(ys, [report.plain(k) for k in kinds], fontsize=8)
-    ax.set_xscale("log")
-    _log_ticks(ax.xaxis)
     ax.grid(axis="x", which="both", alpha=0.3)
 
 
@@ -306,8 +294,8 @@ def compare_handoff(r: dict[str, Any], path: Path) -> None:
                 ax.plot(xs, ys, style, color=color, linewidth=width, label=report.plain(k))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        _log_ticks(ax.xaxis, "%d")
-        _log_ticks(ax.yaxis)
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.set_xticks([int(n) for n in p["plan"]["waiters"]])
 
 
@@ -318,7 +306,7 @@ def compare_throughput(r: dict[str, Any], path: Path) -> None:
         for ax, (slots, cells) in zip(axes if len(tp) > 1 else [axes], tp.items(), strict=False):
             kinds = [k for k, c in cells.items() if "error" not in c]
             _peer_barh(ax, kinds, [cells[k]["grants_per_s"] for k in kinds], None)
-            for y, k in zip(rows_of(kinds), kinds, strict=True):
+            for y, k in enumerate(reversed(kinds)):
                 jain = cells[k]["fairness"]["jain"]
                 ax.text(cells[k]["grants_per_s"], y, f" J={jain:.2f}", fontsize=6, va="center")
             processes = r["peers"]["plan"]["processes"]
@@ -362,5 +350,5 @@ def render(r: dict[str, Any], also: list[dict[str, Any]], img_dir: Path) -> None
     peers = [compare_uncontended, compare_handoff, compare_throughput, compare_crash]
     plots += peers if "peers" in r else []
     for plot in plots:
-        plot(r, img_dir / FILES[plot.__name__])
-    floors_targets(r, also, img_dir / FILES["floors_targets"])
+        plot(r, img_dir / report.PLOTS[plot.__name__])
+    floors_targets(r, also, img_dir / report.PLOTS["floors_targets"])

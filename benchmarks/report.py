@@ -172,7 +172,7 @@ def failover(r: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------- floors and targets (issue 12)
 
-_FLOORS = {
+FLOORS = {
     "get_classic": "`basic.get`",
     "reject_deliver_classic": "reject -> deliver",
     "get_quorum": "`basic.get` (quorum)",
@@ -249,7 +249,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         spread = [min(reps), max(reps)] if isinstance(reps, list) and len(reps) > 1 else None
         floor, ours, sequence = _p50(fl, key), _get(s, "p50_ms"), _p50(fl, seq or "")
         rows.append(
-            _row(label, _FLOORS[key], floor, ours, target, note, sequence, floor_reps_ms=spread)
+            _row(label, FLOORS[key], floor, ours, target, note, sequence, floor_reps_ms=spread)
         )
     search = r.get("search") or []
     c1 = next((x for x in search if x["capacity"] == 1), None)

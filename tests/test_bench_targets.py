@@ -201,7 +201,7 @@ def test_report_section_shows_both_lines() -> None:
 def test_report_plot_renders(tmp_path: Path) -> None:
     other = _results()
     other["environment"] = {"rabbitmq": {"version": "4.0.5"}}
-    path = tmp_path / plots.FILES["floors_targets"]
+    path = tmp_path / report.PLOTS["floors_targets"]
     plots.floors_targets(_results(), [other], path)
     assert path.stat().st_size > 0
     reask = report.reask_table(_results())

@@ -1,6 +1,6 @@
 """Every plot of docs/benchmarks.md (matplotlib, Agg), each a function of the results JSON
 named after its file (``report.PLOTS``) and drawn inside one helper, ``figure``
-(``bar_rows`` for one horizontal bar per row)."""
+(``bar_axis`` labels one horizontal bar per row)."""
 
 from __future__ import annotations
 
@@ -66,18 +66,6 @@ def figure(
     plt.close(fig)
 
 
-@contextmanager
-def bar_rows(
-    path: Path, labels: list[str], size: tuple[float, float, float], fontsize: float | None = None,
-    xfmt: str | None = None, minor_labels: bool = True, **kw: Any,
-) -> Iterator[tuple[Any, list[int]]]:  # fmt: skip
-    """``figure`` with one horizontal bar per label (the first on top) on a log x axis (tick
-    labels ``xfmt``, minor ones unless not ``minor_labels``); ``size``: width, height per
-    row, extra height. Yields the axes and the rows' y positions."""
-    with figure(path, (size[0], size[1] * len(labels) + size[2]), grid="x", **kw) as ax:
-        yield ax, bar_axis(ax, labels, fontsize, xfmt, minor_labels)
-
-
 def bar_axis(
     ax: Any, labels: list[str], fontsize: float | None, xfmt: str | None, minor_labels: bool = True
 ) -> list[int]:
@@ -110,10 +98,10 @@ def uncontended(r: dict[str, Any], path: Path) -> None:
     tokens = (("token", "token"), ("token_nofence", "token, fencing=False"))
     items += [(f"{label}: acquire", ut[k]["acquire"]) for k, label in tokens if k in ut]
     marks = floor_lines(fl, "v", "get_classic", "exclusive_declare")
-    with bar_rows(path, [x[0] for x in items], (7.5, 0.35, 1.5), lines=marks, legend=LOWER_RIGHT,
-                  title="Floors and uncontended operations", xlabel="latency (ms, log scale)"
-                  ) as (ax, ys):  # fmt: skip
-        _p50_p99_bars(ax, ys, [s for _, s in items])
+    with figure(path, (7.5, 0.35 * len(items) + 1.5), grid="x", lines=marks, legend=LOWER_RIGHT,
+                title="Floors and uncontended operations", xlabel="latency (ms, log scale)",
+                ) as ax:  # fmt: skip
+        _p50_p99_bars(ax, bar_axis(ax, [x[0] for x in items], None, None), [s for _, s in items])
 
 
 def latency_vs_slots(r: dict[str, Any], path: Path) -> None:
@@ -208,9 +196,10 @@ def _group_bars(
 def failover(r: dict[str, Any], path: Path) -> None:
     fo = report.failover(r)
     labels, per = fo["labels"], fo["per"]
-    with bar_rows(path, labels, (8.5, 0.45, 1.6), 8, "%g", title="Locker failover",
-                  xlabel="master kill -9 -> standby is master (s, log scale)",
-                  legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
+    with figure(path, (8.5, 0.45 * len(labels) + 1.6), grid="x", title="Locker failover",
+                xlabel="master kill -9 -> standby is master (s, log scale)",
+                legend=LOWER_RIGHT) as ax:  # fmt: skip
+        ys = bar_axis(ax, labels, 8, "%g")
         _group_bars(ax, ys, [per[label] for label in labels], 1000, samples=True)
 
 
@@ -219,10 +208,11 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
     runs, first = [r, *also], {x["label"]: x for x in report.target_rows(r)}
     labels = [label for label, x in first.items() if not x.get("higher_is_better")]
     rows = [textwrap.fill(x.replace("`", ""), 34) for x in labels]
-    with bar_rows(path, rows, (9.0, 0.42, 1.8), 7, "%gx", False, legend=LOWER_RIGHT,
-                  title="Ours against the broker's floor, same run",
-                  xlabel="ours / floor, p50 (log scale; left of the red mark = target met)",
-                  ) as (ax, ys):  # fmt: skip
+    with figure(path, (9.0, 0.42 * len(rows) + 1.8), grid="x", legend=LOWER_RIGHT,
+                title="Ours against the broker's floor, same run",
+                xlabel="ours / floor, p50 (log scale; left of the red mark = target met)",
+                ) as ax:  # fmt: skip
+        ys = bar_axis(ax, rows, 7, "%gx", False)
         height = 0.8 / max(1, len(runs))
         for i, run in enumerate(runs):
             by = {x["label"]: x["ratio"] for x in report.target_rows(run)}
@@ -248,7 +238,6 @@ def _peer_barh(ax: Any, kinds: list[str], p50: list[float], p99: list[float] | N
     if p99 is not None:
         ax.barh(ys, p99, color=colors, alpha=0.3)
     ax.barh(ys, p50, color=colors)
-    ax.grid(axis="x", which="both", alpha=0.3)
 
 
 def _color(kind: str) -> str:
@@ -266,7 +255,7 @@ def _peer_legend(p99: bool = True) -> dict[str, Any]:
 def compare_uncontended(r: dict[str, Any], path: Path) -> None:
     uc = {k: s for k, s in r["peers"].get("uncontended", {}).items() if report.ok(s)}
     rtt, cycles = r["floors"]["broker_round_trip"]["p50_ms"], [s["cycle"] for s in uc.values()]
-    with figure(path, (8, 0.32 * len(uc) + 1.5), lines=[("v", rtt, "grey", ":", None)],
+    with figure(path, (8, 0.32 * len(uc) + 1.5), grid="x", lines=[("v", rtt, "grey", ":", None)],
                 legend=_peer_legend(), xlabel="uncontended acquire + release, ms (log scale)",
                 ) as ax:  # fmt: skip
         ax.set_title("Uncontended acquire + release", fontsize=10)
@@ -301,7 +290,7 @@ def compare_handoff(r: dict[str, Any], path: Path) -> None:
 
 def compare_throughput(r: dict[str, Any], path: Path) -> None:
     tp = r["peers"].get("throughput", {})
-    with figure(path, (10, 5.0), max(1, len(tp)), legend=_peer_legend(p99=False),
+    with figure(path, (10, 5.0), max(1, len(tp)), grid="x", legend=_peer_legend(p99=False),
                 xlabel="grants per second (log); J = Jain fairness") as axes:  # fmt: skip
         for ax, (slots, cells) in zip(axes if len(tp) > 1 else [axes], tp.items(), strict=False):
             kinds = [k for k, c in cells.items() if "error" not in c]
@@ -317,7 +306,8 @@ def compare_crash(r: dict[str, Any], path: Path) -> None:
     rows = r["peers"].get("crash", {}).get("rows", {})
     xlabel = "holder kill -9 -> waiter holds, ms (log); bar p50, dots samples"
     labels = [report.plain(k) for k in rows]
-    with bar_rows(path, labels, (8.5, 0.42, 1.6), 8, "%g", xlabel=xlabel) as (ax, ys):
+    with figure(path, (8.5, 0.42 * len(labels) + 1.6), grid="x", xlabel=xlabel) as ax:
+        ys = bar_axis(ax, labels, 8, "%g")
         ax.set_title("Crash failover: default (red) and tuned (green) settings", fontsize=10)
         _group_bars(ax, ys, list(rows.values()), 1, samples=False)
 

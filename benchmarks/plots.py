@@ -268,7 +268,7 @@ def compare_handoff(r: dict[str, Any], path: Path) -> None:
     palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i % 2 == 0]
     palette += [c for i, c in enumerate(plt.get_cmap("tab20b").colors) if i % 4 == 0]
     legend = {"fontsize": 7, "ncol": 1, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
-    with figure(path, (10.5, 4.8), grid="both", legend=legend,
+    with figure(path, (10.5, 4.8), log="y", grid="both", legend=legend,
                 xlabel="waiters blocked when the holder releases",
                 ylabel="release -> next process holds, p50 ms (log)") as ax:  # fmt: skip
         title = "Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)"
@@ -282,7 +282,6 @@ def compare_handoff(r: dict[str, Any], path: Path) -> None:
                 xs, ys = [x for x, _ in pts], [y for _, y in pts]
                 ax.plot(xs, ys, style, color=color, linewidth=width, label=report.plain(k))
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
         ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.set_xticks([int(n) for n in p["plan"]["waiters"]])
@@ -315,7 +314,8 @@ def compare_crash(r: dict[str, Any], path: Path) -> None:
 def scale_live_locks(r: dict[str, Any], path: Path) -> None:
     rows = r.get("scale", {}).get("rows", [])
     xs, broker = [row["locks"] for row in rows], [row.get("broker", {}) for row in rows]
-    with figure(path, (10, 3.8), 2, grid="both", xlabel="distinct live locks held") as (a1, a2):
+    xlabel = "distinct live locks held"
+    with figure(path, (10, 3.8), 2, log="x", grid="both", xlabel=xlabel) as (a1, a2):
         a1.plot(xs, [row["acquire"]["p50_ms"] for row in rows], "o-", label="p50")
         a1.plot(xs, [row["acquire"]["p99_ms"] for row in rows], "o--", alpha=0.5, label="p99")
         a1.set_ylabel("mutex acquire, ms")
@@ -326,9 +326,8 @@ def scale_live_locks(r: dict[str, Any], path: Path) -> None:
         a2.plot(xs, [(b.get("beam_rss") or math.nan) / 2**20 for b in broker], "s--", label="RSS")
         a2.set_ylabel("broker MiB")
         a2.set_title("Broker memory vs live locks", fontsize=10)
-        for ax in (a1, a2):
-            ax.set_xscale("log")
-            ax.legend(fontsize=8)
+        a1.legend(fontsize=8)
+        a2.legend(fontsize=8)
 
 
 def render(r: dict[str, Any], also: list[dict[str, Any]], img_dir: Path) -> None:

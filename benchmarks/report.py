@@ -7,6 +7,7 @@ ours / best peer (times: above 1 we are slower; throughput: below 1 we do less).
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -92,11 +93,8 @@ def rows(body: str, header: str, align: str = "right") -> str:
 
 
 def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
+    """``d[k1][k2]...``, or None where a key is missing."""
+    return functools.reduce(lambda x, k: x.get(k) if isinstance(x, dict) else None, keys, d)
 
 
 def _p50(d: Any, *path: str) -> float | None:
@@ -308,21 +306,17 @@ def version(r: dict[str, Any]) -> str:
 
 
 def targets_table(r: dict[str, Any]) -> Table:
-    def value(row: dict[str, Any], key: str) -> str:
-        v = row[key]
-        if row.get("higher_is_better"):
-            return "n/a" if v is None else f"{v:.0f} grants/s"
-        return num(v)
-
     rows = []
     for row in target_rows(r):
+        grants = row["higher_is_better"]
+        value = (lambda v: "n/a" if v is None else f"{v:.0f} grants/s") if grants else num
         seq, sr, reps = row.get("sequence_ms"), row.get("sequence_ratio"), row.get("floor_reps_ms")
         # The floor's lowest and highest p50 over its repetitions, when a quarter apart.
         moved = reps and reps[0] > 0 and reps[1] / reps[0] > 1.25
         rows.append([
             row["label"], row["floor_label"],
-            value(row, "floor_ms") + (f" (reps {num(reps[0])}-{num(reps[1])})" if moved else ""),
-            value(row, "ours_ms"), "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
+            value(row["floor_ms"]) + (f" (reps {num(reps[0])}-{num(reps[1])})" if moved else ""),
+            value(row["ours_ms"]), "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
             row["target"], VERDICT[row["met"]] + (f" ({row['note']})" if row["note"] else ""),
             "" if seq is None else f"{num(seq)} ({'n/a' if sr is None else f'{sr:.1f}x'})",
         ])  # fmt: skip

@@ -234,15 +234,11 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
 
 
 def _peer_barh(ax: Any, kinds: list[str], p50: list[float], p99: list[float] | None) -> None:
-    ys, colors = bar_axis(ax, [report.plain(k) for k in kinds], 8, "%g"), [_color(k) for k in kinds]
+    ys = bar_axis(ax, [report.plain(k) for k in kinds], 8, "%g")
+    colors = [BLUE if KINDS[k].ours else ORANGE if KINDS[k].polls else PEER for k in kinds]
     if p99 is not None:
         ax.barh(ys, p99, color=colors, alpha=0.3)
     ax.barh(ys, p50, color=colors)
-
-
-def _color(kind: str) -> str:
-    k = KINDS[kind]
-    return BLUE if k.ours else ORANGE if k.polls else PEER
 
 
 def _peer_legend(p99: bool = True) -> dict[str, Any]:

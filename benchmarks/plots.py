@@ -271,11 +271,10 @@ def compare_handoff(r: dict[str, Any], path: Path) -> None:
         ax.set_title(title, fontsize=10)
         for i, (k, cells) in enumerate(p.get("handoff", {}).items()):
             pts = sorted((int(n), s["p50_ms"]) for n, s in cells.items() if report.ok(s))
-            kind = KINDS[k]
-            style = "o-" if kind.ours else "s--" if kind.polls else "^:"
             if pts:
-                color, width = palette[i % len(palette)], 2.5 if kind.ours else 1.2
-                xs, ys = [x for x, _ in pts], [y for _, y in pts]
+                kind, color = KINDS[k], palette[i % len(palette)]
+                style, width = ("o-", 2.5) if kind.ours else ("s--" if kind.polls else "^:", 1.2)
+                xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, style, color=color, linewidth=width, label=report.plain(k))
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))

@@ -220,8 +220,9 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
             bars = [(by.get(x), y) for y, x in zip(off, labels, strict=True)]
             bars = [(x, y) for x, y in bars if x is not None]
             color, label = (BLUE, GREEN, PURPLE)[i % 3], f"RabbitMQ {report.version(run)}"
-            ax.barh([y for _, y in bars], [x for x, _ in bars], height=height, color=color,
-                    label=label)  # fmt: skip
+            ax.barh(
+                [y for _, y in bars], [x for x, _ in bars], height=height, color=color, label=label
+            )
         for y, label in zip(ys, labels, strict=True):
             if first[label]["target"].startswith("<="):
                 t = float(first[label]["target"][2:].strip().rstrip("x"))

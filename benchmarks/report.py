@@ -164,8 +164,13 @@ def failover(r: dict[str, Any]) -> dict[str, Any]:
     errors = [
         f"{x} ({g}): {e}" for x in per for g, s in per[x].items() for e in s.get("errors", [])
     ]
-    return {**fo, "labels": list(per), "per": per, "groups": list(fo.get("groups", {})),
-            "errors": errors}  # fmt: skip
+    return {
+        **fo,
+        "labels": list(per),
+        "per": per,
+        "groups": list(fo.get("groups", {})),
+        "errors": errors,
+    }
 
 
 # ------------------------------------------------------- floors and targets (issue 12)
@@ -225,12 +230,19 @@ def _row(
     if target is not None and ratio is not None and judged:
         met = ratio >= target if higher_is_better else ratio <= target
     return {
-        "label": label, "floor_label": floor_label, "floor_ms": floor, "ours_ms": ours,
+        "label": label,
+        "floor_label": floor_label,
+        "floor_ms": floor,
+        "ours_ms": ours,
         "ratio": None if ratio is None else round(ratio, 2),
         "target": "(information)" if target is None else f"{sign} {target:g}x",
-        "met": met, "note": note, "higher_is_better": higher_is_better, "sequence_ms": sequence,
-        "sequence_ratio": None if seq_ratio is None else round(seq_ratio, 2), **extra,
-    }  # fmt: skip
+        "met": met,
+        "note": note,
+        "higher_is_better": higher_is_better,
+        "sequence_ms": sequence,
+        "sequence_ratio": None if seq_ratio is None else round(seq_ratio, 2),
+        **extra,
+    }
 
 
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -279,8 +291,18 @@ def head_to_head(r: dict[str, Any]) -> list[dict[str, Any]]:
         cell = _get(peers, "throughput", "4", kind) or {}
         rate = None if "error" in cell else cell.get("grants_per_s")
         label = f"{procs} processes on 4 slots, {name}: grants/s"
-        rows.append(_row(label, "grants/s before issue 12", base, rate, THROUGHPUT_TARGET_X, note,
-                         judged=procs == 16, higher_is_better=True))  # fmt: skip
+        rows.append(
+            _row(
+                label,
+                "grants/s before issue 12",
+                base,
+                rate,
+                THROUGHPUT_TARGET_X,
+                note,
+                judged=procs == 16,
+                higher_is_better=True,
+            )
+        )
     return rows
 
 
@@ -368,20 +390,30 @@ def line(r: dict[str, Any]) -> dict[str, Any]:
     judged = [x["met"] for x in target_rows(r) + fairness_rows(r) if x["met"] is not None]
     env = r.get("environment", {})
     return {
-        "version": version(r), "json_path": r.get("json_path", "?"), "date": env.get("date", "?"),
-        "quick": bool(r.get("quick")), "busy": busy_cores(env), "nproc": env.get("nproc", "?"),
-        "met": sum(judged), "judged": len(judged),
-        "targets": targets_table(r), "fairness": fairness_table(r),
-    }  # fmt: skip
+        "version": version(r),
+        "json_path": r.get("json_path", "?"),
+        "date": env.get("date", "?"),
+        "quick": bool(r.get("quick")),
+        "busy": busy_cores(env),
+        "nproc": env.get("nproc", "?"),
+        "met": sum(judged),
+        "judged": len(judged),
+        "targets": targets_table(r),
+        "fairness": fairness_table(r),
+    }
 
 
 def floors_targets(r: dict[str, Any], also: list[dict[str, Any]]) -> dict[str, Any]:
     """This run's line, the other lines' (each judged against its own floors), the
     fairness plan and the re-ask table."""
     plan = {**r.get("headline_plan", {}), **r.get("handoff_plan", {})}  # older files: both
-    return {"this": line(r), "others": [line(other) for other in also], "reask": reask_table(r),
-            "fair_processes": plan.get("fair_processes", 4),
-            "fair_hold_ms": plan.get("fair_hold", 0.005) * 1000}  # fmt: skip
+    return {
+        "this": line(r),
+        "others": [line(other) for other in also],
+        "reask": reask_table(r),
+        "fair_processes": plan.get("fair_processes", 4),
+        "fair_hold_ms": plan.get("fair_hold", 0.005) * 1000,
+    }
 
 
 # ------------------------------------------------------------------------ the peers
@@ -482,11 +514,19 @@ def peer_targets(r: dict[str, Any]) -> dict[str, Any]:
     at_big = None
     if c1 and big:
         parts = [(s["free_slot"], s["p50_ms"], s["p50_ms"] / c1["p50_ms"]) for s in big]
-        at_big = {"capacity": big[0]["capacity"], "c1": c1["p50_ms"], "parts": parts,
-                  "met": all(x <= 3 for *_, x in parts)}  # fmt: skip
-    return {"pollers": all(f >= 10 for f in factors) if rows else None, "rtt": rtt,
-            "pollers_table": Table(header, rows) if rows else None,
-            "token": token, "search": at_big}  # fmt: skip
+        at_big = {
+            "capacity": big[0]["capacity"],
+            "c1": c1["p50_ms"],
+            "parts": parts,
+            "met": all(x <= 3 for *_, x in parts),
+        }
+    return {
+        "pollers": all(f >= 10 for f in factors) if rows else None,
+        "rtt": rtt,
+        "pollers_table": Table(header, rows) if rows else None,
+        "token": token,
+        "search": at_big,
+    }
 
 
 def peers(r: dict[str, Any]) -> dict[str, Any] | None:
@@ -500,9 +540,15 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
         "ho": {n: _best(_ho(p, n)) for n in map(str, p["plan"]["waiters"])},
         "tp": {s: _best(_tp(p, s), high=True) for s in tp},
     }
-    return {"p": p, "plan": p["plan"], "headline": peers_headline_table(r), "bests": bests,
-            "targets": peer_targets(r), "crash_wall": p.get("crash", {}).get("wall_s"),
-            "tp_kinds": list(dict.fromkeys(k for cells in tp.values() for k in cells))}  # fmt: skip
+    return {
+        "p": p,
+        "plan": p["plan"],
+        "headline": peers_headline_table(r),
+        "bests": bests,
+        "targets": peer_targets(r),
+        "crash_wall": p.get("crash", {}).get("wall_s"),
+        "tp_kinds": list(dict.fromkeys(k for cells in tp.values() for k in cells)),
+    }
 
 
 # ------------------------------------------------------------------------- render
@@ -516,16 +562,30 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
     cr = r.get("crash", {})
     fencing = [v for k, v in r.get("primitives", {}).items() if k.startswith("fencing token")]
     return {
-        "r": r, "env": env, "fl": fl, "rtt": fl["broker_round_trip"], "c": c, "plan": c["plan"],
-        "uc": r["uncontended"], "ut": r.get("uncontended_tokens", {}),
-        "ho": r.get("handoff", {}), "cr": cr, "handoff_plan": r.get("handoff_plan", {}),
+        "r": r,
+        "env": env,
+        "fl": fl,
+        "rtt": fl["broker_round_trip"],
+        "c": c,
+        "plan": c["plan"],
+        "uc": r["uncontended"],
+        "ut": r.get("uncontended_tokens", {}),
+        "ho": r.get("handoff", {}),
+        "cr": cr,
+        "handoff_plan": r.get("handoff_plan", {}),
         "img": {key: f"{img_rel}/{name}" for key, name in PLOTS.items()},
-        "busy": busy_cores(env), "json_path": r.get("json_path", "benchmarks/results/latest.json"),
-        "worst": worst, "best": best, "fencing_token": fencing[0] if fencing else None,
+        "busy": busy_cores(env),
+        "json_path": r.get("json_path", "benchmarks/results/latest.json"),
+        "worst": worst,
+        "best": best,
+        "fencing_token": fencing[0] if fencing else None,
         "crash_errors": [f"{k}: {e}" for k in cr for e in cr[k].get("errors", [])],
-        "token_goal": token_goal(r), "goal_rtt": TOKEN_HANDOFF_GOAL_RTT, "failover": failover(r),
-        "floors_targets": floors_targets(r, also), "cmp": peers(r),
-    }  # fmt: skip
+        "token_goal": token_goal(r),
+        "goal_rtt": TOKEN_HANDOFF_GOAL_RTT,
+        "failover": failover(r),
+        "floors_targets": floors_targets(r, also),
+        "cmp": peers(r),
+    }
 
 
 def environment() -> jinja2.Environment:

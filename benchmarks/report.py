@@ -522,7 +522,6 @@ def peer_targets(r: dict[str, Any]) -> dict[str, Any]:
         }
     return {
         "pollers": all(f >= 10 for f in factors) if rows else None,
-        "rtt": rtt,
         "pollers_table": Table(header, rows) if rows else None,
         "token": token,
         "search": at_big,
@@ -542,7 +541,6 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
     }
     return {
         "p": p,
-        "plan": p["plan"],
         "headline": peers_headline_table(r),
         "bests": bests,
         "targets": peer_targets(r),

@@ -1,5 +1,6 @@
 """Every plot of docs/benchmarks.md (matplotlib, Agg), each a function of the results JSON
-drawn inside one helper, ``figure`` (``bar_rows`` for one horizontal bar per row)."""
+named after its file (``report.PLOTS``) and drawn inside one helper, ``figure``
+(``bar_axis`` labels one horizontal bar per row)."""
 
 from __future__ import annotations
 
@@ -20,36 +21,22 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 from . import report
 from .peers.kinds import KINDS
 
-FILES = report.PLOTS
-BLUE, LIGHT, GREEN, RED, ORANGE, PURPLE = (
-    "#2171b5",
-    "#c6dbef",
-    "#238b45",
-    "#cb181d",
-    "#fd8d3c",
-    "#6a51a3",
-)
-OURS_COLOR, PEER_COLOR, POLL_COLOR = BLUE, "#9e9ac8", ORANGE
+BLUE, LIGHT, GREEN, RED = "#2171b5", "#c6dbef", "#238b45", "#cb181d"
+ORANGE, PURPLE, PEER = "#fd8d3c", "#6a51a3", "#9e9ac8"
 GROUP_COLORS = {"tuned": GREEN, "default": RED}
 LOWER_RIGHT = {"fontsize": 7, "loc": "lower right"}
 #: A reference line across a plot: ("v" or "h", value, color, style, label).
 Line = tuple[str, float, str, str, str | None]
-
-
-#: The floors drawn as reference lines: key -> (color, text).
-FLOORS = {
-    "get_classic": (GREEN, "floor: `basic.get`"),
-    "reject_deliver_classic": (GREEN, "floor: reject -> deliver"),
-    "exclusive_declare": (RED, "floor: exclusive declare"),
-}
+#: The floors drawn as reference lines, by colour.
+FLOORS = {"get_classic": GREEN, "reject_deliver_classic": GREEN, "exclusive_declare": RED}
 
 
 def floor_lines(
-    fl: dict[str, Any], vh: str, *keys: str, fmt: str = "{} p50 {:.2f} ms"
+    fl: dict[str, Any], vh: str, *keys: str, fmt: str = "floor: {} p50 {:.2f} ms"
 ) -> list[Line]:
     """Dashed lines at the p50 of the floors ``keys`` that were measured."""
     return [
-        (vh, fl[k]["p50_ms"], FLOORS[k][0], "--", fmt.format(FLOORS[k][1], fl[k]["p50_ms"]))
+        (vh, fl[k]["p50_ms"], FLOORS[k], "--", fmt.format(report.FLOORS[k], fl[k]["p50_ms"]))
         for k in keys
         if k in fl
     ]
@@ -79,26 +66,19 @@ def figure(
     plt.close(fig)
 
 
-@contextmanager
-def bar_rows(
-    path: Path, labels: list[str], size: tuple[float, float, float], fontsize: float | None = None,
-    xfmt: str | None = None, minor_labels: bool = True, **kw: Any,
-) -> Iterator[tuple[Any, list[int]]]:  # fmt: skip
-    """``figure`` with one horizontal bar per label (the first on top) on a log x axis (tick
-    labels ``xfmt``, minor ones unless not ``minor_labels``); ``size``: width, height per
-    row, extra height. Yields the axes and the rows' y positions."""
-    with figure(path, (size[0], size[1] * len(labels) + size[2]), grid="x", **kw) as ax:
-        ys = rows_of(labels)
-        yield ax, ys
-        ax.set_yticks(ys, labels, **({"fontsize": fontsize} if fontsize else {}))
-        ax.set_xscale("log")
-        if xfmt is not None:
-            _log_ticks(ax.xaxis, xfmt, minor=not minor_labels)
-
-
-def rows_of(items: Sequence[Any]) -> list[int]:
-    """y positions of one horizontal bar per item, the first item at the top."""
-    return list(range(len(items)))[::-1]
+def bar_axis(
+    ax: Any, labels: list[str], fontsize: float | None, xfmt: str | None, minor_labels: bool = True
+) -> list[int]:
+    """One horizontal bar per label, the first on top, on a log x axis (tick labels ``xfmt``,
+    minor ones unless not ``minor_labels``): their y positions."""
+    ys = list(range(len(labels)))[::-1]
+    ax.set_yticks(ys, labels, **({"fontsize": fontsize} if fontsize else {}))
+    ax.set_xscale("log")
+    if xfmt is not None:
+        ax.xaxis.set_major_formatter(FormatStrFormatter(xfmt))
+    if not minor_labels:
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    return ys
 
 
 def _p50_p99_bars(ax: Any, ys: list[int], stats: list[dict[str, Any]]) -> None:
@@ -106,62 +86,49 @@ def _p50_p99_bars(ax: Any, ys: list[int], stats: list[dict[str, Any]]) -> None:
     ax.barh(ys, [s["p50_ms"] for s in stats], color=BLUE, label="p50")
 
 
-def _log_ticks(axis: Any, fmt: str = "%g", minor: bool = False) -> None:
-    axis.set_major_formatter(FormatStrFormatter(fmt))
-    if minor:
-        axis.set_minor_formatter(NullFormatter())
-
-
 # ------------------------------------------------------------------------ this run
 
 
-def floors(r: dict[str, Any], path: Path) -> None:
+def uncontended(r: dict[str, Any], path: Path) -> None:
     fl, uc, ut = r["floors"], r["uncontended"], r.get("uncontended_tokens", {})
-    items = [
-        ("loopback TCP round trip", fl["loopback_tcp"]),
-        ("broker round trip", fl["broker_round_trip"]),
-    ]
+    items = [("loopback TCP round trip", fl["loopback_tcp"])]
+    items += [("broker round trip", fl["broker_round_trip"])]
     ours = (("semaphore_c1", "semaphore C=1"), ("mutex", "mutex"))
     items += [(f"{label}: {op}", uc[k][op]) for k, label in ours for op in ("acquire", "release")]
     tokens = (("token", "token"), ("token_nofence", "token, fencing=False"))
     items += [(f"{label}: acquire", ut[k]["acquire"]) for k, label in tokens if k in ut]
     marks = floor_lines(fl, "v", "get_classic", "exclusive_declare")
-    title, xlabel = "Floors and uncontended operations", "latency (ms, log scale)"
-    with bar_rows(path, [x[0] for x in items], (7.5, 0.35, 1.5), title=title, xlabel=xlabel,
-                  lines=marks, legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
-        _p50_p99_bars(ax, ys, [s for _, s in items])
+    with figure(path, (7.5, 0.35 * len(items) + 1.5), grid="x", lines=marks, legend=LOWER_RIGHT,
+                title="Floors and uncontended operations", xlabel="latency (ms, log scale)",
+                ) as ax:  # fmt: skip
+        _p50_p99_bars(ax, bar_axis(ax, [x[0] for x in items], None, None), [s for _, s in items])
 
 
-def search(r: dict[str, Any], path: Path) -> None:
+def latency_vs_slots(r: dict[str, Any], path: Path) -> None:
     rows, rtt = r["search"], r["floors"]["broker_round_trip"]["p50_ms"]
     c1 = [row for row in rows if row["capacity"] == rows[0]["capacity"]]
     marks: list[Line] = [("h", rtt, "grey", ":", f"broker round trip p50 ({rtt:.2f} ms)")]
-    marks += floor_lines(r["floors"], "h", "exclusive_declare", fmt="{} p50 ({:.2f} ms)")
+    marks += floor_lines(r["floors"], "h", "exclusive_declare", fmt="floor: {} p50 ({:.2f} ms)")
     marks += [("h", 3 * c1[0]["p50_ms"], ORANGE, "-.", "target: 3 x C=1 p50")] if c1 else []
-    labels = {"title": "Acquire latency vs number of slots", "ylabel": "acquire latency (ms, log)"}
-    labels["xlabel"] = "slots C (C-1 held by another connection)"
-    with figure(
-        path, (7.0, 4.2), log="xy", grid="both", lines=marks, legend={"fontsize": 8}, **labels
-    ) as ax:
+    with figure(path, (7.0, 4.2), log="xy", grid="both", lines=marks, legend={"fontsize": 8},
+                title="Acquire latency vs number of slots", ylabel="acquire latency (ms, log)",
+                xlabel="slots C (C-1 held by another connection)") as ax:  # fmt: skip
         for position, color in (("last", RED), ("first", BLUE)):
             sel = c1 + [x for x in rows if x["free_slot"] == position and x not in c1]
             sel.sort(key=lambda x: x["capacity"])
             for key, style, alpha in (("p50", "o-", 1.0), ("p99", "o--", 0.5)):
-                ys, label = [x[f"{key}_ms"] for x in sel], f"free slot {position}: {key}"
-                ax.plot(
-                    [x["capacity"] for x in sel], ys, style, color=color, alpha=alpha, label=label
-                )
+                xs, ys = [x["capacity"] for x in sel], [x[f"{key}_ms"] for x in sel]
+                label = f"free slot {position}: {key}"
+                ax.plot(xs, ys, style, color=color, alpha=alpha, label=label)
 
 
-def handoff(r: dict[str, Any], path: Path) -> None:
+def handoff_cdf(r: dict[str, Any], path: Path) -> None:
     c, plan = r["contention"], r["contention"]["plan"]
     xs = sorted(x for x in c["handoff_samples_ms"] if x > 0)
     title = f"Handoff CDF: {plan['processes']} processes, {plan['slots']} slots, "
     title += f"{c['runs']} x {plan['seconds']:.0f} s"
-    xlabel = "release -> next grant of the same slot (ms, log)"
-    with figure(
-        path, (7.0, 3.8), grid="both", title=title, xlabel=xlabel, ylabel="fraction of handoffs"
-    ) as ax:
+    with figure(path, (7.0, 3.8), grid="both", title=title, ylabel="fraction of handoffs",
+                xlabel="release -> next grant of the same slot (ms, log)") as ax:  # fmt: skip
         if xs:
             ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", color=GREEN)
             for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
@@ -171,7 +138,7 @@ def handoff(r: dict[str, Any], path: Path) -> None:
             ax.set_xscale("log")
 
 
-def fairness(r: dict[str, Any], path: Path) -> None:
+def grants_per_process(r: dict[str, Any], path: Path) -> None:
     c = r["contention"]
     grants = c["grants_per_process_last_run"]
     mean = sum(grants) / len(grants) if grants else 0.0
@@ -189,22 +156,15 @@ def handoff_compare(r: dict[str, Any], path: Path) -> None:
     marks: list[Line] = [("v", rtt, "grey", ":", f"RTT p50 {rtt:.2f} ms")]
     marks += floor_lines(fl, "v", "reject_deliver_classic", "exclusive_declare")
     legend = {"fontsize": 7, "loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "ncol": 2}
-    with figure(
-        path, (10.0, 4.0), 2, grid="x", lines=marks, legend=legend, xlabel="ms (log scale)"
-    ) as axes:
-        titles = ("release -> blocked waiter holds", "holder kill -9 -> blocked waiter holds")
-        for ax, data, title in zip(
-            axes, (r.get("handoff", {}), r.get("crash", {})), titles, strict=True
-        ):
+    panels = [(r.get("handoff", {}), "release -> blocked waiter holds")]
+    panels += [(r.get("crash", {}), "holder kill -9 -> blocked waiter holds")]
+    with figure(path, (10.0, 4.0), 2, grid="x", lines=marks, legend=legend,
+                xlabel="ms (log scale)") as axes:  # fmt: skip
+        for ax, (data, title) in zip(axes, panels, strict=True):
             kinds = [k for k in report.HANDOFF_KINDS if k in data]
-            ys = rows_of(kinds)
-            _p50_p99_bars(ax, ys, [data[k] for k in kinds])
-            ax.set_yticks(
-                ys, [report.KIND_LABELS[k].replace(", ", "\n") for k in kinds], fontsize=8
-            )
-            ax.set_xscale("log")
+            names = [report.KIND_LABELS[k].replace(", ", "\n") for k in kinds]
+            _p50_p99_bars(ax, bar_axis(ax, names, 8, "%g", False), [data[k] for k in kinds])
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-            _log_ticks(ax.xaxis, minor=True)
             ax.set_title(title, fontsize=10)
         axes[1].legend(**legend)
 
@@ -222,13 +182,8 @@ def _group_bars(
                 ax.barh(y + off, s["cap_s"] * 1000, height=0.34, color=color, alpha=0.15)
                 ax.text(s["cap_s"] * 1000, y + off, " never", fontsize=7, va="center")
             elif s.get("n") != 0:
-                ax.barh(
-                    y + off,
-                    s["p50_ms"] / scale,
-                    height=0.34,
-                    color=color,
-                    alpha=0.6 if samples else 0.7,
-                )
+                alpha = 0.6 if samples else 0.7
+                ax.barh(y + off, s["p50_ms"] / scale, height=0.34, color=color, alpha=alpha)
                 if samples:
                     xs += [x / scale for x in s["samples_ms"]]
                     yy += [y + off] * len(s["samples_ms"])
@@ -239,10 +194,12 @@ def _group_bars(
 
 
 def failover(r: dict[str, Any], path: Path) -> None:
-    labels, per = report.failover_rows(r)
-    xlabel = "master kill -9 -> standby is master (s, log scale)"
-    with bar_rows(path, labels, (8.5, 0.45, 1.6), 8, "%g", title="Locker failover", xlabel=xlabel,
-                  legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
+    fo = report.failover(r)
+    labels, per = fo["labels"], fo["per"]
+    with figure(path, (8.5, 0.45 * len(labels) + 1.6), grid="x", title="Locker failover",
+                xlabel="master kill -9 -> standby is master (s, log scale)",
+                legend=LOWER_RIGHT) as ax:  # fmt: skip
+        ys = bar_axis(ax, labels, 8, "%g")
         _group_bars(ax, ys, [per[label] for label in labels], 1000, samples=True)
 
 
@@ -251,18 +208,16 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
     runs, first = [r, *also], {x["label"]: x for x in report.target_rows(r)}
     labels = [label for label, x in first.items() if not x.get("higher_is_better")]
     rows = [textwrap.fill(x.replace("`", ""), 34) for x in labels]
-    title, xlabel = (
-        "Ours against the broker's floor, same run",
-        "ours / floor, p50 (log scale; left of the red mark = target met)",
-    )
-    with bar_rows(path, rows, (9.0, 0.42, 1.8), 7, "%gx", False, title=title, xlabel=xlabel,
-                  legend=LOWER_RIGHT) as (ax, ys):  # fmt: skip
+    with figure(path, (9.0, 0.42 * len(rows) + 1.8), grid="x", legend=LOWER_RIGHT,
+                title="Ours against the broker's floor, same run",
+                xlabel="ours / floor, p50 (log scale; left of the red mark = target met)",
+                ) as ax:  # fmt: skip
+        ys = bar_axis(ax, rows, 7, "%gx", False)
         height = 0.8 / max(1, len(runs))
         for i, run in enumerate(runs):
             by = {x["label"]: x["ratio"] for x in report.target_rows(run)}
-            bars = [
-                (by.get(x), y + 0.4 - height * (i + 0.5)) for y, x in zip(ys, labels, strict=True)
-            ]
+            off = [y + 0.4 - height * (i + 0.5) for y in ys]
+            bars = [(by.get(x), y) for y, x in zip(off, labels, strict=True)]
             bars = [(x, y) for x, y in bars if x is not None]
             color, label = (BLUE, GREEN, PURPLE)[i % 3], f"RabbitMQ {report.version(run)}"
             ax.barh(
@@ -280,104 +235,83 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
 
 
 def _peer_barh(ax: Any, kinds: list[str], p50: list[float], p99: list[float] | None) -> None:
-    ys, colors = rows_of(kinds), [_color(k) for k in kinds]
+    ys = bar_axis(ax, [report.plain(k) for k in kinds], 8, "%g")
+    colors = [BLUE if KINDS[k].ours else ORANGE if KINDS[k].polls else PEER for k in kinds]
     if p99 is not None:
         ax.barh(ys, p99, color=colors, alpha=0.3)
     ax.barh(ys, p50, color=colors)
-    ax.set_yticks(ys, [report.plain(k) for k in kinds], fontsize=8)
-    ax.set_xscale("log")
-    _log_ticks(ax.xaxis)
-    ax.grid(axis="x", which="both", alpha=0.3)
-
-
-def _color(kind: str) -> str:
-    k = KINDS[kind]
-    return OURS_COLOR if k.ours else POLL_COLOR if k.polls else PEER_COLOR
 
 
 def _peer_legend(p99: bool = True) -> dict[str, Any]:
-    colors = {
-        OURS_COLOR: "amqp-locks",
-        PEER_COLOR: "peer, pushed wake-ups",
-        POLL_COLOR: "peer, polls",
-    }
+    colors = {BLUE: "amqp-locks", PEER: "peer, pushed wake-ups", ORANGE: "peer, polls"}
     handles = [Patch(color=color, label=label) for color, label in colors.items()]
     handles += [Patch(color="grey", alpha=0.3, label="p99 (light)")] if p99 else []
     return {"handles": handles, **LOWER_RIGHT}
 
 
-def cmp_uncontended(r: dict[str, Any], path: Path) -> None:
+def compare_uncontended(r: dict[str, Any], path: Path) -> None:
     uc = {k: s for k, s in r["peers"].get("uncontended", {}).items() if report.ok(s)}
     rtt, cycles = r["floors"]["broker_round_trip"]["p50_ms"], [s["cycle"] for s in uc.values()]
-    xlabel = "uncontended acquire + release, ms (log scale)"
-    with figure(path, (8, 0.32 * len(uc) + 1.5), lines=[("v", rtt, "grey", ":", None)],
-                legend=_peer_legend(), xlabel=xlabel) as ax:  # fmt: skip
+    with figure(path, (8, 0.32 * len(uc) + 1.5), grid="x", lines=[("v", rtt, "grey", ":", None)],
+                legend=_peer_legend(), xlabel="uncontended acquire + release, ms (log scale)",
+                ) as ax:  # fmt: skip
         ax.set_title("Uncontended acquire + release", fontsize=10)
         _peer_barh(ax, list(uc), [s["p50_ms"] for s in cycles], [s["p99_ms"] for s in cycles])
         ax.text(rtt, len(uc) - 0.5, f" broker RTT {rtt:.2f} ms", fontsize=7)
 
 
-def cmp_handoff(r: dict[str, Any], path: Path) -> None:
+def compare_handoff(r: dict[str, Any], path: Path) -> None:
     p = r["peers"]
     palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i % 2 == 0]
     palette += [c for i, c in enumerate(plt.get_cmap("tab20b").colors) if i % 4 == 0]
     legend = {"fontsize": 7, "ncol": 1, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
-    labels = {
-        "xlabel": "waiters blocked when the holder releases",
-        "ylabel": "release -> next process holds, p50 ms (log)",
-    }
-    with figure(path, (10.5, 4.8), grid="both", legend=legend, **labels) as ax:
-        ax.set_title(
-            "Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)", fontsize=10
-        )
+    with figure(path, (10.5, 4.8), log="y", grid="both", legend=legend,
+                xlabel="waiters blocked when the holder releases",
+                ylabel="release -> next process holds, p50 ms (log)") as ax:  # fmt: skip
+        title = "Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)"
+        ax.set_title(title, fontsize=10)
         for i, (k, cells) in enumerate(p.get("handoff", {}).items()):
             pts = sorted((int(n), s["p50_ms"]) for n, s in cells.items() if report.ok(s))
-            ours, style = (
-                KINDS[k].ours,
-                "o-" if KINDS[k].ours else "s--" if KINDS[k].polls else "^:",
-            )
             if pts:
-                color, width = palette[i % len(palette)], 2.5 if ours else 1.2
-                xs, ys = [x for x, _ in pts], [y for _, y in pts]
+                kind, color = KINDS[k], palette[i % len(palette)]
+                style, width = ("o-", 2.5) if kind.ours else ("s--" if kind.polls else "^:", 1.2)
+                xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, style, color=color, linewidth=width, label=report.plain(k))
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        _log_ticks(ax.xaxis, "%d")
-        _log_ticks(ax.yaxis)
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.set_xticks([int(n) for n in p["plan"]["waiters"]])
 
 
-def cmp_throughput(r: dict[str, Any], path: Path) -> None:
+def compare_throughput(r: dict[str, Any], path: Path) -> None:
     tp = r["peers"].get("throughput", {})
-    xlabel = "grants per second (log); J = Jain fairness"
-    with figure(
-        path, (10, 5.0), max(1, len(tp)), legend=_peer_legend(p99=False), xlabel=xlabel
-    ) as axes:
+    with figure(path, (10, 5.0), max(1, len(tp)), grid="x", legend=_peer_legend(p99=False),
+                xlabel="grants per second (log); J = Jain fairness") as axes:  # fmt: skip
         for ax, (slots, cells) in zip(axes if len(tp) > 1 else [axes], tp.items(), strict=False):
             kinds = [k for k, c in cells.items() if "error" not in c]
             _peer_barh(ax, kinds, [cells[k]["grants_per_s"] for k in kinds], None)
-            for y, k in zip(rows_of(kinds), kinds, strict=True):
+            for y, k in enumerate(reversed(kinds)):
                 jain = cells[k]["fairness"]["jain"]
                 ax.text(cells[k]["grants_per_s"], y, f" J={jain:.2f}", fontsize=6, va="center")
-            ax.set_title(
-                f"{r['peers']['plan']['processes']} processes, {slots} slot(s)", fontsize=10
-            )
+            processes = r["peers"]["plan"]["processes"]
+            ax.set_title(f"{processes} processes, {slots} slot(s)", fontsize=10)
 
 
-def cmp_crash(r: dict[str, Any], path: Path) -> None:
+def compare_crash(r: dict[str, Any], path: Path) -> None:
     rows = r["peers"].get("crash", {}).get("rows", {})
     xlabel = "holder kill -9 -> waiter holds, ms (log); bar p50, dots samples"
-    with bar_rows(
-        path, [report.plain(k) for k in rows], (8.5, 0.42, 1.6), 8, "%g", xlabel=xlabel
-    ) as (ax, ys):
+    labels = [report.plain(k) for k in rows]
+    with figure(path, (8.5, 0.42 * len(labels) + 1.6), grid="x", xlabel=xlabel) as ax:
+        ys = bar_axis(ax, labels, 8, "%g")
         ax.set_title("Crash failover: default (red) and tuned (green) settings", fontsize=10)
         _group_bars(ax, ys, list(rows.values()), 1, samples=False)
 
 
-def scale(r: dict[str, Any], path: Path) -> None:
+def scale_live_locks(r: dict[str, Any], path: Path) -> None:
     rows = r.get("scale", {}).get("rows", [])
     xs, broker = [row["locks"] for row in rows], [row.get("broker", {}) for row in rows]
-    with figure(path, (10, 3.8), 2, grid="both", xlabel="distinct live locks held") as (a1, a2):
+    xlabel = "distinct live locks held"
+    with figure(path, (10, 3.8), 2, log="x", grid="both", xlabel=xlabel) as (a1, a2):
         a1.plot(xs, [row["acquire"]["p50_ms"] for row in rows], "o-", label="p50")
         a1.plot(xs, [row["acquire"]["p99_ms"] for row in rows], "o--", alpha=0.5, label="p99")
         a1.set_ylabel("mutex acquire, ms")
@@ -388,18 +322,18 @@ def scale(r: dict[str, Any], path: Path) -> None:
         a2.plot(xs, [(b.get("beam_rss") or math.nan) / 2**20 for b in broker], "s--", label="RSS")
         a2.set_ylabel("broker MiB")
         a2.set_title("Broker memory vs live locks", fontsize=10)
-        for ax in (a1, a2):
-            ax.set_xscale("log")
-            ax.legend(fontsize=8)
+        a1.legend(fontsize=8)
+        a2.legend(fontsize=8)
 
 
 def render(r: dict[str, Any], also: list[dict[str, Any]], img_dir: Path) -> None:
     """Every plot of the report into ``img_dir`` (the peers' and the scale run's only when
     they were measured)."""
     img_dir.mkdir(parents=True, exist_ok=True)
-    plots = [floors, search, handoff, fairness, handoff_compare, failover, scale]
-    plots += [cmp_uncontended, cmp_handoff, cmp_throughput, cmp_crash] if "peers" in r else []
+    plots = [uncontended, latency_vs_slots, handoff_cdf, grants_per_process, handoff_compare]
+    plots += [failover, scale_live_locks] if "scale" in r else [failover]
+    peers = [compare_uncontended, compare_handoff, compare_throughput, compare_crash]
+    plots += peers if "peers" in r else []
     for plot in plots:
-        if plot is not scale or "scale" in r:
-            plot(r, img_dir / FILES[plot.__name__])
-    floors_targets(r, also, img_dir / FILES["floors_targets"])
+        plot(r, img_dir / report.PLOTS[plot.__name__])
+    floors_targets(r, also, img_dir / report.PLOTS["floors_targets"])

@@ -7,10 +7,10 @@ ours / best peer (times: above 1 we are slower; throughput: below 1 we do less).
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 from tabulate import tabulate
@@ -18,21 +18,11 @@ from tabulate import tabulate
 from .floors import RAW
 from .peers.kinds import KINDS
 
-#: The plots by the template's key (``plots.py`` draws them).
-PLOTS = {
-    "floors": "bench-uncontended.png",
-    "search": "bench-latency-vs-slots.png",
-    "handoff": "bench-handoff-cdf.png",
-    "fairness": "bench-grants-per-process.png",
-    "handoff_compare": "bench-handoff-compare.png",
-    "failover": "bench-failover.png",
-    "cmp_uncontended": "bench-compare-uncontended.png",
-    "cmp_handoff": "bench-compare-handoff.png",
-    "cmp_throughput": "bench-compare-throughput.png",
-    "cmp_crash": "bench-compare-crash.png",
-    "scale": "bench-scale-live-locks.png",
-    "floors_targets": "bench-floors-targets.png",
-}
+#: The plots by the template's key, each drawn into bench-KEY.png by ``plots.KEY``.
+_PLOTS = """uncontended latency_vs_slots handoff_cdf grants_per_process handoff_compare
+failover scale_live_locks floors_targets
+compare_uncontended compare_handoff compare_throughput compare_crash"""
+PLOTS = {key: f"bench-{key.replace('_', '-')}.png" for key in _PLOTS.split()}
 #: The one-permit locks of handoff.py, in report order.
 KIND_LABELS = {
     "token": "token semaphore, classic token queue",
@@ -51,7 +41,10 @@ LABELS = {
 TOKEN_HANDOFF_GOAL_RTT = 3.0  # issue 3: a token handoff within this many broker round trips
 #: Grants/s of 16 processes on 4 slots before issue 12 (latest.json of 2026-11-22, RabbitMQ
 #: 3.10.8, git aa24dac), the base of the 5x target.
-THROUGHPUT_BASELINE = {"ours_token": 195.0, "ours_semaphore": 48.2}
+THROUGHPUT_BASELINE = {
+    "ours_token": ("token semaphore", 195.0),
+    "ours_semaphore": ("persistent semaphore", 48.2),
+}
 THROUGHPUT_TARGET_X = 5.0
 JAIN_TARGET, WAIT_RATIO_TARGET = 0.98, 3.0  # fairness: Jain >= this, max wait <= this x median
 VERDICT = {True: "**met**", False: "**not met**", None: "-"}
@@ -65,29 +58,29 @@ def num(x: float | None, digits: int = 2, grouped: bool = False) -> str:
 
 def ms(x: float | None) -> str:
     """Milliseconds with sensible digits (0.042, 4.20, 42.0, 4,200)."""
-    return (
-        "n/a" if x is None else num(x, 3 if x < 1 else 2 if x < 10 else 1 if x < 100 else 0, True)
-    )
+    digits = 3 if x is None or x < 1 else 2 if x < 10 else 1 if x < 100 else 0
+    return num(x, digits, True)
+
+
+def pct(x: float | None, digits: int = 0) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.{digits}%}"
 
 
 def times(a: float, b: float | None, digits: int = 1) -> str:
     return "n/a" if not b or math.isnan(b) or math.isnan(a) else f"{a / b:.{digits}f}x"
 
 
-@dataclass
-class Table:
+class Table(NamedTuple):
     """Formatted cells, rendered by the template's ``table`` filter (tabulate's pipe format:
-    first column left, the rest ``align``, or one alignment per column)."""
+    first column left, the rest right, or one alignment per column)."""
 
     header: list[str]
-    rows: list[list[str]] = field(default_factory=list)
-    align: str | list[str] = "right"
+    rows: list[list[str]]
+    align: list[str] | None = None
 
     def markdown(self) -> str:
-        a = self.align
-        cols = a if isinstance(a, list) else ["left"] + [a] * (len(self.header) - 1)
-        rows, header = self.rows, self.header
-        return str(tabulate(rows, header, "pipe", colalign=cols, disable_numparse=True))
+        cols = self.align or ["left"] + ["right"] * (len(self.header) - 1)
+        return str(tabulate(self.rows, self.header, "pipe", colalign=cols, disable_numparse=True))
 
 
 def rows(body: str, header: str, align: str = "right") -> str:
@@ -100,14 +93,25 @@ def rows(body: str, header: str, align: str = "right") -> str:
 
 
 def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
+    """``d[k1][k2]...``, or None where a key is missing."""
+    return functools.reduce(lambda x, k: x.get(k) if isinstance(x, dict) else None, keys, d)
+
+
+def _p50(d: Any, *path: str) -> float | None:
+    """The p50 at ``path`` (None: not measured, failed or no samples)."""
+    cell = _get(d, *path)
+    if not isinstance(cell, dict) or "error" in cell or not cell.get("n", 1):
+        return None
+    v = cell.get("p50_ms")
+    return v if isinstance(v, (int, float)) else None
 
 
 # ------------------------------------------------------------------------ this run
+
+
+def _us_each(cpu_ms: float, n: int) -> float | None:
+    """CPU microseconds per probe, when enough probes (100) were sent to tell."""
+    return round(1000 * cpu_ms / n, 1) if n >= 100 else None
 
 
 def search_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -121,17 +125,13 @@ def search_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
         same_c = [x for x in rows if x["capacity"] == s["capacity"] and x["free_slot"] == "first"]
         base = (same_c or [ref])[0]
         base_cpu = base["cpu_per_acquire_ms"]["client"] + base["cpu_per_acquire_ms"]["broker"]
-        extra, held = s["probes_sent"] - base["probes_sent"], s["held_probes"]
-        marginal = (
-            1000 * (cpu["client"] + cpu["broker"] - base_cpu) / extra if extra >= 100 else None
-        )
-        holders = 1000 * cpu["holders"] / held if held >= 100 else None
+        extra = s["probes_sent"] - base["probes_sent"]
         out.append({
             **s, "p50_x_c1": round(s["p50_ms"] / ref["p50_ms"], 1),
             "p99_x_c1": round(s["p99_ms"] / ref["p99_ms"], 1),
             "p50_x_rtt": round(s["p50_ms"] / rtt, 1),
-            "marginal_cpu_per_probe_us": None if marginal is None else round(marginal, 1),
-            "holder_cpu_per_held_probe_us": None if holders is None else round(holders, 1),
+            "marginal_cpu_per_probe_us": _us_each(cpu["client"] + cpu["broker"] - base_cpu, extra),
+            "holder_cpu_per_held_probe_us": _us_each(cpu["holders"], s["held_probes"]),
         })  # fmt: skip
     return out
 
@@ -154,18 +154,28 @@ def token_goal(r: dict[str, Any]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def failover_rows(r: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """Locker labels in order, and per label {group: stats}."""
-    per: dict[str, dict[str, Any]] = {}
-    for group, g in r.get("failover", {}).get("groups", {}).items():
+def failover(r: dict[str, Any]) -> dict[str, Any]:
+    """The locker failover's results with its locker labels in order, per label {group:
+    stats}, the settings groups and every sample's error."""
+    fo, per = r.get("failover", {}), {}
+    for group, g in fo.get("groups", {}).items():
         for row in g["rows"]:
             per.setdefault(row["locker"], {})[group] = row
-    return list(per), per
+    errors = [
+        f"{x} ({g}): {e}" for x in per for g, s in per[x].items() for e in s.get("errors", [])
+    ]
+    return {
+        **fo,
+        "labels": list(per),
+        "per": per,
+        "groups": list(fo.get("groups", {})),
+        "errors": errors,
+    }
 
 
 # ------------------------------------------------------- floors and targets (issue 12)
 
-_FLOORS = {
+FLOORS = {
     "get_classic": "`basic.get`",
     "reject_deliver_classic": "reject -> deliver",
     "get_quorum": "`basic.get` (quorum)",
@@ -198,24 +208,39 @@ _TARGETS: list[tuple[str, str, tuple[str, ...], float | None, str | None]] = [
 ]  # fmt: skip
 
 
+def _p50(d: Any, *path: str) -> float | None:
+    """The p50 at ``path`` (None: not measured, failed or no samples)."""
+    cell = _get(d, *path)
+    if not isinstance(cell, dict) or "error" in cell or not cell.get("n", 1):
+        return None
+    v = cell.get("p50_ms")
+    return v if isinstance(v, (int, float)) else None
+
+
 def _row(
     label: str, floor_label: str, floor: float | None, ours: float | None,
-    target: float | None, note: str = "", sequence: float | None = None, **extra: Any,
+    target: float | None, note: str = "", sequence: float | None = None, judged: bool = True,
+    higher_is_better: bool = False, **extra: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """One line of the table: ours / floor against a target ratio (None: information)."""
+    """One line of the table: ours / floor against a target ratio (None: information), at
+    most it or (``higher_is_better``) at least it; not ``judged``: shown only."""
     ratio = ours / floor if ours is not None and floor else None
     seq_ratio = ours / sequence if ours is not None and sequence else None
+    met, sign = None, ">=" if higher_is_better else "<="
+    if target is not None and ratio is not None and judged:
+        met = ratio >= target if higher_is_better else ratio <= target
     return {
-        "sequence_ms": sequence,
-        "sequence_ratio": None if seq_ratio is None else round(seq_ratio, 2),
         "label": label,
         "floor_label": floor_label,
         "floor_ms": floor,
         "ours_ms": ours,
         "ratio": None if ratio is None else round(ratio, 2),
-        "target": "(information)" if target is None else f"<= {target:g}x",
-        "met": None if target is None or ratio is None else ratio <= target,
+        "target": "(information)" if target is None else f"{sign} {target:g}x",
+        "met": met,
         "note": note,
+        "higher_is_better": higher_is_better,
+        "sequence_ms": sequence,
+        "sequence_ratio": None if seq_ratio is None else round(seq_ratio, 2),
         **extra,
     }
 
@@ -223,13 +248,7 @@ def _row(
 def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 12's targets judged from one results file: floor and ours p50 (ms), ratio,
     target, ``met`` (None when not measured or information only)."""
-    fl = r.get("floors", {})
-
-    def f50(key: str | None) -> float | None:
-        v = _get(fl, key, "p50_ms") if key else None
-        return float(v) if isinstance(v, (int, float)) else None
-
-    rows = []
+    fl, rows = r.get("floors", {}), []
     for label, key, path, target, seq in _TARGETS:
         s = _get(r, *path)
         note = ""
@@ -238,9 +257,9 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         # A floor whose p50 moved between its repetitions: how far a ratio to it holds.
         reps = _get(fl, key, "p50_reps_ms")
         spread = [min(reps), max(reps)] if isinstance(reps, list) and len(reps) > 1 else None
-        ours, floor = _get(s, "p50_ms"), _FLOORS[key]
+        floor, ours, sequence = _p50(fl, key), _get(s, "p50_ms"), _p50(fl, seq or "")
         rows.append(
-            _row(label, floor, f50(key), ours, target, note, f50(seq), floor_reps_ms=spread)
+            _row(label, FLOORS[key], floor, ours, target, note, sequence, floor_reps_ms=spread)
         )
     search = r.get("search") or []
     c1 = next((x for x in search if x["capacity"] == 1), None)
@@ -250,49 +269,40 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         full = worst["capacity"] >= 1000
         note = "" if full else "smaller C than the target's 1000, not judged"
         label = f"persistent semaphore, C={worst['capacity']}, only the last slot free: acquire"
-        row = _row(label, "its C=1 acquire", _get(c1, "p50_ms"), worst["p50_ms"], 3.0, note)
-        row["met"] = row["met"] if full else None
-        rows.append(row)
+        floor, ours = _get(c1, "p50_ms"), worst["p50_ms"]
+        rows.append(_row(label, "its C=1 acquire", floor, ours, 3.0, note, judged=full))
     return rows
 
 
 def head_to_head(r: dict[str, Any]) -> list[dict[str, Any]]:
     """The head-to-head targets, from the comparison with the peers in the same run."""
-    peers = r.get("peers", {})
-
-    def p50(*path: str) -> float | None:
-        cell = _get(peers, *path)
-        if not isinstance(cell, dict) or "error" in cell or not cell.get("n", 1):
-            return None
-        v = cell.get("p50_ms")
-        return v if isinstance(v, (int, float)) else None
-
-    rows: list[dict[str, Any]] = []
+    peers, rows = r.get("peers", {}), []
     waiters = sorted(_get(peers, "handoff", "ours_token") or {}, key=int)
     if waiters:
         n = waiters[0]
-        pg, ours = p50("handoff", "pg_advisory", n), p50("handoff", "ours_token", n)
-        label, floor = f"token handoff, {n} waiters", "PostgreSQL `pg_advisory_lock`"
-        rows.append(_row(label, floor, pg, ours, 1.0))
-    redis, ours = p50("uncontended", "redis_py", "cycle"), p50("uncontended", "ours_token", "cycle")
+        pg, ours = _p50(peers, "handoff", "pg_advisory", n), _p50(peers, "handoff", "ours_token", n)
+        floor = "PostgreSQL `pg_advisory_lock`"
+        rows.append(_row(f"token handoff, {n} waiters", floor, pg, ours, 1.0))
+    redis, ours = (_p50(peers, "uncontended", k, "cycle") for k in ("redis_py", "ours_token"))
     rows.append(_row("token uncontended acquire + release", "redis-py `Lock`", redis, ours, 2.0))
     procs = _get(peers, "plan", "processes")
-    for kind, label in (
-        ("ours_token", "token semaphore"),
-        ("ours_semaphore", "persistent semaphore"),
-    ):
-        cell, base = _get(peers, "throughput", "4", kind) or {}, THROUGHPUT_BASELINE[kind]
-        rate = cell.get("grants_per_s")
-        got = None if rate is None or "error" in cell else rate / base
-        rows.append({
-            "label": f"{procs} processes on 4 slots, {label}: grants/s",
-            "floor_label": "grants/s before issue 12", "floor_ms": base, "ours_ms": rate,
-            "ratio": None if got is None else round(got, 2),
-            "target": f">= {THROUGHPUT_TARGET_X:g}x",
-            "met": got >= THROUGHPUT_TARGET_X if got is not None and procs == 16 else None,
-            "note": "" if procs == 16 else "smoke run: not 16 processes, not judged",
-            "higher_is_better": True,
-        })  # fmt: skip
+    note = "" if procs == 16 else "smoke run: not 16 processes, not judged"
+    for kind, (name, base) in THROUGHPUT_BASELINE.items():
+        cell = _get(peers, "throughput", "4", kind) or {}
+        rate = None if "error" in cell else cell.get("grants_per_s")
+        label = f"{procs} processes on 4 slots, {name}: grants/s"
+        rows.append(
+            _row(
+                label,
+                "grants/s before issue 12",
+                base,
+                rate,
+                THROUGHPUT_TARGET_X,
+                note,
+                judged=procs == 16,
+                higher_is_better=True,
+            )
+        )
     return rows
 
 
@@ -318,21 +328,17 @@ def version(r: dict[str, Any]) -> str:
 
 
 def targets_table(r: dict[str, Any]) -> Table:
-    def value(row: dict[str, Any], key: str) -> str:
-        v = row[key]
-        if row.get("higher_is_better"):
-            return "n/a" if v is None else f"{v:.0f} grants/s"
-        return num(v)
-
     rows = []
     for row in target_rows(r):
+        grants = row["higher_is_better"]
+        value = (lambda v: "n/a" if v is None else f"{v:.0f} grants/s") if grants else num
         seq, sr, reps = row.get("sequence_ms"), row.get("sequence_ratio"), row.get("floor_reps_ms")
         # The floor's lowest and highest p50 over its repetitions, when a quarter apart.
         moved = reps and reps[0] > 0 and reps[1] / reps[0] > 1.25
         rows.append([
             row["label"], row["floor_label"],
-            value(row, "floor_ms") + (f" (reps {num(reps[0])}-{num(reps[1])})" if moved else ""),
-            value(row, "ours_ms"), "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
+            value(row["floor_ms"]) + (f" (reps {num(reps[0])}-{num(reps[1])})" if moved else ""),
+            value(row["ours_ms"]), "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
             row["target"], VERDICT[row["met"]] + (f" ({row['note']})" if row["note"] else ""),
             "" if seq is None else f"{num(seq)} ({'n/a' if sr is None else f'{sr:.1f}x'})",
         ])  # fmt: skip
@@ -404,9 +410,9 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]]) -> dict[str, A
     return {
         "this": line(r),
         "others": [line(other) for other in also],
+        "reask": reask_table(r),
         "fair_processes": plan.get("fair_processes", 4),
         "fair_hold_ms": plan.get("fair_hold", 0.005) * 1000,
-        "reask": reask_table(r),
     }
 
 
@@ -458,31 +464,22 @@ def _best(values: dict[str, float], high: bool = False, ours: bool = False) -> A
 
 def peers_headline_table(r: dict[str, Any]) -> Table:
     """One row per metric: our best primitive, the best peer, the ratio, win or loss."""
-    p = r["peers"]
+    p, plan = r["peers"], r["peers"]["plan"]
     metrics = [("uncontended acquire + release (p50 ms)", _uc(p), False)]
-    metrics += [
-        (f"handoff, {n} waiters (p50 ms)", _ho(p, str(n)), False) for n in p["plan"]["waiters"]
-    ]
-    metrics += [
-        (f"throughput, {p['plan']['processes']} processes / {s} slot(s)", _tp(p, s), True)
-        for s in p.get("throughput", {})
-    ]
-    metrics += [
-        (f"crash: kill -9 -> waiter holds, {g} settings (p50 ms)", _cr(p, g), False)
-        for g in ("default", "tuned") if _cr(p, g)
-    ]  # fmt: skip
+    metrics += [(f"handoff, {n} waiters (p50 ms)", _ho(p, str(n)), False) for n in plan["waiters"]]
+    tp = f"throughput, {plan['processes']} processes / {{}} slot(s)"
+    metrics += [(tp.format(s), _tp(p, s), True) for s in p.get("throughput", {})]
+    crash = "crash: kill -9 -> waiter holds, {} settings (p50 ms)"
+    metrics += [(crash.format(g), _cr(p, g), False) for g in ("default", "tuned") if _cr(p, g)]
     rows = []
     for metric, values, high in metrics:
         bo, bp = _best(values, high, ours=True), _best(values, high)
-        if not bo or not bp:
-            continue
-        fmt = (lambda v: f"{v:,.0f}") if high else ms
-        ratio = (
-            f"{bo[1] / bp[1]:.2f}x" if high else "n/a" if math.isinf(bp[1]) else times(bo[1], bp[1])
-        )
-        win = bo[1] >= bp[1] if high else bo[1] <= bp[1]
-        best_ours, best_peer = f"{plain(bo[0])}: {fmt(bo[1])}", f"{plain(bp[0])}: {fmt(bp[1])}"
-        rows.append([metric, best_ours, best_peer, ratio, "**win**" if win else "loss"])
+        if bo and bp:
+            fmt = (lambda v: f"{v:,.0f}") if high else ms
+            ratio = "n/a" if math.isinf(bp[1]) else times(bo[1], bp[1], 2 if high else 1)
+            win = bo[1] >= bp[1] if high else bo[1] <= bp[1]
+            cells = [f"{plain(kind)}: {fmt(v)}" for kind, v in (bo, bp)]
+            rows.append([metric, *cells, ratio, "**win**" if win else "loss"])
     return Table(["metric", "ours (best primitive)", "best peer", "ours / best peer", ""], rows)
 
 
@@ -508,22 +505,27 @@ def peer_targets(r: dict[str, Any]) -> dict[str, Any]:
             ]
             factors += [f for f in fs if f is not None]
             rows.append([metric, f"{plain(ours)} ({ms(vals[ours])} ms)", *map(shown, fs)])
-    met = all(f >= 10 for f in factors)
     header = ["metric", "ours"] + [f"vs {plain(k)}" for k in pollers]
-    out: dict[str, Any] = {"pollers": met if rows else None, "rtt": rtt, "search": None}
-    out["pollers_table"] = Table(header, rows) if rows else None
-    tok = p.get("uncontended", {}).get("ours_token")
-    p50 = tok["acquire"]["p50_ms"] if tok is not None and ok(tok) else None
-    out["token"] = None if p50 is None else {"p50": p50, "x": p50 / rtt, "met": p50 / rtt <= 3}
+    p50 = _p50(p, "uncontended", "ours_token", "acquire")
+    token = None if p50 is None else {"p50": p50, "x": p50 / rtt, "met": p50 / rtt <= 3}
     search = r.get("search", [])
     c1 = next((s for s in search if s["capacity"] == 1), None)
     big = [s for s in search if s["capacity"] == max((s["capacity"] for s in search), default=0)]
+    at_big = None
     if c1 and big:
         parts = [(s["free_slot"], s["p50_ms"], s["p50_ms"] / c1["p50_ms"]) for s in big]
-        met = all(x <= 3 for *_, x in parts)
-        out["search"] = {"capacity": big[0]["capacity"], "c1": c1["p50_ms"], "parts": parts}
-        out["search"]["met"] = met
-    return out
+        at_big = {
+            "capacity": big[0]["capacity"],
+            "c1": c1["p50_ms"],
+            "parts": parts,
+            "met": all(x <= 3 for *_, x in parts),
+        }
+    return {
+        "pollers": all(f >= 10 for f in factors) if rows else None,
+        "pollers_table": Table(header, rows) if rows else None,
+        "token": token,
+        "search": at_big,
+    }
 
 
 def peers(r: dict[str, Any]) -> dict[str, Any] | None:
@@ -531,20 +533,19 @@ def peers(r: dict[str, Any]) -> dict[str, Any] | None:
     if "peers" not in r:
         return None
     p = r["peers"]
+    tp = p.get("throughput", {})
+    bests = {
+        "uc": _best(_uc(p)),
+        "ho": {n: _best(_ho(p, n)) for n in map(str, p["plan"]["waiters"])},
+        "tp": {s: _best(_tp(p, s), high=True) for s in tp},
+    }
     return {
         "p": p,
-        "plan": p["plan"],
         "headline": peers_headline_table(r),
+        "bests": bests,
         "targets": peer_targets(r),
-        "bests": {
-            "uc": _best(_uc(p)),
-            "ho": {n: _best(_ho(p, n)) for n in map(str, p["plan"]["waiters"])},
-            "tp": {s: _best(_tp(p, s), high=True) for s in p.get("throughput", {})},
-        },
-        "tp_kinds": list(
-            dict.fromkeys(k for cells in p.get("throughput", {}).values() for k in cells)
-        ),
         "crash_wall": p.get("crash", {}).get("wall_s"),
+        "tp_kinds": list(dict.fromkeys(k for cells in tp.values() for k in cells)),
     }
 
 
@@ -556,7 +557,6 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
     r = {**r, "search": search_rows(r)}
     env, fl, c = r["environment"], r["floors"], r["contention"]
     worst, best = search_cases(r)
-    fo_labels, fo_per = failover_rows(r)
     cr = r.get("crash", {})
     fencing = [v for k, v in r.get("primitives", {}).items() if k.startswith("fencing token")]
     return {
@@ -564,34 +564,23 @@ def context(r: dict[str, Any], also: list[dict[str, Any]], img_rel: str) -> dict
         "env": env,
         "fl": fl,
         "rtt": fl["broker_round_trip"],
-        "uc": r["uncontended"],
         "c": c,
         "plan": c["plan"],
+        "uc": r["uncontended"],
+        "ut": r.get("uncontended_tokens", {}),
+        "ho": r.get("handoff", {}),
+        "cr": cr,
+        "handoff_plan": r.get("handoff_plan", {}),
         "img": {key: f"{img_rel}/{name}" for key, name in PLOTS.items()},
         "busy": busy_cores(env),
         "json_path": r.get("json_path", "benchmarks/results/latest.json"),
-        "ut": r.get("uncontended_tokens", {}),
         "worst": worst,
         "best": best,
-        "ho": r.get("handoff", {}),
-        "cr": cr,
+        "fencing_token": fencing[0] if fencing else None,
         "crash_errors": [f"{k}: {e}" for k in cr for e in cr[k].get("errors", [])],
         "token_goal": token_goal(r),
         "goal_rtt": TOKEN_HANDOFF_GOAL_RTT,
-        "handoff_plan": r.get("handoff_plan", {}),
-        "fencing_token": fencing[0] if fencing else None,
-        "failover": {
-            **r.get("failover", {}),
-            "labels": fo_labels,
-            "per": fo_per,
-            "groups": list(r.get("failover", {}).get("groups", {})),
-            "errors": [
-                f"{x} ({g}): {e}"
-                for x in fo_labels
-                for g, s in fo_per[x].items()
-                for e in s.get("errors", [])
-            ],
-        },
+        "failover": failover(r),
         "floors_targets": floors_targets(r, also),
         "cmp": peers(r),
     }
@@ -606,20 +595,9 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
-        autoescape=False,
     )
     env.globals.update(labels=KIND_LABELS, kinds=HANDOFF_KINDS, KINDS=KINDS, RAW=RAW, nan=math.nan)
-    env.filters.update(
-        rows=rows,
-        times=times,
-        label=label,
-        plain=plain,
-        ok=ok,
-        num=num,
-        ms=ms,
-        pct=lambda x, digits=0: "n/a" if x is None or math.isnan(x) else f"{x:.{digits}%}",
-        kib=lambda x: math.nan if x is None else x / 1024,
-        verdict=VERDICT.get,
-        table=Table.markdown,
-    )
+    env.filters.update({f.__name__: f for f in (rows, times, label, plain, ok, num, ms, pct)})
+    env.filters.update(kib=lambda x: math.nan if x is None else x / 1024)
+    env.filters.update(verdict=VERDICT.get, table=Table.markdown)
     return env

@@ -85,4 +85,4 @@ def test_smoke_run_and_missing_sections(tmp_path: Path, results: dict[str, Any])
     assert "## Against the lock libraries users would otherwise pick\n\nNot measured" in text
     assert "The fairness loop was not measured in this run." in text
     assert "Locker failover was not measured." in text
-    assert not (tmp_path / "img" / report.PLOTS["cmp_crash"]).exists()
+    assert not (tmp_path / "img" / report.PLOTS["compare_crash"]).exists()

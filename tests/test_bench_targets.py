@@ -114,9 +114,10 @@ def test_sequence_floors_explain_but_do_not_judge() -> None:
     assert (acq["sequence_ms"], acq["sequence_ratio"], acq["met"]) == (0.45, 2.0, True)
     mutex = rows["mutex: handoff, releaser asking again at once"]
     assert (mutex["sequence_ms"], mutex["sequence_ratio"], mutex["ratio"]) == (6.0, 2.0, 3.0)
-    assert rows["persistent semaphore, C=1: handoff, releaser asking again at once"][
-        "sequence_ms"
-    ] is None
+    assert (
+        rows["persistent semaphore, C=1: handoff, releaser asking again at once"]["sequence_ms"]
+        is None
+    )
     table = report.targets_table(r)
     assert any("0.45 (2.0x)" in cell for line in table.rows for cell in line)
     assert report.targets(_results())[0]["sequence_ms"] is None  # older files: no column
@@ -200,7 +201,7 @@ def test_report_section_shows_both_lines() -> None:
 def test_report_plot_renders(tmp_path: Path) -> None:
     other = _results()
     other["environment"] = {"rabbitmq": {"version": "4.0.5"}}
-    path = tmp_path / plots.FILES["floors_targets"]
+    path = tmp_path / report.PLOTS["floors_targets"]
     plots.floors_targets(_results(), [other], path)
     assert path.stat().st_size > 0
     reask = report.reask_table(_results())

@@ -56,15 +56,33 @@ _TASKS: list[tuple[str, str, str, str, Any, dict[str, Any]]] = [
     ("no lock", "-", "-", "plain", app.Task, {}),
     ("Singleton (mutex)", "amqp-locks", _SAME, "mutex_same", Singleton, {"lock_key": _same}),
     ("Singleton (mutex)", "amqp-locks", _NEW, "mutex_new", Singleton, {}),
-    ("Singleton lock_limit=3", "amqp-locks", _SAME, "token3_same", Singleton,
-     {"lock_key": _same, "lock_limit": 3}),
-    ("Singleton once=True", "amqp-locks", _SAME, "once_same", Singleton,
-     {"once": True, "lock_key": _same}),
+    (
+        "Singleton lock_limit=3",
+        "amqp-locks",
+        _SAME,
+        "token3_same",
+        Singleton,
+        {"lock_key": _same, "lock_limit": 3},
+    ),
+    (
+        "Singleton once=True",
+        "amqp-locks",
+        _SAME,
+        "once_same",
+        Singleton,
+        {"once": True, "lock_key": _same},
+    ),
     ("Singleton once=True", "amqp-locks", _NEW, "once_new", Singleton, {"once": True}),
-    ("QueueOnce", "celery-once", _SAME, "celery_once_same", QueueOnce,
-     {"once": {"graceful": True, "keys": []}}),
+    (
+        "QueueOnce",
+        "celery-once",
+        _SAME,
+        "celery_once_same",
+        QueueOnce,
+        {"once": {"graceful": True, "keys": []}},
+    ),
     ("QueueOnce", "celery-once", _NEW, "celery_once_new", QueueOnce, {"once": {"graceful": True}}),
-]  # fmt: skip
+]
 #: (label, task, library, how the key varies)
 VARIANTS = [
     (label, app.task(base=base, name=f"bench.{name}", **opts)(_echo), library, key)
@@ -137,11 +155,17 @@ def run(url: str, line: str, calls: int, warmup: int) -> dict[str, Any]:
     rows = []
     for (label, _, library, key), xs, refused in zip(VARIANTS, samples, refusals, strict=True):
         p50, p90 = percentile(xs, 50), percentile(xs, 90)
-        rows.append({
-            "variant": label, "library": library, "key": key, "p50_ms": round(p50 * 1000, 2),
-            "p90_ms": round(p90 * 1000, 2), "overhead_p50_ms": round((p50 - base) * 1000, 2),
-            "refused_and_retried": refused,
-        })  # fmt: skip
+        rows.append(
+            {
+                "variant": label,
+                "library": library,
+                "key": key,
+                "p50_ms": round(p50 * 1000, 2),
+                "p90_ms": round(p90 * 1000, 2),
+                "overhead_p50_ms": round((p50 - base) * 1000, 2),
+                "refused_and_retried": refused,
+            }
+        )
     return {
         "calls_per_variant": calls,
         "warmup_per_variant": warmup,

@@ -54,9 +54,11 @@ def cell(log: Log, what: str, measure: Callable[..., dict[str, Any]], *args: Any
 
 
 def cycles(
-    acquire: Callable[[], Any], release: Callable[[], Any], budget: Budget,
+    acquire: Callable[[], Any],
+    release: Callable[[], Any],
+    budget: Budget,
     pids: dict[str, int | None] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Acquire then release, back to back in this process: p50/p99 of each and of the cycle
     (and with ``pids`` the CPU per cycle of those processes)."""
 
@@ -81,9 +83,12 @@ def cycles(
 
 
 def uncontended(
-    kinds: list[str], targets: dict[str, str], budget: Budget,
-    pids: dict[str, int | None] | None = None, log: Log = lambda _: None,
-) -> dict[str, Any]:  # fmt: skip
+    kinds: list[str],
+    targets: dict[str, str],
+    budget: Budget,
+    pids: dict[str, int | None] | None = None,
+    log: Log = lambda _: None,
+) -> dict[str, Any]:
     """Acquire then release, back to back in this process, per lock (connection made first)."""
 
     def measure(kind: str) -> dict[str, Any]:
@@ -120,9 +125,14 @@ def uncontended_lockers(
 
 
 def chain(
-    kind: str, targets: dict[str, str], waiters: int, hold: tuple[float, float], samples: int,
-    seconds: float, warmup: int = 2,
-) -> tuple[list[float], list[float], int]:  # fmt: skip
+    kind: str,
+    targets: dict[str, str],
+    waiters: int,
+    hold: tuple[float, float],
+    samples: int,
+    seconds: float,
+    warmup: int = 2,
+) -> tuple[list[float], list[float], int]:
     """``waiters`` + 1 processes pass one lock round, each holding it a random ``hold`` s:
     ``samples`` handoffs (release called -> the next process holds it), the ``release()``
     calls' durations, and how often two held it at once (a broken lock)."""
@@ -139,9 +149,14 @@ def chain(
 
 
 def loop(
-    kind: str, targets: dict[str, str], slots: int, processes: int, seconds: float,
-    hold: float = 0.0, count: float = float("inf"),
-) -> list[tuple[Any, ...]]:  # fmt: skip
+    kind: str,
+    targets: dict[str, str],
+    slots: int,
+    processes: int,
+    seconds: float,
+    hold: float = 0.0,
+    count: float = float("inf"),
+) -> list[tuple[Any, ...]]:
     """``processes`` loop acquire -> hold -> release on a fresh lock of ``slots`` for
     ``seconds`` (or ``count`` grants): the grants acquired within them, in order, as
     (process, acquire called, acquired, release called)."""
@@ -173,11 +188,15 @@ def throughput(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) 
         grants = loop(kind, targets, slots, plan.processes, plan.seconds)
         per = [sum(1 for g in grants if g[0] == i) for i in range(plan.processes)]
         return {
-            "slots": slots, "processes": plan.processes, "seconds": plan.seconds,
-            "grants": len(grants), "grants_per_s": round(len(grants) / plan.seconds, 1),
-            "grants_per_process": per, "fairness": fairness(per),
+            "slots": slots,
+            "processes": plan.processes,
+            "seconds": plan.seconds,
+            "grants": len(grants),
+            "grants_per_s": round(len(grants) / plan.seconds, 1),
+            "grants_per_process": per,
+            "fairness": fairness(per),
             "max_concurrent": _max_concurrent([g[2:4] for g in grants]),
-        }  # fmt: skip
+        }
 
     return {
         str(s): {
@@ -199,9 +218,14 @@ def _max_concurrent(held: list[tuple[float, float]]) -> int:
 
 
 def crash_series(
-    kind: str, group: str, targets: dict[str, str], samples: int, seed: int,
-    settle: tuple[float, float], cap: float,
-) -> dict[str, Any]:  # fmt: skip
+    kind: str,
+    group: str,
+    targets: dict[str, str],
+    samples: int,
+    seed: int,
+    settle: tuple[float, float],
+    cap: float,
+) -> dict[str, Any]:
     """Holder SIGKILL -> the waiter (blocked a random ``settle`` s) holds (``kill_series``)."""
     with fresh_lock(targets["amqp"], kind, 1, f"cr-{group}") as name:
         job = Job(kind, name, 1, targets, group, "hold")
@@ -251,9 +275,12 @@ def run(url: str, plan: Plan, budget: Budget, log: Log) -> dict[str, Any]:
         targets = {**srv.urls, "amqp": url, "files": str(tmp / "files")}
         kinds = available(targets)
         out.update(
-            servers=srv.versions, server_settings=srv.settings, missing_servers=srv.missing,
-            kinds=kinds, libraries={k: version(KINDS[k].library) for k in kinds},
-        )  # fmt: skip
+            servers=srv.versions,
+            server_settings=srv.settings,
+            missing_servers=srv.missing,
+            kinds=kinds,
+            libraries={k: version(KINDS[k].library) for k in kinds},
+        )
         pg = srv.urls.get("postgresql")
         phases: dict[str, Callable[[], Any]] = {
             "uncontended": lambda: uncontended(kinds, targets, budget, log=log),

@@ -118,10 +118,13 @@ def run_once(url: str, plan: Plan, broker_pid: int | None) -> dict[str, Any]:
     if not any(events.values()):
         raise RuntimeError("contention run produced no grants:\n" + "\n".join(errors))
     return {
-        "events": events, "cpu": {"workers": totals["cpu"], "broker": broker_cpu},
-        "errors": errors, "warnings": warned, "timeout_overruns": overruns,
+        "events": events,
+        "cpu": {"workers": totals["cpu"], "broker": broker_cpu},
+        "errors": errors,
+        "warnings": warned,
+        "timeout_overruns": overruns,
         "probe_calls": totals["probe_calls"],
-    }  # fmt: skip
+    }
 
 
 def handoffs(per_worker: dict[int, list[Event]]) -> tuple[list[float], int]:
@@ -145,13 +148,18 @@ def summarize(runs: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
         grants = [sum(e[0] == "A" for e in run["events"].get(i, [])) for i in range(plan.processes)]
         total = sum(grants) or math.nan
         hand, to_self = handoffs(run["events"])
-        per_run.append({
-            "rate": sum(grants) / plan.seconds, "grants": grants, "hand": hand,
-            "self": to_self / len(hand) if hand else math.nan,
-            "fair": {**fairness(grants), "stddev": statistics.pstdev(grants)},
-            "workers": run["cpu"]["workers"] / total, "broker": run["cpu"]["broker"] / total,
-            "calls": run["probe_calls"] / total,
-        })  # fmt: skip
+        per_run.append(
+            {
+                "rate": sum(grants) / plan.seconds,
+                "grants": grants,
+                "hand": hand,
+                "self": to_self / len(hand) if hand else math.nan,
+                "fair": {**fairness(grants), "stddev": statistics.pstdev(grants)},
+                "workers": run["cpu"]["workers"] / total,
+                "broker": run["cpu"]["broker"] / total,
+                "calls": run["probe_calls"] / total,
+            }
+        )
 
     def median_of(key: str) -> float:
         return float(med([x[key] for x in per_run]))

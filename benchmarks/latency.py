@@ -90,9 +90,14 @@ def held_slots(url: str, name: str, slots: list[int]) -> Iterator[int | None]:
 
 
 def _cell(
-    url: str, sem: PersistentSemaphore, free: int, capacity: int, budget: Budget,
-    broker_pid: int | None, counter: ProbeCounter,
-) -> dict[str, Any]:  # fmt: skip
+    url: str,
+    sem: PersistentSemaphore,
+    free: int,
+    capacity: int,
+    budget: Budget,
+    broker_pid: int | None,
+    counter: ProbeCounter,
+) -> dict[str, Any]:
     """One cell of the sweep: every slot but ``free`` held by another process."""
     held = [k for k in range(1, capacity + 1) if k != free]
     names = frozenset(q for k in held for q in (slot_queue(sem.name, k), holder_queue(sem.name, k)))
@@ -113,18 +118,24 @@ def _cell(
         cpu = meter.stop()
     n = sum(map(len, samples))
     return {
-        "capacity": capacity, "slot": free, **summarize_reps(samples, samples=True),
+        "capacity": capacity,
+        "slot": free,
+        **summarize_reps(samples, samples=True),
         "probes_sent": round(counter.queues / n),
         "probe_round_trips": round(counter.calls / n, 1),
-        "held_probes": round(counter.held / n), "windows": counter.sizes,
+        "held_probes": round(counter.held / n),
+        "windows": counter.sizes,
         "cpu_per_acquire_ms": {k: ms(v / n) for k, v in cpu.items()},
-    }  # fmt: skip
+    }
 
 
 def search_sweep(
-    url: str, capacities: list[int], budget_for: Callable[[int, int], Budget],
-    broker_pid: int | None, log: Callable[[str], None],
-) -> list[dict[str, Any]]:  # fmt: skip
+    url: str,
+    capacities: list[int],
+    budget_for: Callable[[int, int], Budget],
+    broker_pid: int | None,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
     """Acquire latency with C-1 of C slots held; the free slot last (worst) or first."""
     rows: list[dict[str, Any]] = []
     counter = ProbeCounter()

@@ -44,9 +44,15 @@ def floor_lines(
 
 @contextmanager
 def figure(
-    path: Path, size: tuple[float, float], ncols: int = 1, log: str = "", grid: str | None = None,
-    lines: Sequence[Line] = (), legend: dict[str, Any] | None = None, **labels: str,
-) -> Iterator[Any]:  # fmt: skip
+    path: Path,
+    size: tuple[float, float],
+    ncols: int = 1,
+    log: str = "",
+    grid: str | None = None,
+    lines: Sequence[Line] = (),
+    legend: dict[str, Any] | None = None,
+    **labels: str,
+) -> Iterator[Any]:
     """A figure of ``ncols`` axes (yields one axes, or a list): ``labels`` (title, xlabel,
     ylabel), log scales (``log``: "x" and/or "y") and the grid ("both", "x" or "y") on every
     axes; the reference lines and the legend on the first; then saved and closed."""
@@ -98,9 +104,15 @@ def uncontended(r: dict[str, Any], path: Path) -> None:
     tokens = (("token", "token"), ("token_nofence", "token, fencing=False"))
     items += [(f"{label}: acquire", ut[k]["acquire"]) for k, label in tokens if k in ut]
     marks = floor_lines(fl, "v", "get_classic", "exclusive_declare")
-    with figure(path, (7.5, 0.35 * len(items) + 1.5), grid="x", lines=marks, legend=LOWER_RIGHT,
-                title="Floors and uncontended operations", xlabel="latency (ms, log scale)",
-                ) as ax:  # fmt: skip
+    with figure(
+        path,
+        (7.5, 0.35 * len(items) + 1.5),
+        grid="x",
+        lines=marks,
+        legend=LOWER_RIGHT,
+        title="Floors and uncontended operations",
+        xlabel="latency (ms, log scale)",
+    ) as ax:
         _p50_p99_bars(ax, bar_axis(ax, [x[0] for x in items], None, None), [s for _, s in items])
 
 
@@ -110,9 +122,17 @@ def latency_vs_slots(r: dict[str, Any], path: Path) -> None:
     marks: list[Line] = [("h", rtt, "grey", ":", f"broker round trip p50 ({rtt:.2f} ms)")]
     marks += floor_lines(r["floors"], "h", "exclusive_declare", fmt="floor: {} p50 ({:.2f} ms)")
     marks += [("h", 3 * c1[0]["p50_ms"], ORANGE, "-.", "target: 3 x C=1 p50")] if c1 else []
-    with figure(path, (7.0, 4.2), log="xy", grid="both", lines=marks, legend={"fontsize": 8},
-                title="Acquire latency vs number of slots", ylabel="acquire latency (ms, log)",
-                xlabel="slots C (C-1 held by another connection)") as ax:  # fmt: skip
+    with figure(
+        path,
+        (7.0, 4.2),
+        log="xy",
+        grid="both",
+        lines=marks,
+        legend={"fontsize": 8},
+        title="Acquire latency vs number of slots",
+        ylabel="acquire latency (ms, log)",
+        xlabel="slots C (C-1 held by another connection)",
+    ) as ax:
         for position, color in (("last", RED), ("first", BLUE)):
             sel = c1 + [x for x in rows if x["free_slot"] == position and x not in c1]
             sel.sort(key=lambda x: x["capacity"])
@@ -127,8 +147,14 @@ def handoff_cdf(r: dict[str, Any], path: Path) -> None:
     xs = sorted(x for x in c["handoff_samples_ms"] if x > 0)
     title = f"Handoff CDF: {plan['processes']} processes, {plan['slots']} slots, "
     title += f"{c['runs']} x {plan['seconds']:.0f} s"
-    with figure(path, (7.0, 3.8), grid="both", title=title, ylabel="fraction of handoffs",
-                xlabel="release -> next grant of the same slot (ms, log)") as ax:  # fmt: skip
+    with figure(
+        path,
+        (7.0, 3.8),
+        grid="both",
+        title=title,
+        ylabel="fraction of handoffs",
+        xlabel="release -> next grant of the same slot (ms, log)",
+    ) as ax:
         if xs:
             ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", color=GREEN)
             for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
@@ -144,8 +170,15 @@ def grants_per_process(r: dict[str, Any], path: Path) -> None:
     mean = sum(grants) / len(grants) if grants else 0.0
     marks: list[Line] = [("h", mean, "grey", ":", f"mean {mean:.0f}")] if grants else []
     title = f"Grants per process (last run of {c['runs']})"
-    with figure(path, (7.0, 3.2), lines=marks, legend={} if grants else None, title=title,
-                xlabel="process", ylabel="grants") as ax:  # fmt: skip
+    with figure(
+        path,
+        (7.0, 3.2),
+        lines=marks,
+        legend={} if grants else None,
+        title=title,
+        xlabel="process",
+        ylabel="grants",
+    ) as ax:
         ax.bar(range(1, len(grants) + 1), grants, color=PURPLE)
         ax.set_xticks(range(1, len(grants) + 1))
 
@@ -158,8 +191,9 @@ def handoff_compare(r: dict[str, Any], path: Path) -> None:
     legend = {"fontsize": 7, "loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "ncol": 2}
     panels = [(r.get("handoff", {}), "release -> blocked waiter holds")]
     panels += [(r.get("crash", {}), "holder kill -9 -> blocked waiter holds")]
-    with figure(path, (10.0, 4.0), 2, grid="x", lines=marks, legend=legend,
-                xlabel="ms (log scale)") as axes:  # fmt: skip
+    with figure(
+        path, (10.0, 4.0), 2, grid="x", lines=marks, legend=legend, xlabel="ms (log scale)"
+    ) as axes:
         for ax, (data, title) in zip(axes, panels, strict=True):
             kinds = [k for k in report.HANDOFF_KINDS if k in data]
             names = [report.KIND_LABELS[k].replace(", ", "\n") for k in kinds]
@@ -196,9 +230,14 @@ def _group_bars(
 def failover(r: dict[str, Any], path: Path) -> None:
     fo = report.failover(r)
     labels, per = fo["labels"], fo["per"]
-    with figure(path, (8.5, 0.45 * len(labels) + 1.6), grid="x", title="Locker failover",
-                xlabel="master kill -9 -> standby is master (s, log scale)",
-                legend=LOWER_RIGHT) as ax:  # fmt: skip
+    with figure(
+        path,
+        (8.5, 0.45 * len(labels) + 1.6),
+        grid="x",
+        title="Locker failover",
+        xlabel="master kill -9 -> standby is master (s, log scale)",
+        legend=LOWER_RIGHT,
+    ) as ax:
         ys = bar_axis(ax, labels, 8, "%g")
         _group_bars(ax, ys, [per[label] for label in labels], 1000, samples=True)
 
@@ -208,10 +247,14 @@ def floors_targets(r: dict[str, Any], also: list[dict[str, Any]], path: Path) ->
     runs, first = [r, *also], {x["label"]: x for x in report.target_rows(r)}
     labels = [label for label, x in first.items() if not x.get("higher_is_better")]
     rows = [textwrap.fill(x.replace("`", ""), 34) for x in labels]
-    with figure(path, (9.0, 0.42 * len(rows) + 1.8), grid="x", legend=LOWER_RIGHT,
-                title="Ours against the broker's floor, same run",
-                xlabel="ours / floor, p50 (log scale; left of the red mark = target met)",
-                ) as ax:  # fmt: skip
+    with figure(
+        path,
+        (9.0, 0.42 * len(rows) + 1.8),
+        grid="x",
+        legend=LOWER_RIGHT,
+        title="Ours against the broker's floor, same run",
+        xlabel="ours / floor, p50 (log scale; left of the red mark = target met)",
+    ) as ax:
         ys = bar_axis(ax, rows, 7, "%gx", False)
         height = 0.8 / max(1, len(runs))
         for i, run in enumerate(runs):
@@ -252,9 +295,14 @@ def _peer_legend(p99: bool = True) -> dict[str, Any]:
 def compare_uncontended(r: dict[str, Any], path: Path) -> None:
     uc = {k: s for k, s in r["peers"].get("uncontended", {}).items() if report.ok(s)}
     rtt, cycles = r["floors"]["broker_round_trip"]["p50_ms"], [s["cycle"] for s in uc.values()]
-    with figure(path, (8, 0.32 * len(uc) + 1.5), grid="x", lines=[("v", rtt, "grey", ":", None)],
-                legend=_peer_legend(), xlabel="uncontended acquire + release, ms (log scale)",
-                ) as ax:  # fmt: skip
+    with figure(
+        path,
+        (8, 0.32 * len(uc) + 1.5),
+        grid="x",
+        lines=[("v", rtt, "grey", ":", None)],
+        legend=_peer_legend(),
+        xlabel="uncontended acquire + release, ms (log scale)",
+    ) as ax:
         ax.set_title("Uncontended acquire + release", fontsize=10)
         _peer_barh(ax, list(uc), [s["p50_ms"] for s in cycles], [s["p99_ms"] for s in cycles])
         ax.text(rtt, len(uc) - 0.5, f" broker RTT {rtt:.2f} ms", fontsize=7)
@@ -265,9 +313,15 @@ def compare_handoff(r: dict[str, Any], path: Path) -> None:
     palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i % 2 == 0]
     palette += [c for i, c in enumerate(plt.get_cmap("tab20b").colors) if i % 4 == 0]
     legend = {"fontsize": 7, "ncol": 1, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
-    with figure(path, (10.5, 4.8), log="y", grid="both", legend=legend,
-                xlabel="waiters blocked when the holder releases",
-                ylabel="release -> next process holds, p50 ms (log)") as ax:  # fmt: skip
+    with figure(
+        path,
+        (10.5, 4.8),
+        log="y",
+        grid="both",
+        legend=legend,
+        xlabel="waiters blocked when the holder releases",
+        ylabel="release -> next process holds, p50 ms (log)",
+    ) as ax:
         title = "Handoff vs waiters (thick solid: amqp-locks; dashed: polling peers)"
         ax.set_title(title, fontsize=10)
         for i, (k, cells) in enumerate(p.get("handoff", {}).items()):
@@ -285,8 +339,14 @@ def compare_handoff(r: dict[str, Any], path: Path) -> None:
 
 def compare_throughput(r: dict[str, Any], path: Path) -> None:
     tp = r["peers"].get("throughput", {})
-    with figure(path, (10, 5.0), max(1, len(tp)), grid="x", legend=_peer_legend(p99=False),
-                xlabel="grants per second (log); J = Jain fairness") as axes:  # fmt: skip
+    with figure(
+        path,
+        (10, 5.0),
+        max(1, len(tp)),
+        grid="x",
+        legend=_peer_legend(p99=False),
+        xlabel="grants per second (log); J = Jain fairness",
+    ) as axes:
         for ax, (slots, cells) in zip(axes if len(tp) > 1 else [axes], tp.items(), strict=False):
             kinds = [k for k, c in cells.items() if "error" not in c]
             _peer_barh(ax, kinds, [cells[k]["grants_per_s"] for k in kinds], None)

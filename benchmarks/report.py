@@ -126,13 +126,18 @@ def search_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
         base = (same_c or [ref])[0]
         base_cpu = base["cpu_per_acquire_ms"]["client"] + base["cpu_per_acquire_ms"]["broker"]
         extra = s["probes_sent"] - base["probes_sent"]
-        out.append({
-            **s, "p50_x_c1": round(s["p50_ms"] / ref["p50_ms"], 1),
-            "p99_x_c1": round(s["p99_ms"] / ref["p99_ms"], 1),
-            "p50_x_rtt": round(s["p50_ms"] / rtt, 1),
-            "marginal_cpu_per_probe_us": _us_each(cpu["client"] + cpu["broker"] - base_cpu, extra),
-            "holder_cpu_per_held_probe_us": _us_each(cpu["holders"], s["held_probes"]),
-        })  # fmt: skip
+        out.append(
+            {
+                **s,
+                "p50_x_c1": round(s["p50_ms"] / ref["p50_ms"], 1),
+                "p99_x_c1": round(s["p99_ms"] / ref["p99_ms"], 1),
+                "p50_x_rtt": round(s["p50_ms"] / rtt, 1),
+                "marginal_cpu_per_probe_us": _us_each(
+                    cpu["client"] + cpu["broker"] - base_cpu, extra
+                ),
+                "holder_cpu_per_held_probe_us": _us_each(cpu["holders"], s["held_probes"]),
+            }
+        )
     return out
 
 
@@ -147,11 +152,18 @@ def token_goal(r: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 3's goal per token kind measured: handoff p50 within 3 x RTT."""
     rtt, ho = r["floors"]["broker_round_trip"]["p50_ms"], r.get("handoff", {})
     return [
-        {"label": KIND_LABELS[k], "p50": s["p50_ms"], "p99": s["p99_ms"],
-         "x50": s["p50_ms"] / rtt, "x99": s["p99_ms"] / rtt,
-         "met": s["p50_ms"] / rtt <= TOKEN_HANDOFF_GOAL_RTT}
-        for k in ("token", "token_nofence", "token_quorum") if k in ho for s in [ho[k]]
-    ]  # fmt: skip
+        {
+            "label": KIND_LABELS[k],
+            "p50": s["p50_ms"],
+            "p99": s["p99_ms"],
+            "x50": s["p50_ms"] / rtt,
+            "x99": s["p99_ms"] / rtt,
+            "met": s["p50_ms"] / rtt <= TOKEN_HANDOFF_GOAL_RTT,
+        }
+        for k in ("token", "token_nofence", "token_quorum")
+        if k in ho
+        for s in [ho[k]]
+    ]
 
 
 def failover(r: dict[str, Any]) -> dict[str, Any]:
@@ -185,27 +197,77 @@ FLOORS = {
 #: (label, floor key, where ours is in the results, target ratio (None: information),
 #: sequence floor key: raw aiormq doing the same broker steps as ours, shown beside)
 _TARGETS: list[tuple[str, str, tuple[str, ...], float | None, str | None]] = [
-    ("token semaphore (fencing on): uncontended acquire", "get_classic",
-     ("uncontended_tokens", "token", "acquire"), 2.0, "token_cycle"),
-    ("token semaphore (fencing on): handoff release -> blocked waiter holds",
-     "reject_deliver_classic", ("handoff", "token"), 2.0, "token_handoff_tx"),
-    ("token semaphore, `fencing=False`: uncontended acquire", "get_classic",
-     ("uncontended_tokens", "token_nofence", "acquire"), 1.5, "token_cycle"),
-    ("token semaphore, `fencing=False`: handoff", "reject_deliver_classic",
-     ("handoff", "token_nofence"), 1.5, None),
-    ("token semaphore, quorum token queue: uncontended acquire", "get_quorum",
-     ("uncontended_tokens", "token_quorum", "acquire"), None, None),
-    ("token semaphore, quorum token queue: handoff", "reject_deliver_quorum",
-     ("handoff", "token_quorum"), None, None),
-    ("mutex: uncontended acquire", "exclusive_declare",
-     ("uncontended", "mutex", "acquire"), 2.0, None),
-    ("mutex: handoff, releaser asking again at once", "exclusive_declare",
-     ("reask", "mutex"), 3.0, "mutex_handoff"),
-    ("persistent semaphore, C=1: uncontended acquire", "exclusive_declare",
-     ("uncontended", "semaphore_c1", "acquire"), 2.0, None),
-    ("persistent semaphore, C=1: handoff, releaser asking again at once", "exclusive_declare",
-     ("reask", "semaphore"), 3.0, None),
-]  # fmt: skip
+    (
+        "token semaphore (fencing on): uncontended acquire",
+        "get_classic",
+        ("uncontended_tokens", "token", "acquire"),
+        2.0,
+        "token_cycle",
+    ),
+    (
+        "token semaphore (fencing on): handoff release -> blocked waiter holds",
+        "reject_deliver_classic",
+        ("handoff", "token"),
+        2.0,
+        "token_handoff_tx",
+    ),
+    (
+        "token semaphore, `fencing=False`: uncontended acquire",
+        "get_classic",
+        ("uncontended_tokens", "token_nofence", "acquire"),
+        1.5,
+        "token_cycle",
+    ),
+    (
+        "token semaphore, `fencing=False`: handoff",
+        "reject_deliver_classic",
+        ("handoff", "token_nofence"),
+        1.5,
+        None,
+    ),
+    (
+        "token semaphore, quorum token queue: uncontended acquire",
+        "get_quorum",
+        ("uncontended_tokens", "token_quorum", "acquire"),
+        None,
+        None,
+    ),
+    (
+        "token semaphore, quorum token queue: handoff",
+        "reject_deliver_quorum",
+        ("handoff", "token_quorum"),
+        None,
+        None,
+    ),
+    (
+        "mutex: uncontended acquire",
+        "exclusive_declare",
+        ("uncontended", "mutex", "acquire"),
+        2.0,
+        None,
+    ),
+    (
+        "mutex: handoff, releaser asking again at once",
+        "exclusive_declare",
+        ("reask", "mutex"),
+        3.0,
+        "mutex_handoff",
+    ),
+    (
+        "persistent semaphore, C=1: uncontended acquire",
+        "exclusive_declare",
+        ("uncontended", "semaphore_c1", "acquire"),
+        2.0,
+        None,
+    ),
+    (
+        "persistent semaphore, C=1: handoff, releaser asking again at once",
+        "exclusive_declare",
+        ("reask", "semaphore"),
+        3.0,
+        None,
+    ),
+]
 
 
 def _p50(d: Any, *path: str) -> float | None:
@@ -218,10 +280,17 @@ def _p50(d: Any, *path: str) -> float | None:
 
 
 def _row(
-    label: str, floor_label: str, floor: float | None, ours: float | None,
-    target: float | None, note: str = "", sequence: float | None = None, judged: bool = True,
-    higher_is_better: bool = False, **extra: Any,
-) -> dict[str, Any]:  # fmt: skip
+    label: str,
+    floor_label: str,
+    floor: float | None,
+    ours: float | None,
+    target: float | None,
+    note: str = "",
+    sequence: float | None = None,
+    judged: bool = True,
+    higher_is_better: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
     """One line of the table: ours / floor against a target ratio (None: information), at
     most it or (``higher_is_better``) at least it; not ``judged``: shown only."""
     ratio = ours / floor if ours is not None and floor else None
@@ -316,9 +385,11 @@ def fairness_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for kind, s in r.get("fairness", {}).items():
         jain, ratio = s.get("jain"), s.get("wait_max_over_median")
-        ok = None if jain is None or ratio is None or math.isnan(jain) else (
-            jain >= JAIN_TARGET and ratio <= WAIT_RATIO_TARGET and not s.get("errors")
-        )  # fmt: skip
+        ok = (
+            None
+            if jain is None or ratio is None or math.isnan(jain)
+            else (jain >= JAIN_TARGET and ratio <= WAIT_RATIO_TARGET and not s.get("errors"))
+        )
         rows.append({"kind": kind, "label": LABELS.get(kind, kind), **s, "met": ok})
     return rows
 
@@ -335,13 +406,19 @@ def targets_table(r: dict[str, Any]) -> Table:
         seq, sr, reps = row.get("sequence_ms"), row.get("sequence_ratio"), row.get("floor_reps_ms")
         # The floor's lowest and highest p50 over its repetitions, when a quarter apart.
         moved = reps and reps[0] > 0 and reps[1] / reps[0] > 1.25
-        rows.append([
-            row["label"], row["floor_label"],
-            value(row["floor_ms"]) + (f" (reps {num(reps[0])}-{num(reps[1])})" if moved else ""),
-            value(row["ours_ms"]), "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
-            row["target"], VERDICT[row["met"]] + (f" ({row['note']})" if row["note"] else ""),
-            "" if seq is None else f"{num(seq)} ({'n/a' if sr is None else f'{sr:.1f}x'})",
-        ])  # fmt: skip
+        rows.append(
+            [
+                row["label"],
+                row["floor_label"],
+                value(row["floor_ms"])
+                + (f" (reps {num(reps[0])}-{num(reps[1])})" if moved else ""),
+                value(row["ours_ms"]),
+                "n/a" if row["ratio"] is None else f"{row['ratio']:.1f}x",
+                row["target"],
+                VERDICT[row["met"]] + (f" ({row['note']})" if row["note"] else ""),
+                "" if seq is None else f"{num(seq)} ({'n/a' if sr is None else f'{sr:.1f}x'})",
+            ]
+        )
     header = ["operation (p50)", "floor", "floor ms", "ours ms", "ours / floor", "target"]
     return Table([*header, "met?", "same steps, raw: ms (ours / it)"], rows)
 
@@ -356,12 +433,18 @@ def _over(row: dict[str, Any]) -> str:
 
 def fairness_table(r: dict[str, Any]) -> Table | None:
     rows = [
-        [row["label"], " / ".join(str(g) for g in row["grants"]), num(row.get("jain"), 3),
-         num(row.get("wait_p50_ms"), 1), num(row.get("wait_max_ms"), 1),
-         num(row.get("wait_max_over_median"), 2) + _over(row),
-         str(len(row.get("errors", []))), VERDICT[row["met"]]]
+        [
+            row["label"],
+            " / ".join(str(g) for g in row["grants"]),
+            num(row.get("jain"), 3),
+            num(row.get("wait_p50_ms"), 1),
+            num(row.get("wait_max_ms"), 1),
+            num(row.get("wait_max_over_median"), 2) + _over(row),
+            str(len(row.get("errors", []))),
+            VERDICT[row["met"]],
+        ]
         for row in fairness_rows(r)
-    ]  # fmt: skip
+    ]
     header = ["primitive", "grants per process", f"Jain (>= {JAIN_TARGET})", "wait p50 ms"]
     header += ["wait max ms", f"max / median (<= {WAIT_RATIO_TARGET:g})", "errors", "met?"]
     return Table(header, rows) if rows else None
@@ -369,11 +452,16 @@ def fairness_table(r: dict[str, Any]) -> Table | None:
 
 def reask_table(r: dict[str, Any]) -> Table | None:
     rows = [
-        [LABELS.get(kind, kind), num(s["p50_ms"]), num(s["p99_ms"]),
-         num(_get(s, "to_waiter", "p50_ms")), num(_get(s, "to_releaser", "p50_ms")),
-         f"{s['releaser_won']} of {s['handoffs']}"]
+        [
+            LABELS.get(kind, kind),
+            num(s["p50_ms"]),
+            num(s["p99_ms"]),
+            num(_get(s, "to_waiter", "p50_ms")),
+            num(_get(s, "to_releaser", "p50_ms")),
+            f"{s['releaser_won']} of {s['handoffs']}",
+        ]
         for kind, s in r.get("reask", {}).items()
-    ]  # fmt: skip
+    ]
     header = ["lock", "release -> next grant p50 ms", "p99 ms", "p50 when the waiter got it"]
     header += ["p50 when the releaser got it back", "releaser won it back"]
     return Table(header, rows) if rows else None

@@ -115,9 +115,12 @@ def _broker_state(node: devbroker.NodeInfo | None, beam: int | None) -> dict[str
         lines = Path(f"/proc/{beam}/status").read_text().splitlines()
         rss = int(next(x for x in lines if x.startswith("VmRSS:")).split()[1]) * 1024
     return {
-        "memory": mem, "queues": by_type, "erlang_processes": st["processes"]["used"],
-        "fds_used": st["file_descriptors"]["total_used"], "beam_rss": rss,
-    }  # fmt: skip
+        "memory": mem,
+        "queues": by_type,
+        "erlang_processes": st["processes"]["used"],
+        "fds_used": st["file_descriptors"]["total_used"],
+        "beam_rss": rss,
+    }
 
 
 def _per(delta: float, count: int, digits: int | None = None) -> float:
@@ -140,9 +143,14 @@ def _delta(before: dict[str, Any], after: dict[str, Any], n: int) -> dict[str, A
 
 
 def live_locks(
-    url: str, node: devbroker.NodeInfo | None, beam: int | None, sizes: list[int],
-    budget: Budget, extras: dict[str, int], log: Callable[[str], None],
-) -> dict[str, Any]:  # fmt: skip
+    url: str,
+    node: devbroker.NodeInfo | None,
+    beam: int | None,
+    sizes: list[int],
+    budget: Budget,
+    extras: dict[str, int],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """Acquire latency and broker state with ``sizes`` mutexes held (cumulatively)."""
     holders = _Holders(url, unique_name("live"))
     rows: list[dict[str, Any]] = []
@@ -175,10 +183,14 @@ def live_locks(
             ((k, v) for k, v in d["memory"].items() if v and k != "total"), key=lambda kv: -kv[1]
         )
         out["slopes"] = {  # per held lock, between the smallest and the largest size measured
-            "locks": n, "bytes_total": d["memory"]["total"], "bytes_rss": d["rss"],
-            "bytes_by_category": dict(cats), "queues_each": d["queues"],
-            "queue_bytes_each": d["queue_bytes"], "erlang_processes_each": round(d["procs"], 2),
-        }  # fmt: skip
+            "locks": n,
+            "bytes_total": d["memory"]["total"],
+            "bytes_rss": d["rss"],
+            "bytes_by_category": dict(cats),
+            "queues_each": d["queues"],
+            "queue_bytes_each": d["queue_bytes"],
+            "erlang_processes_each": round(d["procs"], 2),
+        }
     return out
 
 
@@ -197,10 +209,12 @@ def _extras(
         for b in brokers:
             b.close()
     connections = {  # Erlang's `binary` here: the sockets' user-level buffers
-        "count": n, "bytes_each": d["memory"]["total"],
-        "binary_bytes_each": d["memory"].get("binary", 0), "rss_bytes_each": d["rss"],
+        "count": n,
+        "bytes_each": d["memory"]["total"],
+        "binary_bytes_each": d["memory"].get("binary", 0),
+        "rss_bytes_each": d["rss"],
         "erlang_processes_each": round(d["procs"], 1),
-    }  # fmt: skip
+    }
     n = extras["fenced"]
     before, t0 = _broker_state(node, beam), time.monotonic()
     with Broker(url) as b:
@@ -218,10 +232,11 @@ def _extras(
     return {
         "connections": connections,
         "fence_queues": {
-            "count": n, "quorum_bytes_each": _per(quorum, n),
+            "count": n,
+            "quorum_bytes_each": _per(quorum, n),
             "bytes_each_total": d["memory"]["total"],
             "bytes_each_queue": _per(qb["memory"] - qa["memory"], qb["queues"] - qa["queues"]),
             "erlang_processes_each": round(d["procs"], 1),
             "first_acquire_ms": round(1000 * took / n, 1),
         },
-    }  # fmt: skip
+    }

@@ -26,11 +26,24 @@ from ..stats import summarize_reps
 from .kinds import make
 
 PRELOAD = [
-    "amqp_locks", "amqp_locks.tokens", "amqp_locks.lockers", "sqlalchemy", "benchmarks",
-    "benchmarks.peers.worker", "redis", "redis_lock", "kazoo.client", "kazoo.recipe.lock",
-    "tooz.coordination", "tooz.drivers.redis", "tooz.drivers.pgsql", "tooz.drivers.zookeeper",
-    "tooz.drivers.file", "psycopg", "filelock",
-]  # fmt: skip
+    "amqp_locks",
+    "amqp_locks.tokens",
+    "amqp_locks.lockers",
+    "sqlalchemy",
+    "benchmarks",
+    "benchmarks.peers.worker",
+    "redis",
+    "redis_lock",
+    "kazoo.client",
+    "kazoo.recipe.lock",
+    "tooz.coordination",
+    "tooz.drivers.redis",
+    "tooz.drivers.pgsql",
+    "tooz.drivers.zookeeper",
+    "tooz.drivers.file",
+    "psycopg",
+    "filelock",
+]
 
 
 def context() -> Any:
@@ -202,9 +215,14 @@ class Crew:
 
 
 def kill_series(
-    job: Any, samples: int, settle: tuple[float, float], seed: int, cap: float,
-    target: Any = main, steps: tuple[str, str] = ("acquiring", "acquired"),
-) -> dict[str, Any]:  # fmt: skip
+    job: Any,
+    samples: int,
+    settle: tuple[float, float],
+    seed: int,
+    cap: float,
+    target: Any = main,
+    steps: tuple[str, str] = ("acquiring", "acquired"),
+) -> dict[str, Any]:
     """``samples`` times: a new worker says ``steps[0]`` (it waits), a random ``settle`` s
     later the holder gets SIGKILL; from just before ``os.kill`` to its ``steps[1]`` (it holds).
     None within ``cap`` s is "censored"; that, like any error, ends the series."""

@@ -270,15 +270,6 @@ _TARGETS: list[tuple[str, str, tuple[str, ...], float | None, str | None]] = [
 ]
 
 
-def _p50(d: Any, *path: str) -> float | None:
-    """The p50 at ``path`` (None: not measured, failed or no samples)."""
-    cell = _get(d, *path)
-    if not isinstance(cell, dict) or "error" in cell or not cell.get("n", 1):
-        return None
-    v = cell.get("p50_ms")
-    return v if isinstance(v, (int, float)) else None
-
-
 def _row(
     label: str,
     floor_label: str,

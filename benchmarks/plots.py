@@ -65,7 +65,8 @@ def figure(
     yield axes
     for vh, value, color, style, label in lines:
         getattr(every[0], f"ax{vh}line")(value, color=color, linestyle=style, label=label)
-    if legend is not None:
+    # No legend over no data (a partial run): matplotlib would warn and draw an empty box.
+    if legend is not None and ("handles" in legend or every[0].get_legend_handles_labels()[0]):
         every[0].legend(**legend)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

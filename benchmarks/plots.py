@@ -175,7 +175,7 @@ def grants_per_process(r: dict[str, Any], path: Path) -> None:
         path,
         (7.0, 3.2),
         lines=marks,
-        legend={} if grants else None,
+        legend={},
         title=title,
         xlabel="process",
         ylabel="grants",

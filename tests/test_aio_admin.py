@@ -92,8 +92,12 @@ def test_aio_cancelled_admin_call_lets_the_admin_mutex_go(amqp_url: str, name: s
             ts = aio.TokenSemaphore(broker, name)
             async with ts.acquire(timeout=5) as permit:
                 draining = asyncio.ensure_future(admin.remove_permits(1, timeout=60))
-                await asyncio.sleep(0.5)  # the drain waits for the held token
-                assert (await admin.status()).consumers == 2
+                # The drain consumes beside the holder while it waits for the held token.
+                deadline = asyncio.get_running_loop().time() + 10
+                while (await admin.status()).consumers != 2:
+                    assert asyncio.get_running_loop().time() < deadline, "no drain consumer"
+                    await asyncio.sleep(0.02)
+                assert not draining.done()
                 draining.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await draining

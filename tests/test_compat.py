@@ -21,9 +21,9 @@ from amqp_locks.transport.features import (
     broker_version,
     consumer_timeout_arguments,
     counting_rule,
-    parse_version,
     quorum_arguments,
 )
+from amqp_locks.transport.line_args import parse_version
 from amqp_locks_dev import devbroker
 
 # --- the rules themselves (pure) -----------------------------------------------------------

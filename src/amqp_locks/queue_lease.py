@@ -110,9 +110,11 @@ class LeaseState(HeldState):
             try:
                 ch = await session.ready_channel()
                 self._sentinel_ch = ch
-                if attempt or queue not in session.sentinels_declared:
+                if attempt:  # on a pooled channel: adapts to another line's queue
+                    await session.declare(queue, **helper_queue(session, wakeups=False))
+                elif queue not in session.sentinels_declared:
                     await ch.queue_declare(queue, **helper_queue(session, wakeups=False))
-                    session.sentinels_declared.add(queue)
+                session.sentinels_declared.add(queue)
                 ok = await ch.basic_consume(
                     queue, hold, no_ack=False, arguments={"x-priority": HOLDER_PRIORITY}
                 )

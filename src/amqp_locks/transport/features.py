@@ -20,32 +20,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .line_args import CONSUMER_DISCONNECTED_TIMEOUT_MS, CONSUMER_TIMEOUT_MS
+
 if TYPE_CHECKING:
     from .session import Session
 
 #: How long a queue shared by waiters or holders lives unused (10 min).
 HELPER_EXPIRES_MS = 600_000
-#: Unacked messages of a consumer on a lost node go back after this long (4.3+); the
-#: default 60 s would hold a token or fence of a dead node's holder for a minute.
-CONSUMER_DISCONNECTED_TIMEOUT_MS = 1_000
-#: A year: long lock holds keep token messages unacked (see docs/operations.md).
-CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
-
-
-def parse_version(raw: object) -> tuple[int, int]:
-    """(major, minor) from a ``server_properties['version']`` value such as ``b"4.0.5"``."""
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    parts = [*text.split("."), "0"]
-    try:
-        return int(parts[0]), int(parts[1])
-    except ValueError:
-        return 3, 0
 
 
 def broker_version(session: Session) -> tuple[int, int]:
     """The broker's (major, minor) version, from the connection's server properties."""
-    assert session.conn is not None
-    return parse_version(session.conn.server_properties.get("version", b"3.0"))
+    return session.version
 
 
 def quorum_arguments(

@@ -13,12 +13,19 @@ from aiormq.abc import AbstractChannel, ChannelFrame
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from ..errors import AmqpLocksError, QueueNotFound, ResourceLocked
+from ..errors import AmqpLocksError, PreconditionFailed, QueueNotFound, ResourceLocked
 from .channel_pools import ChannelPools
+from .line_args import LINE_VALUES, note_other_line, other_line, parse_version
 
 
 class QueueOps(ChannelPools):
     """The queue half of :class:`~amqp_locks.transport.session.Session` (a mixin)."""
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """The connected broker's (major, minor) version, from its server properties."""
+        assert self.conn is not None
+        return parse_version(self.conn.server_properties.get("version", b"3.0"))
 
     async def declare(
         self,
@@ -26,16 +33,34 @@ class QueueOps(ChannelPools):
         *,
         durable: bool = False,
         exclusive: bool = False,
+        auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
     ) -> int:
-        """Declare `queue`; returns its message count."""
-        ok = await self.call(
-            queue,
-            lambda ch: ch.queue_declare(
-                queue, durable=durable, exclusive=exclusive, arguments=arguments
-            ),
-        )
-        return int(ok.message_count or 0)
+        """Declare `queue`; returns its message count. A queue another RabbitMQ line
+        declared with other line-dependent arguments is declared as it is (line_args.py)."""
+        args = arguments
+        for attempt in range(len(LINE_VALUES) + 1):
+
+            async def declare(ch: AbstractChannel, a: dict[str, Any] | None = args) -> Any:
+                return await ch.queue_declare(
+                    queue,
+                    durable=durable,
+                    exclusive=exclusive,
+                    auto_delete=auto_delete,
+                    arguments=a,
+                )
+
+            try:
+                ok = await self.call(queue, declare)
+            except PreconditionFailed as exc:
+                args = other_line(str(exc), args, self.version)
+                if args is None or attempt == len(LINE_VALUES):
+                    raise
+                continue
+            if args != arguments:
+                note_other_line(queue, arguments or {}, args or {})
+            return int(ok.message_count or 0)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def delete(self, queue: str) -> None:
         """Delete `queue` and wait for delete-ok (deleting a missing queue is not an error)."""

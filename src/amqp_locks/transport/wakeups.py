@@ -134,11 +134,11 @@ async def subscribe(
             _watch_channel(ch, waiter)
             await ch.basic_qos(prefetch_count=1)
             for _ in range(3):  # the last waiter leaving may auto-delete it in between
-                await ch.queue_declare(queue, **wakeup_options)
+                await session.declare(queue, **wakeup_options)
                 try:
                     await ch.basic_consume(queue, waiter._on_notice, no_ack=False)
                     if sentinels is not None:
-                        await ch.queue_declare(sentinels, **sentinel_options)
+                        await session.declare(sentinels, **sentinel_options)
                         await ch.basic_consume(sentinels, waiter._on_notice, no_ack=False)
                     waiter.ready = True
                     break

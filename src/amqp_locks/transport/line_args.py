@@ -1,0 +1,124 @@
+"""Queues declared under another RabbitMQ line: the arguments that depend on the line.
+
+Some queue arguments are sent only to the broker lines that need them (``features.py``):
+``x-consumer-timeout`` from 3.12 (not on 4.3's classic queues), ``x-delivery-limit: -1``
+from 4.0, ``x-consumer-disconnected-timeout`` from 4.3. A queue keeps the arguments it was
+first declared with, and RabbitMQ refuses a declaration with other ones (406
+``inequivalent arg``). So after an upgrade (a token queue made on 3.13, declared again on
+4.0), or on a cluster in the middle of a rolling upgrade, our own declaration would fail.
+
+When a 406 names one of these arguments, and the queue holds our own value of it or none,
+the declaration is repeated the way the other line made it (:func:`other_line`), and a
+WARNING says what the queue now lacks and which policy restores it
+(:func:`other_line_warning`; docs/operations.md, "Upgrading RabbitMQ"). Any other
+difference, or another value of one of these arguments, stays a
+:class:`~amqp_locks.errors.PreconditionFailed`: it is not a queue we made.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+#: Unacked messages of a consumer on a lost node go back after this long (4.3+); the
+#: default 60 s would hold a token or fence of a dead node's holder for a minute.
+CONSUMER_DISCONNECTED_TIMEOUT_MS = 1_000
+#: A year: long lock holds keep token messages unacked (see docs/operations.md).
+CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
+
+#: The line-dependent arguments, with the one value amqp-locks ever gives each.
+LINE_VALUES: dict[str, int] = {
+    "x-consumer-timeout": CONSUMER_TIMEOUT_MS,
+    "x-delivery-limit": -1,
+    "x-consumer-disconnected-timeout": CONSUMER_DISCONNECTED_TIMEOUT_MS,
+}
+
+#: What a queue without the argument does, and the policy key that gives it back.
+_WITHOUT = {
+    "x-consumer-timeout": (
+        "the broker's consumer_timeout (30 min by default) closes a channel that holds a "
+        "token longer",
+        "consumer-timeout",
+    ),
+    "x-delivery-limit": (
+        "RabbitMQ 4.x's default delivery limit (20) drops a token or fence message after "
+        "20 returns",
+        "delivery-limit",
+    ),
+    "x-consumer-disconnected-timeout": (
+        "a holder lost with its node keeps its token for the broker's "
+        "consumer_disconnected_timeout (60 s by default) instead of 1 s",
+        "consumer-disconnected-timeout",
+    ),
+}
+
+log = logging.getLogger("amqp_locks.transport")
+#: Queues already logged (once per process and queue: waiters declare them again and again).
+_noted: set[str] = set()
+
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<arg>[^']+)'[^:]*: received .*? but current is "
+    r"(?:(?P<none>none)|(?:the value )?'(?P<value>[^']*)')"
+)
+
+
+def parse_version(raw: object) -> tuple[int, int]:
+    """(major, minor) from a ``server_properties['version']`` value such as ``b"4.0.5"``."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    parts = [*text.split("."), "0"]
+    try:
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        return 3, 0
+
+
+def other_line(
+    error: str, arguments: Mapping[str, Any] | None, version: tuple[int, int]
+) -> dict[str, Any] | None:
+    """The arguments to declare again with after the 406 text `error`: ours with the one
+    it names removed (the queue has none) or added with our value (the queue has ours);
+    None when the difference is anything else, or is ``x-delivery-limit: -1`` on 3.x
+    (which reads it as "drop at the first return")."""
+    m = _INEQUIVALENT.search(error)
+    if m is None or m["arg"] not in LINE_VALUES:
+        return None
+    arg, args = m["arg"], dict(arguments or {})
+    if m["none"]:
+        if arg not in args:
+            return None
+        del args[arg]
+        return args
+    if arg in args or m["value"] != str(LINE_VALUES[arg]):
+        return None
+    if arg == "x-delivery-limit" and version < (4, 0):
+        return None
+    args[arg] = LINE_VALUES[arg]
+    return args
+
+
+def other_line_warning(queue: str, sent: Mapping[str, Any], kept: Mapping[str, Any]) -> str:
+    """What queue `queue` lacks of the arguments we `sent` (it was declared with `kept`), and
+    the policy that makes up for it; empty when it lacks nothing (a newer line made it)."""
+    missing = [arg for arg in LINE_VALUES if arg in sent and arg not in kept]
+    if not missing:
+        return ""
+    effects = "; ".join(_WITHOUT[arg][0] for arg in missing)
+    policy = ", ".join(f'"{_WITHOUT[arg][1]}": {LINE_VALUES[arg]}' for arg in missing)
+    return (
+        f"queue {queue!r} was declared by another RabbitMQ line without "
+        f"{', '.join(missing)}; amqp-locks uses it as it is, but {effects}. Give it a "
+        f"policy with {{{policy}}} (docs/operations.md, 'Upgrading RabbitMQ')"
+    )
+
+
+def note_other_line(queue: str, sent: Mapping[str, Any], kept: Mapping[str, Any]) -> None:
+    """Log, once per process and queue, that `queue` was declared with `kept`, not `sent`."""
+    if queue in _noted:
+        return
+    _noted.add(queue)
+    if text := other_line_warning(queue, sent, kept):
+        log.warning("%s", text)
+    else:
+        log.info("queue %r was declared by a newer RabbitMQ line; used as it is", queue)

@@ -43,6 +43,14 @@ def test_an_argument_the_queue_lacks_is_left_out() -> None:
     assert again == {k: v for k, v in OURS_43.items() if k != "x-delivery-limit"}
 
 
+def test_a_queue_name_with_colons_and_quotes_is_read_too() -> None:
+    text = _error("x-delivery-limit", "received the value '-1' of type 'byte' but current is none")
+    text = text.replace("queue 'q'", "queue 'host:5672 it''s: received'")
+    assert other_line(text, OURS_43, (4, 3)) == {
+        k: v for k, v in OURS_43.items() if k != "x-delivery-limit"
+    }
+
+
 def test_our_value_that_the_queue_has_is_added() -> None:
     text = _error(
         "x-consumer-disconnected-timeout",

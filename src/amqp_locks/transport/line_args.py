@@ -59,7 +59,7 @@ log = logging.getLogger("amqp_locks.transport")
 _noted: set[str] = set()
 
 _INEQUIVALENT = re.compile(
-    r"inequivalent arg '(?P<arg>[^']+)'[^:]*: received .*? but current is "
+    r"inequivalent arg '(?P<arg>[^']+)' for queue .*?: received .*? but current is "
     r"(?:(?P<none>none)|(?:the value )?'(?P<value>[^']*)')"
 )
 

@@ -133,16 +133,22 @@ async def subscribe(
             waiter._channel = ch
             _watch_channel(ch, waiter)
             await ch.basic_qos(prefetch_count=1)
-            for _ in range(3):  # the last waiter leaving may auto-delete it in between
-                await session.declare(queue, **wakeup_options)
+            # Again after a failure: the last waiter leaving may auto-delete the queue in
+            # between, or (a 406) another RabbitMQ line made it, which session.declare
+            # adapts to on a pooled channel; the first try stays on the waiter's channel.
+            for attempt in range(3):
+                declare = session.declare if attempt else ch.queue_declare
                 try:
+                    await declare(queue, **wakeup_options)
                     await ch.basic_consume(queue, waiter._on_notice, no_ack=False)
                     if sentinels is not None:
-                        await session.declare(sentinels, **sentinel_options)
+                        await declare(sentinels, **sentinel_options)
                         await ch.basic_consume(sentinels, waiter._on_notice, no_ack=False)
                     waiter.ready = True
                     break
                 except Exception:
+                    if attempt == 2:
+                        raise
                     if ch.is_closed:
                         ch = await session.open_channel()
                         waiter._channel = ch

@@ -26,7 +26,6 @@ from amqp_locks import Broker, SemaphoreAdmin
 from amqp_locks.fencing import take_token
 from amqp_locks.names import holder_queue, slot_queue
 from amqp_locks.semaphore.client import HOLDER_ARGS
-from amqp_locks.transport.line_args import parse_version
 
 from .stats import Budget, clocked, summarize_reps, timed, unique_name
 
@@ -91,6 +90,17 @@ def broker_rtt(url: str, samples: int, reps: int) -> list[list[float]]:
 # ------------------------------------------------------------------ raw aiormq floors
 
 
+def server_version(props: dict[str, Any]) -> tuple[int, int]:
+    """(major, minor) of the broker from its ``server_properties`` (0, 0 if unknown)."""
+    raw = props.get("version", "")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    try:
+        major, minor = text.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
+
+
 def queue_arguments(version: tuple[int, int], quorum: bool) -> dict[str, Any]:
     """A token-like queue's arguments: quorum queues never drop a message for being
     returned too often (4.x defaults ``delivery-limit`` to 20)."""
@@ -119,7 +129,7 @@ async def one_message_queue(
     async with connections(url, n, what) as conns:
         ch = await conns[0].channel(publisher_confirms=True)
         name = f"bench-floor-{'qq' if quorum else 'cq'}-{uuid.uuid4().hex[:8]}"
-        args = queue_arguments(parse_version(conns[0].server_properties.get("version")), quorum)
+        args = queue_arguments(server_version(conns[0].server_properties), quorum)
         await ch.queue_declare(name, durable=True, arguments=args)
         await ch.basic_publish(b"token", routing_key=name)
         try:

@@ -39,13 +39,13 @@ def test_versions_parse_from_server_properties(raw: object, expected: tuple[int,
 
 def test_quorum_arguments_per_line() -> None:
     # 3.x: -1 would drop at the first return; 4.x: -1 is unlimited (default 20).
-    assert quorum_arguments((3, 13)) == {"x-queue-type": "quorum"}
-    assert quorum_arguments((4, 0))["x-delivery-limit"] == -1
-    assert "x-consumer-disconnected-timeout" not in quorum_arguments((4, 2))
-    assert quorum_arguments((4, 3))["x-consumer-disconnected-timeout"] == 1000
-    assert "x-consumer-disconnected-timeout" not in quorum_arguments(
-        (4, 3), disconnected_timeout=False
+    assert quorum_arguments((3, 13), lock_delay_ms=10_000) == {"x-queue-type": "quorum"}
+    assert quorum_arguments((4, 0), lock_delay_ms=10_000)["x-delivery-limit"] == -1
+    assert "x-consumer-disconnected-timeout" not in quorum_arguments((4, 2), lock_delay_ms=10_000)
+    assert quorum_arguments((4, 3), lock_delay_ms=10_000)["x-consumer-disconnected-timeout"] == (
+        10_000
     )
+    assert "x-consumer-disconnected-timeout" not in quorum_arguments((4, 3), lock_delay_ms=None)
 
 
 def test_consumer_timeout_only_where_accepted() -> None:

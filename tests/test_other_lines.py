@@ -20,12 +20,17 @@ from amqp_locks.transport.features import (
     consumer_timeout_arguments,
     quorum_arguments,
 )
-from amqp_locks.transport.line_args import other_line, other_line_warning
+from amqp_locks.transport.line_args import (
+    CONSUMER_DISCONNECTED_TIMEOUT_MS,
+    other_line,
+    other_line_warning,
+    short_delay,
+)
 from amqp_locks.transport.wakeups import subscribe
 
 # The 406 texts as RabbitMQ 4.3.6 sent them (the same wording on 3.10.8 and 4.0.5).
 _406 = "PRECONDITION_FAILED - inequivalent arg '{arg}' for queue 'q' in vhost '/': {diff}"
-OURS_43 = quorum_arguments((4, 3))
+OURS_43 = quorum_arguments((4, 3), lock_delay_ms=CONSUMER_DISCONNECTED_TIMEOUT_MS)
 
 
 def _error(arg: str, diff: str) -> str:
@@ -54,10 +59,43 @@ def test_a_queue_name_with_colons_and_quotes_is_read_too() -> None:
 def test_our_value_that_the_queue_has_is_added() -> None:
     text = _error(
         "x-consumer-disconnected-timeout",
-        "received none but current is the value '1000' of type 'short'",
+        "received none but current is the value '10000' of type 'short'",
     )
-    older = quorum_arguments((4, 0))
-    assert other_line(text, older, (4, 0)) == {**older, "x-consumer-disconnected-timeout": 1000}
+    older = quorum_arguments((4, 0), lock_delay_ms=None)
+    assert other_line(text, older, (4, 0), 6000) == {
+        **older,
+        "x-consumer-disconnected-timeout": 10000,
+    }
+
+
+def test_another_clients_longer_lock_delay_is_taken_as_it_is() -> None:
+    text = _error(
+        "x-consumer-disconnected-timeout",
+        "received the value '10000' of type 'short' but current is the value '30000' of "
+        "type 'short'",
+    )
+    assert other_line(text, OURS_43, (4, 3), 6000) == {
+        **OURS_43,
+        "x-consumer-disconnected-timeout": 30000,
+    }
+    assert short_delay(text, 6000) is None
+
+
+def test_a_lock_delay_below_the_holders_bound_is_refused() -> None:
+    """1 s (what earlier versions gave) lets the majority grant a cut-off holder's lock
+    before its guard tells it (quorum_timeout 5 s): never adopted for a lock queue."""
+    text = _error(
+        "x-consumer-disconnected-timeout",
+        "received the value '10000' of type 'short' but current is the value '1000' of "
+        "type 'short'",
+    )
+    assert other_line(text, OURS_43, (4, 3), 6000) is None
+    assert short_delay(text, 6000) == 1000
+    # A fence or ledger queue carries no lock: any delay is taken.
+    assert other_line(text, OURS_43, (4, 3), 0) == {
+        **OURS_43,
+        "x-consumer-disconnected-timeout": 1000,
+    }
 
 
 def test_delivery_limit_minus_one_is_not_taken_on_3x() -> None:
@@ -83,9 +121,10 @@ def test_any_other_difference_is_not_ours(arg: str, diff: str) -> None:
 def test_the_warning_names_what_is_missing_and_the_policy() -> None:
     text = other_line_warning("t.semaphore", OURS_43, {"x-queue-type": "quorum"})
     assert "'t.semaphore'" in text and "without x-delivery-limit" in text
-    assert '"delivery-limit": -1' in text and '"consumer-disconnected-timeout": 1000' in text
+    assert '"delivery-limit": -1' in text and '"consumer-disconnected-timeout": 10000' in text
     assert "Upgrading RabbitMQ" in text
-    assert other_line_warning("t.semaphore", quorum_arguments((4, 0)), OURS_43) == ""
+    older = quorum_arguments((4, 0), lock_delay_ms=None)
+    assert other_line_warning("t.semaphore", older, OURS_43) == ""
 
 
 # --- on the broker under test -----------------------------------------------------------
@@ -104,7 +143,10 @@ COMPARED_FROM = {
 
 
 def _token_args(version: tuple[int, int]) -> dict[str, Any]:
-    return {**quorum_arguments(version), **consumer_timeout_arguments(version, quorum=True)}
+    return {
+        **quorum_arguments(version, lock_delay_ms=CONSUMER_DISCONNECTED_TIMEOUT_MS),
+        **consumer_timeout_arguments(version, quorum=True),
+    }
 
 
 def _declare(url: str, queue: str, arguments: dict[str, Any]) -> None:
@@ -210,7 +252,7 @@ def test_a_cluster_waiter_subscribes_to_helper_queues_of_another_line(
 
         here = broker._core.run(_version(broker))
         other = (4, 0) if here < (4, 0) else (3, 13)
-        theirs = {**quorum_arguments(other, disconnected_timeout=False), "x-expires": 600_000}
+        theirs = {**quorum_arguments(other, lock_delay_ms=None), "x-expires": 600_000}
         _declare(amqp_url, wakeups, {**theirs, "x-message-ttl": NOTICE_TTL_MS})
         _declare(amqp_url, sentinels, theirs)
         try:

@@ -38,31 +38,57 @@ def _guard(timing: ClusterTiming, clock: Clock) -> tuple[QuorumGuard, list[str]]
     return QuorumGuard(session, timing, dropped.append, connect, clock=clock), dropped
 
 
-def test_defaults_follow_net_ticktime() -> None:
-    assert ClusterTiming.of(None, None) == ClusterTiming(60.0, 30.0)
-    assert ClusterTiming.of(10, None) == ClusterTiming(10.0, 5.0)
-    assert ClusterTiming.of(10, None).interval == 1.0
-    assert ClusterTiming.of(None, None).interval == 2.0  # capped
+def test_defaults_follow_the_lock_delay_not_net_ticktime() -> None:
+    """Issue 29: a client not told the nodes' net_ticktime must still be safe, so the
+    bound follows the lock delay the library sets, whatever net_ticktime says."""
+    assert ClusterTiming.of(None, None) == ClusterTiming(None, 5.0, 10.0)
+    assert ClusterTiming.of(60, None) == ClusterTiming(60.0, 5.0, 10.0)
+    assert ClusterTiming.of(None, None, 4) == ClusterTiming(None, 2.0, 4.0)
+    assert ClusterTiming.of(None, None).interval == 1.0
+    assert ClusterTiming.of(None, None, 60).interval == 2.0  # capped
+    assert ClusterTiming.of(None, None).lock_delay_ms == 10_000
+    assert ClusterTiming.of(None, None).min_delay_ms == 6_000
 
 
 @pytest.mark.parametrize(
-    ("tick", "bound"), [(10, 6.6), (10, 0), (10, -1), (0, None), (-5, None), (2, None)]
+    ("delay", "bound"), [(10, 9.1), (10, 0), (10, -1), (4, 3.5), (1, None), (0, None)]
 )
-def test_a_bound_the_majority_could_beat_is_refused(tick: float, bound: float | None) -> None:
+def test_a_bound_the_lock_delay_could_beat_is_refused(delay: float, bound: float | None) -> None:
+    with pytest.raises(ConfigurationError, match="lock_delay"):
+        ClusterTiming.of(None, bound, delay)
+
+
+@pytest.mark.parametrize("tick", [0, -5])
+def test_a_nonsense_net_ticktime_is_refused(tick: float) -> None:
     with pytest.raises(ConfigurationError, match="net_ticktime"):
-        ClusterTiming.of(tick, bound)
+        ClusterTiming.of(tick, None)
+
+
+def test_lines_without_the_lock_delay_rest_on_net_ticktime() -> None:
+    """3.10-4.2 re-grant 0.75 x net_ticktime after a silent cut: the bound must stay below
+    it (refused at connect), and the WARNING says what safety rests on."""
+    timing = ClusterTiming.of(None, None)
+    assert timing.check_line((4, 3)) is None
+    note = timing.check_line((4, 0))
+    assert note is not None and "net_ticktime >= 8.0 s" in note and "4.3" in note
+    assert "cut it hears of" in note
+    with pytest.raises(ConfigurationError, match=r"0.75 x net_ticktime - 1 = 2 s"):
+        ClusterTiming.of(4, None).check_line((3, 10))
+    assert ClusterTiming.of(4, None).check_line((4, 3)) is None  # the delay orders it
 
 
 def test_broker_refuses_a_bad_bound_at_construction() -> None:
     with pytest.raises(ConfigurationError, match="quorum_timeout"):
-        Broker("amqp://guest:guest@127.0.0.1:1/", net_ticktime=10, quorum_timeout=7)
+        Broker("amqp://guest:guest@127.0.0.1:1/", quorum_timeout=9.5)
     b = Broker("amqp://guest:guest@127.0.0.1:1/", net_ticktime=10, quorum_timeout=6.5)
-    assert (b.net_ticktime, b.quorum_timeout) == (10.0, 6.5)
+    assert (b.net_ticktime, b.quorum_timeout, b.lock_delay) == (10.0, 6.5, 10.0)
+    b = Broker("amqp://guest:guest@127.0.0.1:1/", lock_delay=30)
+    assert (b.net_ticktime, b.quorum_timeout, b.lock_delay) == (60.0, 15.0, 30.0)
 
 
 def test_no_confirm_yet_counts_from_the_connection() -> None:
     clock = Clock()
-    guard, _ = _guard(ClusterTiming(10, 5), clock)
+    guard, _ = _guard(ClusterTiming(10, 5, 10), clock)
     clock.now += 5.0
     assert guard.expired(clock.now) is None
     clock.now += 0.01
@@ -72,7 +98,7 @@ def test_no_confirm_yet_counts_from_the_connection() -> None:
 
 def test_the_newest_confirmed_send_time_is_the_proof() -> None:
     clock = Clock()
-    guard, _ = _guard(ClusterTiming(10, 5), clock)
+    guard, _ = _guard(ClusterTiming(10, 5, 10), clock)
     guard.confirm(103.0)
     guard.confirm(101.0)  # an older probe confirmed late proves less
     assert guard.proof == 103.0

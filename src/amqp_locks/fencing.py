@@ -44,7 +44,7 @@ from .transport.features import (
     acquired_count_header,
     broker_version,
     counting_rule,
-    quorum_arguments,
+    lock_queue_arguments,
 )
 from .transport.session import Session
 
@@ -57,7 +57,7 @@ REBASE_STEP = 2**40
 
 
 def fence_arguments(session: Session) -> dict[str, Any]:
-    return quorum_arguments(broker_version(session))
+    return lock_queue_arguments(session)
 
 
 def fence_body(base: int, rule: str) -> bytes:

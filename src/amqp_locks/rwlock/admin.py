@@ -23,7 +23,12 @@ from ..names import MAX_QUEUE_NAME_BYTES, validate_name
 from ..records import LockStatus
 from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
-from ..transport.features import broker_version, consumer_timeout_arguments, quorum_arguments
+from ..transport.features import (
+    broker_version,
+    consumer_timeout_arguments,
+    lock_queue_arguments,
+    min_lock_delay_ms,
+)
 from ..transport.session import Session
 from ..transport.shield import close_quietly
 from ..waiting import Backoff
@@ -102,11 +107,14 @@ async def setup(
         session = admin.session
         version = broker_version(session)
         args = {
-            **(quorum_arguments(version) if quorum else {}),
+            **(lock_queue_arguments(session) if quorum else {}),
             **consumer_timeout_arguments(version, quorum),
         }
-        for queue in (readers_queue(name), writer_queue(name), ledger_queue(name)):
-            await session.declare(queue, durable=True, arguments=args)
+        for queue in (readers_queue(name), writer_queue(name)):
+            await session.declare(
+                queue, durable=True, arguments=args, min_delay_ms=min_lock_delay_ms(session)
+            )
+        await session.declare(ledger_queue(name), durable=True, arguments=args)
         have = await read_ledger(session, name)
         if have is not None:
             if readers is not None and readers != have:

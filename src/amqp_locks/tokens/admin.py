@@ -21,7 +21,12 @@ from ..fencing import ensure_fence, fence_arguments
 from ..names import token_queue, validate_name
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
-from ..transport.features import broker_version, consumer_timeout_arguments, quorum_arguments
+from ..transport.features import (
+    broker_version,
+    consumer_timeout_arguments,
+    lock_queue_arguments,
+    min_lock_delay_ms,
+)
 from ..transport.session import Session
 from ..waiting import Backoff, check_timeout
 from .drain import collect, drain
@@ -50,7 +55,7 @@ LEDGER_WAIT = 5.0
 def token_arguments(session: Session, quorum: bool) -> dict[str, Any]:
     """The token queue's arguments for this broker (see the package docstring)."""
     version = broker_version(session)
-    args: dict[str, Any] = quorum_arguments(version) if quorum else {}
+    args: dict[str, Any] = lock_queue_arguments(session) if quorum else {}
     # 3.12 added the per-queue timeout; 4.3 stopped timing out classic-queue consumers
     # and refuses the argument there (rabbitmq-server#17144), so it goes to quorum only.
     return {**args, **consumer_timeout_arguments(version, quorum)}
@@ -59,7 +64,10 @@ def token_arguments(session: Session, quorum: bool) -> dict[str, Any]:
 async def declare_queues(session: Session, name: str, quorum: bool) -> None:
     """Declare the token queue and, if missing, the ledger."""
     await session.declare(
-        token_queue(name), durable=True, arguments=token_arguments(session, quorum)
+        token_queue(name),
+        durable=True,
+        arguments=token_arguments(session, quorum),
+        min_delay_ms=min_lock_delay_ms(session),
     )
     # A quorum semaphore's ledger is replicated too, or losing its node would stop
     # status/audit/admin. An existing ledger is kept whatever its type.

@@ -47,6 +47,7 @@ class BrokerBase:
         holder_id: str | None = None,
         net_ticktime: float | None = None,
         quorum_timeout: float | None = None,
+        lock_delay: float | None = None,
     ) -> None:
         self._core = BrokerCore(
             url,
@@ -59,6 +60,7 @@ class BrokerBase:
             holder_id=holder_id,
             net_ticktime=net_ticktime,
             quorum_timeout=quorum_timeout,
+            lock_delay=lock_delay,
         )
 
     @property
@@ -82,8 +84,15 @@ class BrokerBase:
 
     @property
     def net_ticktime(self) -> float:
-        """The cluster's Erlang ``net_ticktime`` cluster mode assumes (seconds)."""
-        return self._core.timing.net_ticktime
+        """The nodes' Erlang ``net_ticktime`` cluster mode assumes on lines without the
+        lock delay (3.10-4.2): as given, else RabbitMQ's default 60 s."""
+        return self._core.timing.assumed_ticktime
+
+    @property
+    def lock_delay(self) -> float:
+        """Cluster mode on RabbitMQ 4.3+: how long a token held through a lost node stays
+        ungranted (the lock queues' ``x-consumer-disconnected-timeout``; seconds)."""
+        return self._core.timing.lock_delay
 
     @property
     def quorum_timeout(self) -> float:
@@ -118,10 +127,13 @@ class Broker(BrokerBase):
 
     In cluster mode every connection also proves, every few seconds, that its node is on
     the cluster's majority side (a probe confirmed by a quorum queue): after
-    ``quorum_timeout`` seconds without such a proof (default ``net_ticktime / 2``) its
-    locks are reported lost and it moves to another node, before the majority can grant
-    them again. ``net_ticktime`` is the cluster's Erlang setting (default 60, RabbitMQ's);
-    give the value your nodes run with (docs/cluster.md).
+    ``quorum_timeout`` seconds without such a proof (default ``lock_delay / 2``) its locks
+    are reported lost and it moves to another node. On RabbitMQ 4.3+ the broker grants a
+    token held through a lost node again only ``lock_delay`` seconds (default 10) after it
+    notices the loss, so the holder is told first whatever the nodes' ``net_ticktime``;
+    a crashed process's locks are not delayed. ``net_ticktime`` (the nodes' Erlang setting,
+    default RabbitMQ's 60) matters only on 3.10-4.2, where the majority can re-grant
+    0.75 x ``net_ticktime`` after a silent cut (docs/cluster.md).
 
     TLS: an ``amqps://`` URL connects over TLS, verifying the broker's certificate against
     the system's CAs, or against ``?cafile=PATH`` (also ``certfile``, ``keyfile`` for a

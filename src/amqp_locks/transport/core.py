@@ -88,6 +88,7 @@ class BrokerCore:
         holder_id: str | None = None,
         net_ticktime: float | None = None,
         quorum_timeout: float | None = None,
+        lock_delay: float | None = None,
     ) -> None:
         if heartbeat <= 0:
             raise ConfigurationError(f"heartbeat must be > 0 seconds, got {heartbeat}")
@@ -100,7 +101,7 @@ class BrokerCore:
         self.url = self.urls[0]
         self.cluster = len(self.urls) > 1 if cluster is None else bool(cluster)
         #: What cluster mode assumes of the cluster and gives a holder (quorum_guard.py).
-        self.timing = ClusterTiming.of(net_ticktime, quorum_timeout)
+        self.timing = ClusterTiming.of(net_ticktime, quorum_timeout, lock_delay)
         plain = [censor(u) for u in self.urls if u.scheme != "amqps"]
         if ssl_context is not None and plain:
             raise ConfigurationError(

@@ -10,7 +10,8 @@ One place for every version rule (docs/compatibility.md has the table and the so
   token or fence message after 20 returns: we set ``x-delivery-limit: -1`` (unlimited on
   4.x; on 3.x ``-1`` means "drop at the first return", so the argument is left out there).
 - 4.3 keeps messages held by a consumer on a lost node for ``consumer_disconnected_timeout``
-  (60 s) before returning them; ``x-consumer-disconnected-timeout`` shortens it per queue.
+  (60 s) before returning them; ``x-consumer-disconnected-timeout`` sets it per queue: the
+  Broker's ``lock_delay`` (10 s by default), which a cut-off holder's guard must beat.
 - 4.3 moved the "returned this many times" count from ``x-delivery-count`` to the new
   ``x-acquired-count`` (``x-delivery-count`` now counts failed deliveries only).
 - ``x-consumer-timeout`` is accepted per queue from 3.12; 4.3 refuses it on classic queues.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .line_args import CONSUMER_DISCONNECTED_TIMEOUT_MS, CONSUMER_TIMEOUT_MS
+from .line_args import CONSUMER_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from .session import Session
@@ -34,22 +35,34 @@ def broker_version(session: Session) -> tuple[int, int]:
     return session.version
 
 
-def quorum_arguments(
-    version: tuple[int, int], *, disconnected_timeout: bool = True
-) -> dict[str, Any]:
+def quorum_arguments(version: tuple[int, int], *, lock_delay_ms: int | None) -> dict[str, Any]:
     """Arguments of a quorum queue whose messages are held unacked and returned (tokens,
-    fences, sentinels): never dropped after N returns, returned promptly from a lost node.
+    fences, sentinels): never dropped after N returns; on 4.3, returned from a lost node
+    `lock_delay_ms` after the broker notices the loss (the Broker's ``lock_delay``,
+    quorum_guard.py: a cut-off holder is told first).
 
     4.3 compares ``x-consumer-disconnected-timeout`` when a queue is declared again (406
-    if it differs), so it goes only on queues declared once, by an administrator (token
-    and fence queues), not on those every waiter declares: one made on 4.2 would refuse
-    every declaration after an upgrade to 4.3."""
+    if it differs), so it goes only on queues declared by setup or administration (token
+    and fence queues: `lock_delay_ms`), not on those every waiter declares (None): one
+    made on 4.2 would refuse every declaration after an upgrade to 4.3."""
     args: dict[str, Any] = {"x-queue-type": "quorum"}
     if version >= (4, 0):
         args["x-delivery-limit"] = -1
-    if version >= (4, 3) and disconnected_timeout:
-        args["x-consumer-disconnected-timeout"] = CONSUMER_DISCONNECTED_TIMEOUT_MS
+    if version >= (4, 3) and lock_delay_ms is not None:
+        args["x-consumer-disconnected-timeout"] = lock_delay_ms
     return args
+
+
+def lock_queue_arguments(session: Session) -> dict[str, Any]:
+    """:func:`quorum_arguments` of a queue whose messages are locks or fences, with this
+    session's lock delay."""
+    return quorum_arguments(broker_version(session), lock_delay_ms=session.timing.lock_delay_ms)
+
+
+def min_lock_delay_ms(session: Session) -> int:
+    """The shortest lock delay an existing lock queue may have for this session (cluster
+    mode: ``ClusterTiming.min_delay_ms``; one node has no node to lose: 0)."""
+    return session.timing.min_delay_ms if session.cluster else 0
 
 
 def consumer_timeout_arguments(version: tuple[int, int], quorum: bool) -> dict[str, Any]:
@@ -89,7 +102,7 @@ def helper_queue(session: Session, *, wakeups: bool) -> dict[str, Any]:
         args: dict[str, Any] = {"x-expires": HELPER_EXPIRES_MS}
         return {"durable": True, "auto_delete": wakeups, "arguments": args}
     version = broker_version(session)
-    args = {**quorum_arguments(version, disconnected_timeout=False), "x-expires": HELPER_EXPIRES_MS}
+    args = {**quorum_arguments(version, lock_delay_ms=None), "x-expires": HELPER_EXPIRES_MS}
     if wakeups:
         args["x-message-ttl"] = NOTICE_TTL_MS
     return {"durable": True, "arguments": args}

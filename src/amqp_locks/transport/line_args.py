@@ -22,9 +22,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-#: Unacked messages of a consumer on a lost node go back after this long (4.3+); the
-#: default 60 s would hold a token or fence of a dead node's holder for a minute.
-CONSUMER_DISCONNECTED_TIMEOUT_MS = 1_000
+#: Unacked messages of a consumer on a lost node go back after this long (4.3+): the
+#: default lock delay (quorum_guard.DEFAULT_LOCK_DELAY; a Broker may set its own).
+CONSUMER_DISCONNECTED_TIMEOUT_MS = 10_000
+DISCONNECTED = "x-consumer-disconnected-timeout"
 #: A year: long lock holds keep token messages unacked (see docs/operations.md).
 CONSUMER_TIMEOUT_MS = 365 * 24 * 3600 * 1000
 
@@ -49,7 +50,7 @@ _WITHOUT = {
     ),
     "x-consumer-disconnected-timeout": (
         "a holder lost with its node keeps its token for the broker's "
-        "consumer_disconnected_timeout (60 s by default) instead of 1 s",
+        "consumer_disconnected_timeout (60 s by default) instead of the lock delay",
         "consumer-disconnected-timeout",
     ),
 }
@@ -75,12 +76,20 @@ def parse_version(raw: object) -> tuple[int, int]:
 
 
 def other_line(
-    error: str, arguments: Mapping[str, Any] | None, version: tuple[int, int]
+    error: str,
+    arguments: Mapping[str, Any] | None,
+    version: tuple[int, int],
+    min_delay_ms: int = 0,
 ) -> dict[str, Any] | None:
     """The arguments to declare again with after the 406 text `error`: ours with the one
     it names removed (the queue has none) or added with our value (the queue has ours);
     None when the difference is anything else, or is ``x-delivery-limit: -1`` on 3.x
-    (which reads it as "drop at the first return")."""
+    (which reads it as "drop at the first return").
+
+    ``x-consumer-disconnected-timeout`` (the lock delay) may hold any value of at least
+    `min_delay_ms` (another client's ``lock_delay``): the queue's own is used. A shorter
+    one (an earlier amqp-locks gave 1 s) could grant a cut-off holder's lock before it
+    is told, so it stays refused (:func:`short_delay`)."""
     m = _INEQUIVALENT.search(error)
     if m is None or m["arg"] not in LINE_VALUES:
         return None
@@ -90,12 +99,48 @@ def other_line(
             return None
         del args[arg]
         return args
+    if arg == DISCONNECTED:
+        held = _int(m["value"])
+        if held is None or held < min_delay_ms:
+            return None
+        args[arg] = held
+        return args
     if arg in args or m["value"] != str(LINE_VALUES[arg]):
         return None
     if arg == "x-delivery-limit" and version < (4, 0):
         return None
     args[arg] = LINE_VALUES[arg]
     return args
+
+
+def short_delay(error: str, min_delay_ms: int) -> int | None:
+    """The lock delay (ms) of a queue the 406 text `error` says is shorter than
+    `min_delay_ms`, else None."""
+    m = _INEQUIVALENT.search(error)
+    if m is None or m["arg"] != DISCONNECTED or m["none"]:
+        return None
+    held = _int(m["value"])
+    return held if held is not None and held < min_delay_ms else None
+
+
+def short_delay_message(queue: str, held_ms: int, min_delay_ms: int) -> str:
+    """Why lock queue `queue`, made with a lock delay of `held_ms`, is refused."""
+    return (
+        f"lock queue {queue!r} was declared with x-consumer-disconnected-timeout {held_ms} ms"
+        f" (an earlier amqp-locks gave 1000 ms, or a client has a shorter lock_delay): a "
+        f"holder cut off with its node could be granted away before it is told (this "
+        f"Broker's quorum_timeout needs a lock delay of at least {min_delay_ms} ms). A queue "
+        "keeps its arguments: delete it while nobody holds or waits for the lock and set it "
+        "up again (docs/cluster.md, 'Upgrading from a 1 s lock delay'), or give every client "
+        "the same lock_delay"
+    )
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
 
 
 def other_line_warning(queue: str, sent: Mapping[str, Any], kept: Mapping[str, Any]) -> str:
@@ -120,5 +165,13 @@ def note_other_line(queue: str, sent: Mapping[str, Any], kept: Mapping[str, Any]
     _noted.add(queue)
     if text := other_line_warning(queue, sent, kept):
         log.warning("%s", text)
+    elif DISCONNECTED in sent and kept.get(DISCONNECTED) != sent[DISCONNECTED]:
+        log.info(
+            "queue %r has a lock delay of %s ms (another client's lock_delay), not %s ms: "
+            "a node's loss frees its locks after the queue's own",
+            queue,
+            kept.get(DISCONNECTED),
+            sent[DISCONNECTED],
+        )
     else:
         log.info("queue %r was declared by a newer RabbitMQ line; used as it is", queue)

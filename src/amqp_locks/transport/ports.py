@@ -30,6 +30,10 @@ class Link(Protocol):
     @property
     def alive(self) -> bool: ...
 
+    @property
+    def version(self) -> tuple[int, int]:
+        """The broker's (major, minor) version."""
+
     def check(self) -> None:
         """Raise :class:`~amqp_locks.errors.ConnectionLost` once the connection is gone."""
 

@@ -15,7 +15,14 @@ from pamqp.header import ContentHeader
 
 from ..errors import AmqpLocksError, PreconditionFailed, QueueNotFound, ResourceLocked
 from .channel_pools import ChannelPools
-from .line_args import LINE_VALUES, note_other_line, other_line, parse_version
+from .line_args import (
+    LINE_VALUES,
+    note_other_line,
+    other_line,
+    parse_version,
+    short_delay,
+    short_delay_message,
+)
 
 
 class QueueOps(ChannelPools):
@@ -35,9 +42,12 @@ class QueueOps(ChannelPools):
         exclusive: bool = False,
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
+        min_delay_ms: int = 0,
     ) -> int:
         """Declare `queue`; returns its message count. A queue another RabbitMQ line
-        declared with other line-dependent arguments is declared as it is (line_args.py)."""
+        declared with other line-dependent arguments is declared as it is (line_args.py).
+        `min_delay_ms`: the shortest lock delay a queue whose tokens are locks may already
+        have (``ClusterTiming.min_delay_ms``); a shorter one is refused, naming the fix."""
         args = arguments
         for attempt in range(len(LINE_VALUES) + 1):
 
@@ -53,7 +63,12 @@ class QueueOps(ChannelPools):
             try:
                 ok = await self.call(queue, declare)
             except PreconditionFailed as exc:
-                args = other_line(str(exc), args, self.version)
+                held = short_delay(str(exc), min_delay_ms)
+                if held is not None:
+                    raise PreconditionFailed(
+                        short_delay_message(queue, held, min_delay_ms)
+                    ) from exc
+                args = other_line(str(exc), args, self.version, min_delay_ms)
                 if args is None or attempt == len(LINE_VALUES):
                     raise
                 continue

@@ -12,13 +12,22 @@ So every cluster-mode session runs a :class:`QuorumGuard`: it publishes a small 
 publisher confirms to a quorum queue every `interval` seconds (several may be in flight)
 and remembers when the newest *confirmed* probe was sent. A confirm proves that the node
 was connected to a majority at some moment after that probe was sent, so a partition cannot
-have begun before. The majority side cannot take a lock from a holder on a lost node before
-it notices the node is gone, which Erlang's distribution cannot do in less than
-0.75 x ``net_ticktime`` after the cut (plus, on 4.3, the queue's
-``x-consumer-disconnected-timeout``). When ``quorum_timeout`` (< 0.75 x ``net_ticktime``)
-passes without a fresher proof, the guard drops the connection: every lock held through it
-is reported lost (``lease.lost``, ``on_lost``) *before* the majority can grant it, and
-waiters move on to another node.
+have begun before. When ``quorum_timeout`` passes without a fresher proof, the guard drops
+the connection: every lock held through it is reported lost (``lease.lost``, ``on_lost``),
+and waiters move on to another node. So a holder is told at most ``quorum_timeout`` (plus
+one check step) after any cut.
+
+Why that is before anyone else is granted the lock: on RabbitMQ 4.3+ every lock queue
+carries ``x-consumer-disconnected-timeout = lock_delay``: the broker returns a token held
+through a node it has lost only ``lock_delay`` after it notices the loss, which is never
+before the cut. ``quorum_timeout <= lock_delay - MIN_MARGIN`` (checked when the Broker is
+made) then orders the two whatever the nodes' ``net_ticktime`` and however fast the
+majority hears of the cut (a silent drop, or a reset it hears at once). A process crash is
+not delayed: the holder's channel closes and its token goes back at once. Lines without
+the argument (3.10-4.2) re-grant as soon as the majority notices the node is gone: 0.75 x
+``net_ticktime`` after a silent cut at the earliest (so the bound must stay below it:
+:meth:`ClusterTiming.check_line`), and at once after a cut it hears of, which no client
+bound can beat; a WARNING says so when such a broker is connected.
 
 A session that has not had its first confirm yet counts from when it connected: any lock
 granted through it was committed by a majority after that moment.
@@ -61,50 +70,124 @@ from .ports import Link
 from .shield import close_quietly
 
 log = logging.getLogger("amqp_locks.cluster")
+#: The line warnings already logged (once per process: every connection checks).
+_warned: set[str] = set()
 
 #: RabbitMQ's (Erlang's) default ``net_ticktime``, in seconds.
 DEFAULT_NET_TICKTIME = 60.0
-#: The guard's default bound, as a share of ``net_ticktime``: a cut node is noticed by the
-#: majority after 0.75-1.25 x net_ticktime, so half leaves a quarter of it as margin.
+#: How long (seconds) the broker keeps a token held by a consumer on a lost node before it
+#: grants it again (RabbitMQ 4.3+: the lock queues' ``x-consumer-disconnected-timeout``).
+#: Consul's session ``lock-delay`` exists for the same reason (15 s there).
+DEFAULT_LOCK_DELAY = 10.0
+#: The guard's default bound, as a share of ``lock_delay``: half leaves the other half as
+#: margin for a busy machine.
 DEFAULT_SHARE = 0.5
-#: The bound must stay this far (seconds) below 0.75 x ``net_ticktime``.
+#: The bound must stay this far (seconds) below the earliest re-grant it races.
 MIN_MARGIN = 1.0
+#: The longest lock delay accepted (an hour): beyond it a node's loss stops its locks longer
+#: than any user would want, and a typo (ms for s) is caught.
+MAX_LOCK_DELAY = 3600.0
 #: Probes in flight at most (during a cut none is confirmed; sending more proves nothing).
 MAX_IN_FLIGHT = 8
 PROBE_PREFIX = "amqp-locks.quorum-guard."
+#: The first line with ``x-consumer-disconnected-timeout`` (the lock delay).
+LOCK_DELAY_LINE = (4, 3)
 
 
 @dataclass(frozen=True)
 class ClusterTiming:
-    """The broker setting cluster mode assumes and the bound a holder gives itself.
+    """The numbers cluster-mode safety follows from (docs/cluster.md, "Why a holder is told
+    first").
 
-    ``net_ticktime``: the cluster's Erlang ``net_ticktime`` (seconds; RabbitMQ's default
-    60). The client cannot read it over AMQP: give the value your nodes run with (the
-    management API's ``/api/nodes`` shows it). ``quorum_timeout``: how long a connection
-    may go without a quorum-confirmed probe before its locks are reported lost (default
-    half of ``net_ticktime``); must stay at least ``MIN_MARGIN`` below 0.75 x
-    ``net_ticktime``, the earliest the majority can notice a lost node.
+    ``lock_delay``: how long the broker keeps a token held through a lost node before it
+    grants it again; set on every lock queue as ``x-consumer-disconnected-timeout``
+    (RabbitMQ 4.3+). A process crash is not delayed (its channel closes: the token goes at
+    once); a node's death or a partition is: failover then takes at least ``lock_delay``.
+    ``quorum_timeout``: how long a connection may go without a quorum-confirmed probe before
+    its locks are reported lost (default half of ``lock_delay``); at most ``lock_delay -
+    MIN_MARGIN``, so a cut-off holder is told before the broker can re-grant its lock,
+    whatever the nodes' ``net_ticktime`` and however the majority hears of the cut.
+    ``net_ticktime``: the nodes' Erlang setting as the user gave it (None: not given, taken
+    as RabbitMQ's 60 s). Only lines without the lock delay (3.10-4.2) rest on it: there the
+    majority can re-grant 0.75 x ``net_ticktime`` after a silent cut, so the bound must stay
+    below that too (checked when such a broker is connected: :meth:`check_line`).
     """
 
-    net_ticktime: float = DEFAULT_NET_TICKTIME
-    quorum_timeout: float = DEFAULT_NET_TICKTIME * DEFAULT_SHARE
+    net_ticktime: float | None = None
+    quorum_timeout: float = DEFAULT_LOCK_DELAY * DEFAULT_SHARE
+    lock_delay: float = DEFAULT_LOCK_DELAY
 
     @classmethod
-    def of(cls, net_ticktime: float | None, quorum_timeout: float | None) -> ClusterTiming:
+    def of(
+        cls,
+        net_ticktime: float | None,
+        quorum_timeout: float | None,
+        lock_delay: float | None = None,
+    ) -> ClusterTiming:
         """Validate the Broker's arguments (ConfigurationError naming the problem)."""
-        tick = DEFAULT_NET_TICKTIME if net_ticktime is None else float(net_ticktime)
-        if not tick > 0:
+        tick = None if net_ticktime is None else float(net_ticktime)
+        if tick is not None and not tick > 0:
             raise ConfigurationError(f"net_ticktime must be > 0 seconds, got {net_ticktime}")
-        bound = tick * DEFAULT_SHARE if quorum_timeout is None else float(quorum_timeout)
-        limit = 0.75 * tick - MIN_MARGIN
+        delay = DEFAULT_LOCK_DELAY if lock_delay is None else float(lock_delay)
+        if not MIN_MARGIN < delay <= MAX_LOCK_DELAY:
+            raise ConfigurationError(
+                f"lock_delay must be > {MIN_MARGIN:g} and at most {MAX_LOCK_DELAY:g} seconds,"
+                f" got {lock_delay}"
+            )
+        bound = delay * DEFAULT_SHARE if quorum_timeout is None else float(quorum_timeout)
+        limit = delay - MIN_MARGIN
         if not 0 < bound <= limit:
             raise ConfigurationError(
-                f"quorum_timeout must be > 0 and at most 0.75 x net_ticktime - {MIN_MARGIN:g}"
-                f" = {limit:g} s (net_ticktime {tick:g} s), got {quorum_timeout}: a cut-off"
-                " holder must learn it lost its lock before the majority can notice its node"
-                " is gone and grant the lock again"
+                f"quorum_timeout must be > 0 and at most lock_delay - {MIN_MARGIN:g}"
+                f" = {limit:g} s (lock_delay {delay:g} s), got {quorum_timeout}: a cut-off"
+                " holder must learn it lost its lock before the broker can grant it again"
             )
-        return cls(tick, bound)
+        return cls(tick, bound, delay)
+
+    @property
+    def lock_delay_ms(self) -> int:
+        """``x-consumer-disconnected-timeout`` of the lock queues (milliseconds)."""
+        return round(self.lock_delay * 1000)
+
+    @property
+    def min_delay_ms(self) -> int:
+        """The shortest lock delay an existing lock queue may have for this bound: a queue
+        made with less (an earlier amqp-locks gave 1 s) could grant a cut-off holder's
+        lock before the holder is told."""
+        return round((self.quorum_timeout + MIN_MARGIN) * 1000)
+
+    @property
+    def assumed_ticktime(self) -> float:
+        """``net_ticktime`` as given, else RabbitMQ's default."""
+        return DEFAULT_NET_TICKTIME if self.net_ticktime is None else self.net_ticktime
+
+    def check_line(self, version: tuple[int, int]) -> str | None:
+        """On a line without the lock delay, what safety rests on (a WARNING for the log);
+        ConfigurationError when the bound cannot be below the majority's earliest re-grant
+        after a silent cut (0.75 x ``net_ticktime``)."""
+        if version >= LOCK_DELAY_LINE:
+            return None
+        tick = self.assumed_ticktime
+        limit = 0.75 * tick - MIN_MARGIN
+        told = "given" if self.net_ticktime is not None else "assumed: RabbitMQ's default"
+        if self.quorum_timeout > limit:
+            raise ConfigurationError(
+                f"RabbitMQ {version[0]}.{version[1]} cannot delay a lost node's token (the lock"
+                f" delay needs 4.3): quorum_timeout {self.quorum_timeout:g} s must be at most"
+                f" 0.75 x net_ticktime - {MIN_MARGIN:g} = {limit:g} s (net_ticktime {tick:g} s,"
+                f" {told}), or the majority can grant a cut-off holder's lock before it is told"
+            )
+        floor = (self.quorum_timeout + MIN_MARGIN) / 0.75
+        return (
+            f"RabbitMQ {version[0]}.{version[1]} cannot delay the re-grant of a token held "
+            "through a lost node (x-consumer-disconnected-timeout is 4.3+), so cluster-mode "
+            "safety rests on the nodes' net_ticktime: a cut-off holder is told within "
+            f"quorum_timeout {self.quorum_timeout:g} s, the majority can grant its lock "
+            "0.75 x net_ticktime after a silent cut — safe only while every node runs "
+            f"net_ticktime >= {floor:.1f} s ({tick:g} s {told}) — and at once after a cut it "
+            "hears of (a reset link), which is not safe. Upgrade to RabbitMQ 4.3 for a "
+            "guarantee that rests on numbers the library sets (docs/cluster.md)"
+        )
 
     @property
     def interval(self) -> float:
@@ -163,8 +246,8 @@ class QuorumGuard:
         return (
             f"no quorum-queue confirm for a probe sent within the last {unproven:.1f} s "
             f"(quorum_timeout {self.timing.quorum_timeout:g} s): this node may be cut off "
-            "from the cluster's majority, which can grant our locks again after it notices "
-            f"(net_ticktime {self.timing.net_ticktime:g} s)"
+            "from the cluster's majority, which can grant our locks again "
+            f"{self.timing.lock_delay:g} s (lock_delay) after it notices"
         )
 
     def confirm(self, sent_at: float) -> None:
@@ -230,7 +313,13 @@ class QuorumGuard:
         """Open the probe channel and declare the probe queue, as part of connecting: a
         user without permission on it gets :class:`AccessRefused` naming it at once (the
         guard could never prove anything), and a node that cannot declare it in time (cut
-        off from the majority) is reported unreachable, so the Broker tries the next one."""
+        off from the majority) is reported unreachable, so the Broker tries the next one.
+        A line without the lock delay gets its line checked (:meth:`ClusterTiming.check_line`):
+        a WARNING once per process, or a ConfigurationError when the bound cannot be kept."""
+        note = self.timing.check_line(self.session.version)
+        if note is not None and note not in _warned:
+            _warned.add(note)
+            log.warning("%s", note)
         try:
             await asyncio.wait_for(self._probe_channel(), timeout)
         except TimeoutError:

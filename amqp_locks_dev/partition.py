@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,11 @@ class PartitionError(DevBrokerError):
 
 def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 30) -> str:
     proc = subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=timeout, check=False,
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
         stdin=subprocess.DEVNULL,
     )
     if check and proc.returncode != 0:
@@ -224,11 +229,33 @@ def _create_network() -> Network:
         (STATE_DIR / f"{net.id}.json").write_text(json.dumps(net.record()) + "\n")
         try:
             _run(["ip", "netns", "add", net.ns])
-            _run(["ip", "link", "add", net.host_veth, "type", "veth",
-                  "peer", "name", net.ns_veth, "netns", net.ns])
+            _run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    net.host_veth,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    net.ns_veth,
+                    "netns",
+                    net.ns,
+                ]
+            )
             _run(["ip", "addr", "add", f"{net.host_ip}/30", "dev", net.host_veth])
-            _run(["ip", "route", "add", "blackhole", str(net.subnet),
-                  "metric", str(_BLACKHOLE_METRIC)])
+            _run(
+                [
+                    "ip",
+                    "route",
+                    "add",
+                    "blackhole",
+                    str(net.subnet),
+                    "metric",
+                    str(_BLACKHOLE_METRIC),
+                ]
+            )
             _run(["ip", "link", "set", net.host_veth, "up"])
             _run(["ip", "-n", net.ns, "addr", "add", f"{net.ns_ip}/30", "dev", net.ns_veth])
             _run(["ip", "-n", net.ns, "link", "set", net.ns_veth, "up"])
@@ -338,13 +365,30 @@ class PartitionCluster:
 
     # ---- faults
 
-    def cut(self, both: bool = False) -> None:
+    def cut(self, both: bool = False, heard: bool = False) -> None:
         """Take the link down: the host's end (and the namespace's, with `both`). Nothing
-        is sent or reset: each side's packets to the other are dropped."""
+        is sent or reset: each side's packets to the other are dropped (a silent cut).
+
+        `heard`: the majority hears of the cut at once, as after a REJECT, a reset or an
+        unreachable reply: nodes 2 and 3 drop their Erlang distribution links to node 1
+        (``erlang:disconnect_node``) right after the link goes down, instead of noticing
+        0.75-1.25 x ``net_ticktime`` later. Returns once both have."""
         _run(["ip", "link", "set", self.net.host_veth, "down"])
         if both:
             _run(["ip", "-n", self.net.ns, "link", "set", self.net.ns_veth, "down"])
         self._down = True
+        if heard:
+            target = self.node(1).node
+            expr = f"erlang:disconnect_node('{target}')."
+            with ThreadPoolExecutor(len(self.nodes) - 1) as pool:
+                outs = list(
+                    pool.map(
+                        lambda i: self.rabbitmqctl(i, "eval", expr),
+                        range(2, len(self.nodes) + 1),
+                    )
+                )
+            if any(out.strip() not in ("true", "false") for out in outs):
+                raise PartitionError(f"disconnect_node from node 1 failed: {outs}")
 
     def heal(self, timeout: float = 10) -> None:
         """Bring both ends of the link up and return once both carry traffic."""
@@ -414,8 +458,11 @@ class PartitionCluster:
             prefix = ["ip", "netns", "exec", netns] if netns else []
             self._epmds.append(
                 subprocess.Popen(
-                    [*prefix, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, start_new_session=True,
+                    [*prefix, *argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
             )
         _update_record(self.net, epmds=[p.pid for p in self._epmds])
@@ -434,8 +481,9 @@ class PartitionCluster:
                 )
             netns, address = sides[0] if i == 1 else sides[1]
             templates.append(
-                NodeInfo(devcluster._node_name(name, i), 0, 0, d, version, address, netns,
-                         epmd_port)
+                NodeInfo(
+                    devcluster._node_name(name, i), 0, 0, d, version, address, netns, epmd_port
+                )
             )
 
         def boot(i: int) -> NodeInfo:
@@ -484,9 +532,12 @@ def _main() -> int:
     version = sys.argv[1] if len(sys.argv) > 1 else None
     tick = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     with partition_cluster(version, net_ticktime=tick) as pc:
-        figures: dict[str, Any] = {"version": pc.version, "net_ticktime": tick,
-                                   "start_s": round(pc.started_in, 2),
-                                   "running": pc.running_nodes(2)}
+        figures: dict[str, Any] = {
+            "version": pc.version,
+            "net_ticktime": tick,
+            "start_s": round(pc.started_in, 2),
+            "running": pc.running_nodes(2),
+        }
         cut_at = time.time()
         pc.cut()
         figures["detected_s"] = round(pc.wait_node_down(2, 1) - cut_at, 2)
@@ -500,4 +551,3 @@ def _main() -> int:
 
 if __name__ == "__main__":
     sys.exit(_main())
-

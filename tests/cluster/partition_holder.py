@@ -1,6 +1,7 @@
 """A lock holder beside node 1, inside the partition harness's namespace (its own process).
 
-``python -m tests.cluster.partition_holder URL NAME KIND NET_TICKTIME SETUP``: connects to
+``python -m tests.cluster.partition_holder URL NAME KIND NET_TICKTIME SETUP``
+(NET_TICKTIME ``0``: not given, as a client not told the nodes' setting): connects to
 node 1 only, in cluster mode, sets the lock up when SETUP is ``1`` (so node 1 leads its
 queues), acquires, prints ``HELD <token>``, and when the lease is lost prints
 ``LOST <CLOCK_MONOTONIC seconds> <reason>`` (one clock for every process on the machine,
@@ -19,7 +20,9 @@ from .locks import set_up, take
 
 
 def main(url: str, name: str, kind: str, net_ticktime: str, setup: str) -> None:
-    broker = Broker(url, cluster=True, heartbeat=5, net_ticktime=float(net_ticktime))
+    # "0": a client not told the nodes' net_ticktime (the library's defaults).
+    tick = float(net_ticktime) or None
+    broker = Broker(url, cluster=True, heartbeat=5, net_ticktime=tick)
     if setup == "1":
         set_up(broker, kind, name)
     lease = take(broker, kind, name, 60).lease

@@ -12,9 +12,12 @@ node 2, the majority side) the test asserts:
   ``net_ticktime = 10``, 1.5 x net_ticktime + 10 s with the default 60 s;
 - the waiter's fencing token is above the cut-off holder's.
 
+Faults (issue 29): a silent cut (the link drops everything), a cut the majority hears at
+once (nodes 2 and 3 drop their distribution links to node 1 as the link goes down), and
+clients not told the nodes' ``net_ticktime`` (10 s on the nodes; the library assumes 60).
 CI runs one primitive of each mechanism (quorum token: ``token``; reader tokens and turn:
-``write``) with ``net_ticktime = 10``; the whole matrix (every primitive, both placements,
-``net_ticktime`` 10 and 60) is ``-m slow``:
+``write``) under each with ``net_ticktime = 10``; the whole matrix (every primitive, both
+placements, every fault, ``net_ticktime`` 10 and 60) is ``-m slow``:
 
     AMQP_LOCKS_RABBITMQ=4.3 .venv/bin/pytest -s -m slow tests/cluster/test_partition.py
 
@@ -52,7 +55,8 @@ pytestmark = [
 ]
 
 HEADER = (
-    "\n| primitive | quorum leaders | net_ticktime | holder told (s) | majority granted (s) |"
+    "\n| primitive | quorum leaders | cut | nodes' net_ticktime (clients) | holder told (s) "
+    "| majority granted (s) |"
 )
 
 
@@ -73,11 +77,14 @@ class Row:
     net_ticktime: int
     told: float
     granted: float
+    #: How the cut showed itself to the majority, and whether clients knew net_ticktime.
+    fault: str = "silent"
+    clients: str = "told"
 
     def __str__(self) -> str:
         return (
-            f"| {self.kind} | {self.leaders} | {self.net_ticktime} | {self.told:.2f} | "
-            f"{self.granted:.2f} |"
+            f"| {self.kind} | {self.leaders} | {self.fault} | {self.net_ticktime} "
+            f"({self.clients}) | {self.told:.2f} | {self.granted:.2f} |"
         )
 
 
@@ -90,20 +97,41 @@ def _waiter(broker: Broker, kind: str, name: str, timeout: float, box: dict[str,
         box["error"] = exc
 
 
-def scenario(pc: PartitionCluster, kind: str, leaders: str, name: str) -> Row:
-    """One cut: see the module docstring. Heals before returning (also on failure)."""
+def scenario(
+    pc: PartitionCluster,
+    kind: str,
+    leaders: str,
+    name: str,
+    heard: bool = False,
+    told: bool = True,
+) -> Row:
+    """One cut: see the module docstring. Heals before returning (also on failure).
+    `heard`: the majority hears of the cut at once (``PartitionCluster.cut``); `told`:
+    clients are given the nodes' net_ticktime (else they keep the library's defaults)."""
     ntt = pc.net_ticktime or 60
     bound = grant_bound(ntt)
-    majority = Broker([pc.node_url(2), pc.node_url(3)], heartbeat=5, net_ticktime=ntt)
+    tick = ntt if told else None
+    majority = Broker([pc.node_url(2), pc.node_url(3)], heartbeat=5, net_ticktime=tick)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     holder: subprocess.Popen[str] | None = None
     try:
         if leaders == "majority":
             set_up(majority, kind, name)
         holder = pc.run_in_namespace(
-            [sys.executable, "-m", "tests.cluster.partition_holder", pc.node_url(1), name,
-             kind, str(ntt), "1" if leaders == "minority" else "0"],
-            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "tests.cluster.partition_holder",
+                pc.node_url(1),
+                name,
+                kind,
+                str(tick or 0),
+                "1" if leaders == "minority" else "0",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         assert holder.stdout is not None
         held = holder.stdout.readline().split()
@@ -115,7 +143,7 @@ def scenario(pc: PartitionCluster, kind: str, leaders: str, name: str) -> Row:
         )
         waiter.start()
         cut_at = time.monotonic()
-        pc.cut()
+        pc.cut(heard=heard)
         lost = holder.stdout.readline().split(maxsplit=2)
         assert lost[:1] == ["LOST"], f"the holder was never told: {lost}"
         told_at = float(lost[1])
@@ -123,7 +151,15 @@ def scenario(pc: PartitionCluster, kind: str, leaders: str, name: str) -> Row:
         assert "error" not in box, f"the majority waiter failed: {box['error']!r}"
         assert box.get("lease") is not None, "the majority side was never granted the lock"
         granted_at = box["at"]
-        row = Row(kind, leaders, ntt, told_at - cut_at, granted_at - cut_at)
+        row = Row(
+            kind,
+            leaders,
+            ntt,
+            told_at - cut_at,
+            granted_at - cut_at,
+            "heard" if heard else "silent",
+            "told" if told else "untold",
+        )
         print(f"\n{row}   ({lost[2] if len(lost) > 2 else ''})")
         assert told_at < granted_at, f"two holders at once: {row}"
         assert granted_at - cut_at <= bound, f"the majority waited too long: {row}"
@@ -145,21 +181,43 @@ def scenario(pc: PartitionCluster, kind: str, leaders: str, name: str) -> Row:
             time.sleep(0.5)
 
 
-def _matrix(make: MakePartition, ntt: int, cases: list[tuple[str, str]], name: str) -> None:
+Case = tuple[str, str, bool, bool]  # kind, leaders, heard, told
+
+
+def _matrix(make: MakePartition, ntt: int, cases: list[Case], name: str) -> None:
     pc = make(version="4.3", net_ticktime=ntt)
-    rows = [scenario(pc, kind, leaders, f"{name}-{i}") for i, (kind, leaders) in enumerate(cases)]
+    rows = [
+        scenario(pc, kind, leaders, f"{name}-{i}", heard, told)
+        for i, (kind, leaders, heard, told) in enumerate(cases)
+    ]
     print(HEADER)
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for row in rows:
         print(row)
 
 
 def test_partition_one_primitive_per_mechanism(make_partition: MakePartition, name: str) -> None:
-    _matrix(make_partition, 10, [("token", "minority"), ("write", "majority")], name)
+    """Issue 29 in CI: per mechanism, a silent cut, a cut the majority hears at once, and
+    a client not told the nodes' net_ticktime (10 s; the library assumes 60)."""
+    cases: list[Case] = [
+        ("token", "minority", False, True),
+        ("write", "majority", False, True),
+        ("token", "majority", True, True),
+        ("write", "minority", True, True),
+        ("token", "minority", False, False),
+        ("write", "majority", False, False),
+    ]
+    _matrix(make_partition, 10, cases, name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ntt", [10, 60])
 def test_partition_matrix(make_partition: MakePartition, name: str, ntt: int) -> None:
-    cases = [(kind, leaders) for kind in KINDS for leaders in ("minority", "majority")]
+    cases: list[Case] = [
+        (kind, leaders, heard, told)
+        for kind in KINDS
+        for leaders in ("minority", "majority")
+        for heard in (False, True)
+        for told in ((True, False) if ntt != 60 else (True,))
+    ]
     _matrix(make_partition, ntt, cases, name)

@@ -29,7 +29,10 @@ class Clock:
 def _guard(timing: ClusterTiming, clock: Clock) -> tuple[QuorumGuard, list[str]]:
     dropped: list[str] = []
     session: Any = SimpleNamespace(
-        url=URL("amqp://guest:guest@127.0.0.1:5673/"), alive=True, connection_name="t"
+        url=URL("amqp://guest:guest@127.0.0.1:5673/"),
+        alive=True,
+        connection_name="t",
+        leases=[],
     )
 
     async def connect() -> Any:  # the arithmetic below never opens the probe link
@@ -109,6 +112,38 @@ def test_the_newest_confirmed_send_time_is_the_proof() -> None:
     assert guard.expired(108.9) is None and guard.expired(109.1) is not None
 
 
+def _hold(queue: str, acquired_at: float) -> Any:
+    return SimpleNamespace(
+        released=False,
+        lost_reason=None,
+        acquired_at=acquired_at,
+        quorum_queues=lambda: (queue,),
+    )
+
+
+def test_each_held_lock_needs_its_own_proof() -> None:
+    """Issue 29: the node's probe queue answering is not enough. In a partial partition
+    (or with a lock queue's majority elsewhere on 5 nodes) the node commits to the probe
+    queue while the lock queue's leader is cut off from it: the lock's own check must be
+    answered within quorum_timeout too."""
+    clock = Clock()
+    guard, _ = _guard(ClusterTiming(10, 5, 10), clock)
+    a, b = _hold("a.semaphore", 101.0), _hold("b.semaphore", 102.0)
+    guard.session.leases.extend([a, b])
+    assert guard.held() == {"a.semaphore": 101.0, "b.semaphore": 102.0}
+    guard.lock_proofs["b.semaphore"] = 104.0
+    guard.confirm(105.0)  # the node's probe keeps confirming
+    assert guard.expired(106.0) is None
+    reason = guard.expired(106.1)  # a: granted at 101, never checked since
+    assert reason is not None and "'a.semaphore'" in reason and "lock_delay" in reason
+    guard.lock_proofs["a.semaphore"] = 106.0
+    assert guard.expired(109.0) is None
+    reason = guard.expired(109.2)  # b: last answered check sent at 104
+    assert reason is not None and "'b.semaphore'" in reason
+    b.released = True  # a released lock needs no proof
+    assert guard.expired(109.2) is None and guard.held() == {"a.semaphore": 101.0}
+
+
 def test_probe_queue_names_the_node() -> None:
     assert probe_queue("10.0.0.2", 5672) == "amqp-locks.quorum-guard.10.0.0.2:5672"
     assert len(probe_queue("h" * 400, 1)) == 255
@@ -150,3 +185,34 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(0.05)
+
+
+def test_held_locks_are_checked_on_their_own_queues(amqp_url: str, name: str) -> None:
+    """The per-lock check on a real broker: a held mutex's queue answers with no token
+    to take (its only one is ours); a semaphore with a permit to spare has it taken by a
+    check and given back at once, so another client still gets it."""
+    from amqp_locks import Mutex, TokenSemaphore
+    from amqp_locks.names import quorum_mutex_name, token_queue
+
+    with Broker(amqp_url, cluster=True) as guarded, Broker(amqp_url, cluster=True) as other:
+        core = guarded._core
+        guard = core.run(core.session()).guard
+        assert guard is not None
+        mutex_queue = token_queue(quorum_mutex_name(name))
+        with Mutex(guarded, name).acquire(timeout=10):
+            wait_for(lambda: mutex_queue in guard.lock_proofs, 10, "the mutex checked")
+            checked = guard.checked
+            wait_for(lambda: guard.checked >= checked + 2, 10, "two more checks")
+            assert guard.taken == 0
+        wait_for(lambda: mutex_queue not in guard.lock_proofs, 10, "the released mutex forgotten")
+
+        sem = TokenSemaphore(guarded, f"{name}-t")
+        sem.setup(2)
+        with sem.acquire(timeout=10):
+            wait_for(lambda: guard.taken >= 1, 10, "a check that took the spare permit")
+            for _ in range(5):  # the spare permit stays available to others
+                permit = TokenSemaphore(other, f"{name}-t").acquire(timeout=5)
+                assert permit is not None
+                permit.release(wait=True)
+            assert core.run(core.session()).alive
+        sem.destroy()

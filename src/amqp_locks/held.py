@@ -73,6 +73,12 @@ class HeldState:
     def _on_session_lost(self, reason: str) -> None:
         self.lose(reason)
 
+    def quorum_queues(self) -> tuple[str, ...]:
+        """The queues whose unacked messages are this hold (cluster mode's quorum guard
+        checks each one's leader: transport/quorum_guard.py); none for an exclusive-queue
+        lease."""
+        return ()
+
     def lose(self, reason: str) -> None:
         """Mark the lock lost (idempotent; ignored once released). Runs on the I/O loop."""
         if self.released or self.lost_reason is not None:

@@ -184,6 +184,9 @@ class HoldState(HeldState):
     #: Reader: [token]; writer: [turn, tokens] (the tokens' channel is ours alone).
     inboxes: list[_Inbox] = field(default_factory=list)
 
+    def quorum_queues(self) -> tuple[str, ...]:
+        return tuple(box.queue for box in self.inboxes)
+
     def attach(self) -> None:
         """From now on the broker ending a consumer means the hold is lost."""
         self._listener = self.session.add_listener(self._on_session_lost)

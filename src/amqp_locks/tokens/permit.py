@@ -41,6 +41,9 @@ class PermitState(HeldState):
     #: Called by the broker's consumer cancel (the waiter's; removed on release).
     on_cancel: Callable[[Any], None] | None = field(default=None)
 
+    def quorum_queues(self) -> tuple[str, ...]:
+        return (token_queue(self.name),)
+
     def attach(self) -> None:
         """Watch for everything by which the broker can take the token back."""
         self._listener = self.session.add_listener(self._on_session_lost)

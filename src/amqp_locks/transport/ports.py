@@ -8,7 +8,7 @@ through :class:`Releasable`. Either side can then be read and tested alone.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import aiormq
@@ -29,6 +29,10 @@ class Link(Protocol):
 
     @property
     def alive(self) -> bool: ...
+
+    @property
+    def leases(self) -> Iterable[Any]:
+        """The locks held through this connection (HeldState objects: holders.py)."""
 
     @property
     def version(self) -> tuple[int, int]:

@@ -227,6 +227,13 @@ class QuorumGuard:
         self.confirmed = 0
         #: Probes the broker returned (no probe queue): they prove nothing.
         self.returned = 0
+        #: Per held lock queue: when the newest answered check (a ``basic.get``) was sent.
+        self.lock_proofs: dict[str, float] = {}
+        #: Lock queues with a check in flight (one at a time: a cut leaves it hanging).
+        self._checking: set[str] = set()
+        #: Checks answered, and tokens a check took while free (given back at once).
+        self.checked = 0
+        self.taken = 0
         self._queue = probe_queue(session.url.host, session.url.port)
         self._channel: AbstractChannel | None = None
         self._opening = asyncio.Lock()
@@ -238,10 +245,31 @@ class QuorumGuard:
         """The moment up to which the node is known to have been on the majority side."""
         return self.since if self.proven_at is None else max(self.since, self.proven_at)
 
+    def held(self) -> dict[str, float]:
+        """The lock queues held through the session, each with its earliest grant."""
+        held: dict[str, float] = {}
+        for state in self.session.leases:
+            if state.released or state.lost_reason is not None:
+                continue
+            for queue in state.quorum_queues():
+                held[queue] = min(state.acquired_at, held.get(queue, state.acquired_at))
+        return held
+
     def expired(self, now: float) -> str | None:
         """Why the session must be dropped at `now`, or None while the proof holds."""
+        bound = self.timing.quorum_timeout
+        for queue, granted in self.held().items():
+            unproven = now - max(granted, self.lock_proofs.get(queue, granted))
+            if unproven > bound:
+                return (
+                    f"no answer from the leader of lock queue {queue!r} to a check sent "
+                    f"within the last {unproven:.1f} s (quorum_timeout {bound:g} s): this "
+                    "node may be cut off from it (a partial partition, or the queue's "
+                    "majority on the other side), and the queue can grant our lock again "
+                    f"{self.timing.lock_delay:g} s (lock_delay) after it notices"
+                )
         unproven = now - self.proof
-        if unproven <= self.timing.quorum_timeout:
+        if unproven <= bound:
             return None
         return (
             f"no quorum-queue confirm for a probe sent within the last {unproven:.1f} s "
@@ -272,9 +300,53 @@ class QuorumGuard:
                     next_probe = now + self.timing.interval
                     if self.in_flight < MAX_IN_FLIGHT:
                         self._spawn(self._probe(now))
+                    self._check_locks(now)
                 await asyncio.sleep(step)
         finally:
             self.stop()
+
+    def _check_locks(self, now: float) -> None:
+        """Start a check of every held lock queue that has none in flight; forget the
+        proofs of queues no longer held (the map stays the size of what is held)."""
+        held = self.held()
+        for queue in [q for q in self.lock_proofs if q not in held]:
+            del self.lock_proofs[queue]
+        for queue in held:
+            if queue not in self._checking:
+                self._checking.add(queue)
+                self._spawn(self._check_lock(queue, now))
+
+    async def _check_lock(self, queue: str, sent_at: float) -> None:
+        """Proof per lock: a ``basic.get`` on the lock's own queue is a Raft command its
+        leader answers only once a majority of the queue's replicas committed it, so an
+        answer proves this node reached the queue's leader, with its majority, after
+        `sent_at`. Nothing else does in a partial partition (this node still commits to
+        the probe queue through a third node while the lock queue's leader, cut off from
+        us, gives our token away) or on a cluster larger than a queue's replica set. A
+        check that finds a free token (a semaphore with permits to spare) takes it and
+        gives it back at once (it goes first to the next consumer); a held mutex has none."""
+        try:
+            ch = await self._probe_channel()
+            message = await ch.basic_get(queue, no_ack=False)
+            tag = (
+                message.delivery.delivery_tag if isinstance(message.delivery, Basic.GetOk) else None
+            )
+            if tag is not None:
+                self.taken += 1
+                await ch.basic_reject(tag, requeue=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # no proof; the bound decides. A closed channel reopens.
+            log.debug("lock check of %r on %r failed: %s", queue, self.session.connection_name, exc)
+            current = self._channel
+            if current is not None and current.is_closed:
+                self._channel = None
+        else:
+            self.checked += 1
+            if sent_at > self.lock_proofs.get(queue, sent_at - 1):
+                self.lock_proofs[queue] = sent_at
+        finally:
+            self._checking.discard(queue)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -15,8 +15,12 @@ it returns, because in cluster mode no lock is held by an exclusive queue
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +124,50 @@ def test_waiter_on_the_dead_node_moves_on(nodes: Nodes, name: str, kind: str) ->
     assert str(nodes.port(1)) not in b1.url  # it moved to another node
     assert got[0].lease.fencing_token > held.lease.fencing_token
     got[0].release()
+
+
+#: A crashed holder process's lock must go on at once, lock delay or not (issue 29): its
+#: channel closes and the broker returns its token without waiting. Scheduling absorbs.
+CRASH_BOUND = 3.0
+
+
+@pytest.mark.parametrize("kind", ["mutex", "write"])
+def test_a_crashed_holder_process_is_not_delayed(nodes: Nodes, name: str, kind: str) -> None:
+    """The lock delay applies to a lost *node*, not to a lost *process*: a SIGKILLed
+    holder (its node alive) hands its lock to a waiter on another node in milliseconds."""
+    b2 = nodes.broker(2)
+    set_up(nodes.broker(1), kind, name)
+    root = Path(__file__).resolve().parents[2]
+    url = nodes.urls_from(1)[0]
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.cluster.partition_holder", url, name, kind, "0", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"},
+    )
+    try:
+        assert holder.stdout is not None
+        held = holder.stdout.readline().split()
+        assert held[:1] == ["HELD"], held
+        box: list[tuple[float, Held]] = []
+
+        def waiter() -> None:
+            new = take(b2, kind, name, WAIT, waiter=True)
+            box.append((time.monotonic(), new))
+
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        assert not box, "granted while the holder held the lock"
+        killed = time.monotonic()
+        holder.kill()
+        t.join(WAIT)
+        assert box, "the waiter was never granted"
+        granted = box[0][0] - killed
+        print(f"\n{kind}: waiter granted {granted:.3f} s after the holder process was killed")
+        assert granted < CRASH_BOUND, f"granted {granted:.2f} s after the crash"
+        assert box[0][1].lease.fencing_token > int(held[1])
+        box[0][1].release()
+    finally:
+        holder.kill()
+        holder.wait(30)

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from celery import Celery, signals
+from kombu.utils.json import register_type
 
 from amqp_locks.celery import Singleton
 
@@ -138,6 +139,33 @@ def once_retrying(self: Singleton, key: str, countdown: float) -> int:
     if self.request.retries == 0:
         raise self.retry(countdown=countdown)
     return int(self.request.retries)
+
+
+class Item:
+    """An object of the tests' own: its key form is its ``repr``, which says its value."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"Item({self.key!r})"
+
+
+class Opaque(Item):
+    """No key form of its own: its ``repr`` is its address."""
+
+    __repr__ = object.__repr__
+
+
+# Objects as task arguments through kombu's JSON (no pickle, which Celery refuses as root).
+register_type(Item, "test-item", lambda i: i.key, Item)
+register_type(Opaque, "test-opaque", lambda i: i.key, Opaque)
+
+
+@app.task(base=Singleton, bind=True, once=True)
+def once_item(self: Singleton, item: Item, seconds: float) -> dict[str, Any]:
+    """`once` keyed by an object (the default key: all the arguments)."""
+    return _body(self, item.key, seconds)
 
 
 try:  # the comparison with celery-once on Redis (tests/celery/test_celery_once.py)

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from amqp_locks import Broker, TokenSemaphore
-from amqp_locks.celery import AlreadyQueued
+from amqp_locks.celery import AlreadyQueued, UnidentifiableKey
 
-from .app import app, once, once_retrying
+from .app import Item, Opaque, app, once, once_item, once_retrying
 from .conftest import ROOT, Worker, key, max_running, wait_until
 
 
@@ -154,3 +154,25 @@ def test_a_retry_keeps_the_key_queued(prefork: Worker, broker: Broker) -> None:
         "0",
         "1",
     ]
+
+
+def test_an_object_key_dedups_by_value_or_is_refused(prefork: Worker, broker: Broker) -> None:
+    """An object whose repr says its value keys by that value, in the producer and in the
+    worker alike: an equal object is refused while the call runs, and the key is free
+    once it ended. One whose repr is its address is refused at enqueue, never sent."""
+    k = key()
+    with pytest.raises(UnidentifiableKey, match="argument 'item'"):
+        once_item.apply_async((Opaque(k), 0.0), queue=prefork.queue)
+    first = once_item.apply_async((Item(k), 2.0), queue=prefork.queue)
+    prefork.wait_events(k, "start", 1)
+    with pytest.raises(AlreadyQueued):
+        once_item.apply_async((Item(k), 2.0), queue=prefork.queue)  # equal, not the same
+    first.get(timeout=30)
+    second = wait_until(
+        "the key to be free after its run",
+        lambda: once_item.apply_async((Item(k), 0.0), queue=prefork.queue, once_graceful=True),
+        10,
+    )
+    second.get(timeout=30)
+    ids = [e.fields["id"] for e in prefork.events_of(k) if e.kind == "start"]
+    assert ids == [first.id, second.id]  # the opaque call was never sent

@@ -158,3 +158,22 @@ def test_a_key_holding_an_address_is_refused_at_enqueue() -> None:
             task.apply_async((Plain(1),))
         with pytest.raises(UnidentifiableKey, match="argument 'a'"):
             task.delay(a=Plain(1))
+
+
+def test_a_redis_broker_without_redis_py_needs_amqp_locks_url() -> None:
+    """Without redis-py (nor `packaging`, which kombu's redis transport imports), the URL's
+    scheme alone says it is not AMQP: the same ConfigurationError, not an ImportError."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['redis'] = sys.modules['packaging'] = None\n"
+        "from celery import Celery\nfrom amqp_locks.celery import lock_urls\n"
+        "app = Celery('t', set_as_current=False)\n"
+        "app.conf.broker_url = 'redis://localhost:6379/0'\n"
+        "try:\n    lock_urls(app)\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("ConfigurationError") and "'redis'" in out.stdout, out
+    assert "amqp_locks_url" in out.stdout

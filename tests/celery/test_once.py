@@ -18,8 +18,9 @@ import pytest
 
 from amqp_locks import Broker, TokenSemaphore
 from amqp_locks.celery import AlreadyQueued, UnidentifiableKey
+from amqp_locks_dev import devbroker
 
-from .app import Item, Opaque, app, once, once_item, once_retrying
+from .app import Item, Opaque, app, hold, limited, once, once_item, once_retrying
 from .conftest import ROOT, Worker, key, max_running, wait_until
 
 
@@ -176,3 +177,38 @@ def test_an_object_key_dedups_by_value_or_is_refused(prefork: Worker, broker: Br
     second.get(timeout=30)
     ids = [e.fields["id"] for e in prefork.events_of(k) if e.kind == "start"]
     assert ids == [first.id, second.id]  # the opaque call was never sent
+
+
+def test_what_a_key_leaves_on_the_broker(
+    prefork: Worker, broker: Broker, node: devbroker.NodeInfo
+) -> None:
+    """The queues docs/celery.md lists per key, exactly, once the key's call ran: a mutex
+    key, a `lock_limit` key, a `once` key (its ticket free again)."""
+    k = key()
+    hold.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+    limited.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+    once.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+    wait_until("the once key to be free", ticket_free(broker, k, 0.0), 10)
+    out = devbroker.rabbitmqctl(
+        node, "list_queues", "-q", "--formatter", "json", "name", "durable", "arguments"
+    )
+    queues = json.loads(out)
+
+    def left(name: str) -> dict[str, str]:
+        """Suffix -> "expires" (a helper queue RabbitMQ deletes after 10 min unused, by its
+        x-expires) or "stays" (a durable queue nothing deletes)."""
+        return {
+            str(q["name"])[len(name) :]: "expires"
+            if any(a[0] == "x-expires" for a in q["arguments"])
+            else "stays"
+            for q in queues
+            if str(q["name"]).startswith(name) and q["durable"]
+        }
+
+    mutex = {"-fence": "stays", "-mutex-watch": "expires"}
+    assert left(hold.lock_name((k, 0.0))) == mutex
+    semaphore = {**mutex, ".semaphore": "stays", ".semaphore-ledger": "stays"}
+    assert left(limited.lock_name((k, 0.0))) == semaphore
+    ticket = {".once" + suffix: kept for suffix, kept in semaphore.items()}
+    assert left(once.lock_name((k, 0.0))) == {**ticket, ".once-guard-mutex-watch": "expires"}
+    assert len([q for q in queues if str(q["name"]).startswith(once.lock_name((k, 0.0)))]) == 5

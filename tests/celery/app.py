@@ -131,6 +131,19 @@ def once(self: Singleton, key: str, seconds: float, fail: bool = False) -> dict[
     return result
 
 
+@app.task(
+    base=Singleton,
+    bind=True,
+    once=True,
+    lock_key=["key"],
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def once_late(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
+    """`once` acknowledged after the run (delivered again when its worker dies)."""
+    return _body(self, key, seconds)
+
+
 @app.task(base=Singleton, bind=True, once=True, lock_key=["key"], max_retries=1)
 def once_retrying(self: Singleton, key: str, countdown: float) -> int:
     """Retries itself once after `countdown` s: the key stays queued meanwhile."""

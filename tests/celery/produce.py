@@ -2,9 +2,10 @@
 ``once(key, seconds)`` a number of times; print what was sent, how many were refused and
 how long each try took (JSON).
 
-``python -m tests.celery.produce KEY SECONDS TRIES START_AT [INTERVAL]`` with the worker's
-environment (CELERY_TEST_BROKER, CELERY_TEST_QUEUE); INTERVAL: seconds from the start of
-one try to the next (default 0: back to back).
+``python -m tests.celery.produce KEY SECONDS TRIES START_AT [INTERVAL [TASK]]`` with the
+worker's environment (CELERY_TEST_BROKER, CELERY_TEST_QUEUE); INTERVAL: seconds from the
+start of one try to the next (default 0: back to back); TASK: ``once`` (default) or
+``once_late`` (``acks_late``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 import sys
 import time
 
-from .app import app, once
+from . import app as tasks
+from .app import app
 
 
 def main() -> None:
@@ -25,6 +27,7 @@ def main() -> None:
         float(sys.argv[4]),
     )
     interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    once = getattr(tasks, sys.argv[6] if len(sys.argv) > 6 else "once")
     app.conf.broker_url = os.environ["CELERY_TEST_BROKER"]
     once.broker.connect()  # connected before the start line, as a running producer is
     with app.producer_or_acquire():

@@ -18,7 +18,8 @@ def main() -> None:
             "build_report(7):", "skipped (another build held the lock)" if is_skipped(out) else out
         )
 
-    # Nine partner calls: three at a time, so about 1.5 s rather than 0.5 s or 4.5 s.
+    # Nine partner calls: three at a time, so about 1.5 s rather than 0.5 s or 4.5 s (with
+    # at least 3 worker slots: run.sh starts 4).
     t0 = time.monotonic()
     calls = [call_partner.delay(i) for i in range(9)]
     for r in calls:

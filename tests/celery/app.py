@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from celery import Celery, signals
+from kombu.utils.json import register_type
 
 from amqp_locks.celery import Singleton
 
@@ -130,6 +131,19 @@ def once(self: Singleton, key: str, seconds: float, fail: bool = False) -> dict[
     return result
 
 
+@app.task(
+    base=Singleton,
+    bind=True,
+    once=True,
+    lock_key=["key"],
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def once_late(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
+    """`once` acknowledged after the run (delivered again when its worker dies)."""
+    return _body(self, key, seconds)
+
+
 @app.task(base=Singleton, bind=True, once=True, lock_key=["key"], max_retries=1)
 def once_retrying(self: Singleton, key: str, countdown: float) -> int:
     """Retries itself once after `countdown` s: the key stays queued meanwhile."""
@@ -138,6 +152,33 @@ def once_retrying(self: Singleton, key: str, countdown: float) -> int:
     if self.request.retries == 0:
         raise self.retry(countdown=countdown)
     return int(self.request.retries)
+
+
+class Item:
+    """An object of the tests' own: its key form is its ``repr``, which says its value."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"Item({self.key!r})"
+
+
+class Opaque(Item):
+    """No key form of its own: its ``repr`` is its address."""
+
+    __repr__ = object.__repr__
+
+
+# Objects as task arguments through kombu's JSON (no pickle, which Celery refuses as root).
+register_type(Item, "test-item", lambda i: i.key, Item)
+register_type(Opaque, "test-opaque", lambda i: i.key, Opaque)
+
+
+@app.task(base=Singleton, bind=True, once=True)
+def once_item(self: Singleton, item: Item, seconds: float) -> dict[str, Any]:
+    """`once` keyed by an object (the default key: all the arguments)."""
+    return _body(self, item.key, seconds)
 
 
 try:  # the comparison with celery-once on Redis (tests/celery/test_celery_once.py)

@@ -100,3 +100,80 @@ def test_without_celery_the_error_names_the_extra() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("FeatureUnavailable") and "amqp-locks[celery]" in out.stdout
+
+
+class Plain:
+    """No __repr__ or __str__ of its own: its text is its address."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class Named(Plain):
+    def __repr__(self) -> str:
+        return f"Named({self.n})"
+
+
+def test_a_key_holding_an_address_is_refused_naming_the_argument() -> None:
+    from amqp_locks.celery import UnidentifiableKey
+
+    app = Celery("t", set_as_current=False)
+
+    @app.task(base=Singleton, shared=False)
+    def every(a: Any, b: Any = 2) -> None: ...
+
+    @app.task(base=Singleton, lock_key=["a"], shared=False)
+    def some(a: Any, b: Any = 2) -> None: ...
+
+    @app.task(base=Singleton, lock_key=lambda a, b=2: [b], shared=False)
+    def by_b(a: Any, b: Any = 2) -> None: ...
+
+    for args in [(1, Plain(1)), (1, [2, {"x": Plain(1)}]), (1, key)]:  # key: a function
+        with pytest.raises(UnidentifiableKey, match=r"argument 'b' .* at 0x.*lock_key="):
+            every.lock_name(args)
+    with pytest.raises(UnidentifiableKey, match=r"lock_key callable returned .* at 0x"):
+        by_b.lock_name((1, Plain(1)))
+    # Not in the key: no objection. A __repr__ of its own: equal values, equal keys.
+    assert some.lock_name((1, Plain(1))) == some.lock_name((1, Plain(2)))
+    assert every.lock_name((1, Named(1))) == every.lock_name((1, Named(1)))
+    assert every.lock_name((1, Named(1))) != every.lock_name((1, Named(2)))
+
+
+def test_a_key_holding_an_address_is_refused_at_enqueue() -> None:
+    """Refused before anything is sent: the app's broker is a closed port, so a send
+    would fail with a connection error instead."""
+    from amqp_locks.celery import UnidentifiableKey
+
+    app = Celery("t", set_as_current=False, broker="amqp://guest:guest@127.0.0.1:9//")
+    app.conf.broker_connection_max_retries = 0
+
+    @app.task(base=Singleton, shared=False)
+    def plain(a: Any) -> None: ...
+
+    @app.task(base=Singleton, once=True, shared=False)
+    def once(a: Any) -> None: ...
+
+    for task in (plain, once):
+        with pytest.raises(UnidentifiableKey, match="argument 'a'"):
+            task.apply_async((Plain(1),))
+        with pytest.raises(UnidentifiableKey, match="argument 'a'"):
+            task.delay(a=Plain(1))
+
+
+def test_a_redis_broker_without_redis_py_needs_amqp_locks_url() -> None:
+    """Without redis-py (nor `packaging`, which kombu's redis transport imports), the URL's
+    scheme alone says it is not AMQP: the same ConfigurationError, not an ImportError."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['redis'] = sys.modules['packaging'] = None\n"
+        "from celery import Celery\nfrom amqp_locks.celery import lock_urls\n"
+        "app = Celery('t', set_as_current=False)\n"
+        "app.conf.broker_url = 'redis://localhost:6379/0'\n"
+        "try:\n    lock_urls(app)\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("ConfigurationError") and "'redis'" in out.stdout, out
+    assert "amqp_locks_url" in out.stdout

@@ -11,15 +11,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from amqp_locks import Broker, TokenSemaphore
-from amqp_locks.celery import AlreadyQueued
+from amqp_locks.celery import AlreadyQueued, UnidentifiableKey
+from amqp_locks_dev import devbroker
 
-from .app import app, once, once_retrying
+from .app import Item, Opaque, app, hold, limited, once, once_item, once_retrying
 from .conftest import ROOT, Worker, key, max_running, wait_until
 
 
@@ -49,16 +51,19 @@ def enqueue_when_free(worker: Worker, k: str, seconds: float, timeout: float = 2
     return sent.get(timeout=30)
 
 
-def produce(worker: Worker, k: str, seconds: float, tries: int) -> list[dict[str, object]]:
-    """Two producer processes try `tries` enqueues each, starting at the same moment."""
+def produce(
+    worker: Worker, k: str, seconds: float, tries: int, interval: float = 0.0, task: str = "once"
+) -> list[dict[str, Any]]:
+    """Two producer processes try `tries` enqueues each of `task`, starting at the same
+    moment, one every `interval` seconds (0: back to back)."""
     start_at = time.time() + 2.0
     argv = [sys.executable, "-m", "tests.celery.produce", k, str(seconds), str(tries)]
     procs = [
-        subprocess.Popen([*argv, str(start_at)], cwd=ROOT, env=worker.env, text=True,
-                         stdout=subprocess.PIPE)
+        subprocess.Popen([*argv, str(start_at), str(interval), task], cwd=ROOT, env=worker.env,
+                         text=True, stdout=subprocess.PIPE)
         for _ in range(2)
     ]  # fmt: skip
-    outs = [p.communicate(timeout=60)[0] for p in procs]
+    outs = [p.communicate(timeout=60 + tries * interval)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
@@ -75,8 +80,8 @@ def test_two_producers_one_call_queued_or_running(prefork: Worker, broker: Broke
     refused = 0
     for _round in range(2):
         out = produce(prefork, k, 1.0, 5)
-        claims += [(i, float(t)) for o in out for i, t in o["sent"]]  # type: ignore[attr-defined]
-        refused += sum(int(o["refused"]) for o in out)  # type: ignore[call-overload]
+        claims += [(i, float(t)) for o in out for i, t in o["sent"]]
+        refused += sum(int(o["refused"]) for o in out)
         prefork.wait_events(k, "end", len(claims))
         wait_until("the key to be free", ticket_free(broker, k, 1.0), 10)
     assert refused > 0 and len(claims) >= 2  # at least one per round
@@ -154,3 +159,109 @@ def test_a_retry_keeps_the_key_queued(prefork: Worker, broker: Broker) -> None:
         "0",
         "1",
     ]
+
+
+def test_an_object_key_dedups_by_value_or_is_refused(prefork: Worker, broker: Broker) -> None:
+    """An object whose repr says its value keys by that value, in the producer and in the
+    worker alike: an equal object is refused while the call runs, and the key is free
+    once it ended. One whose repr is its address is refused at enqueue, never sent."""
+    k = key()
+    with pytest.raises(UnidentifiableKey, match="argument 'item'"):
+        once_item.apply_async((Opaque(k), 0.0), queue=prefork.queue)
+    first = once_item.apply_async((Item(k), 2.0), queue=prefork.queue)
+    prefork.wait_events(k, "start", 1)
+    with pytest.raises(AlreadyQueued):
+        once_item.apply_async((Item(k), 2.0), queue=prefork.queue)  # equal, not the same
+    first.get(timeout=30)
+    second = wait_until(
+        "the key to be free after its run",
+        lambda: once_item.apply_async((Item(k), 0.0), queue=prefork.queue, once_graceful=True),
+        10,
+    )
+    second.get(timeout=30)
+    ids = [e.fields["id"] for e in prefork.events_of(k) if e.kind == "start"]
+    assert ids == [first.id, second.id]  # the opaque call was never sent
+
+
+def test_what_a_key_leaves_on_the_broker(
+    prefork: Worker, broker: Broker, node: devbroker.NodeInfo
+) -> None:
+    """The queues docs/celery.md lists per key, exactly, once the key's call ran: a mutex
+    key, a `lock_limit` key, a `once` key (its ticket free again)."""
+    k = key()
+    hold.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+    limited.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+    once.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+    wait_until("the once key to be free", ticket_free(broker, k, 0.0), 10)
+    out = devbroker.rabbitmqctl(
+        node, "list_queues", "-q", "--formatter", "json", "name", "durable", "arguments"
+    )
+    queues = json.loads(out)
+
+    def left(name: str) -> dict[str, str]:
+        """Suffix -> "expires" (a helper queue RabbitMQ deletes after 10 min unused, by its
+        x-expires) or "stays" (a durable queue nothing deletes)."""
+        return {
+            str(q["name"])[len(name) :]: "expires"
+            if any(a[0] == "x-expires" for a in q["arguments"])
+            else "stays"
+            for q in queues
+            if str(q["name"]).startswith(name) and q["durable"]
+        }
+
+    mutex = {"-fence": "stays", "-mutex-watch": "expires"}
+    assert left(hold.lock_name((k, 0.0))) == mutex
+    semaphore = {**mutex, ".semaphore": "stays", ".semaphore-ledger": "stays"}
+    assert left(limited.lock_name((k, 0.0))) == semaphore
+    ticket = {".once" + suffix: kept for suffix, kept in semaphore.items()}
+    assert left(once.lock_name((k, 0.0))) == {**ticket, ".once-guard-mutex-watch": "expires"}
+    assert len([q for q in queues if str(q["name"]).startswith(once.lock_name((k, 0.0)))]) == 5
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@pytest.fixture(scope="module")
+def solo(node: devbroker.NodeInfo, celery_home: Path, celery_app: Any) -> Iterator[Worker]:
+    """A solo-pool worker (the worker process runs the task)."""
+    worker = Worker(node.url, celery_home, "solo", 1)
+    yield worker
+    worker.stop()
+
+
+@pytest.mark.parametrize(
+    ("pool", "task"),
+    [("prefork", "once"), ("prefork", "once_late"), ("solo", "once"), ("solo", "once_late")],
+)
+def test_two_producers_hammering_one_key(
+    request: pytest.FixtureRequest, broker: Broker, pool: str, task: str
+) -> None:
+    """Two producers try one key every 200 ms for 8 s, on a task that runs 0.3 s: no claim
+    while a call of the key is queued or running, every claimed call runs exactly once, and
+    the key is claimed again after each run (counted). How long refusals and claims took
+    is printed as figures, not asserted."""
+    worker: Worker = request.getfixturevalue(pool)
+    k = key()
+    out = produce(worker, k, 0.3, 40, interval=0.2, task=task)
+    claims = sorted(((i, float(t)) for o in out for i, t in o["sent"]), key=lambda c: c[1])
+    worker.wait_events(k, "end", len(claims))
+    events = worker.events_of(k)
+    end_of = {e.fields["id"]: e.t for e in events if e.kind == "end"}
+    for (earlier, _), (_, claimed_by) in itertools.pairwise(claims):
+        assert claimed_by > end_of[earlier], "claimed while a call of the key was running"
+    assert len(events) == 2 * len(claims) and max_running(events) == 1
+    assert sorted(end_of) == sorted(i for i, _ in claims)  # each claimed call ran once
+    refused = [t * 1000 for o in out for t in o["took"]["refused"]]
+    sent = [t * 1000 for o in out for t in o["took"]["sent"]]
+    # From a run's end to the next claim's return (the tries come every 100 ms on average).
+    idle = [(c - end_of[e]) * 1000 for (e, _), (_, c) in itertools.pairwise(claims)]
+    print(
+        f"\nhammering {pool}/{task} (2 producers, every 200 ms for 8 s, 0.3 s task): "
+        f"{len(claims)} runs; refused {len(refused)}: p50 {percentile(refused, 0.5):.1f} ms, "
+        f"p95 {percentile(refused, 0.95):.1f} ms, max {max(refused):.1f} ms; "
+        f"sent {len(sent)}: p50 {percentile(sent, 0.5):.1f} ms, max {max(sent):.1f} ms; "
+        f"end -> next claim: p50 {percentile(idle, 0.5):.0f} ms, max {max(idle):.0f} ms"
+    )
+    assert len(claims) >= 5  # before the fix: 2 (each collision stalled the key 5-10 s)

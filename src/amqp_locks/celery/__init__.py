@@ -31,13 +31,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from . import config
 from .config import broker_for, lock_urls
-from .keys import lock_name
+from .keys import UnidentifiableKey, lock_name
 from .task import AlreadyQueued, Singleton, TaskLockTimeout, is_skipped, skipped
 
 __all__ = [
     "AlreadyQueued",
     "Singleton",
     "TaskLockTimeout",
+    "UnidentifiableKey",
     "broker_for",
     "is_skipped",
     "lock_name",

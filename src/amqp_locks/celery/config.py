@@ -49,16 +49,33 @@ def setting(app: Celery, name: str) -> Any:
     return DEFAULTS[name] if value is None else value
 
 
+def _not_amqp(transport: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"Celery's broker_url uses the {transport!r} transport, not AMQP: "
+        "set app.conf.amqp_locks_url to the RabbitMQ URL the locks should use"
+    )
+
+
 def _amqp_url(url: str, use_ssl: Any) -> str:
     """One kombu broker URL as the AMQP URL amqp-locks takes (kombu's defaults filled in:
-    ``amqp://guest@localhost//`` is user guest, password guest, vhost ``/``)."""
-    conn = Connection(url, ssl=use_ssl)
+    ``amqp://guest@localhost//`` is user guest, password guest, vhost ``/``).
+
+    A URL of another transport is refused by its scheme before kombu loads the transport:
+    loading it imports that transport's client (redis-py, and ``packaging``), whose
+    absence would otherwise surface as an ImportError instead of what to configure."""
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else "amqp"
+    if scheme not in AMQP_TRANSPORTS:
+        raise _not_amqp(scheme)
+    try:
+        conn = Connection(url, ssl=use_ssl)
+    except ImportError as exc:  # an AMQP transport whose client is missing (librabbitmq)
+        raise ConfigurationError(
+            f"Celery's broker_url transport {scheme!r} could not be loaded ({exc}): "
+            "set app.conf.amqp_locks_url to the RabbitMQ URL the locks should use"
+        ) from exc
     try:
         if conn.transport_cls not in AMQP_TRANSPORTS:
-            raise ConfigurationError(
-                f"Celery's broker_url uses the {conn.transport_cls!r} transport, not AMQP: "
-                "set app.conf.amqp_locks_url to the RabbitMQ URL the locks should use"
-            )
+            raise _not_amqp(conn.transport_cls)
         info = conn.info()
     finally:
         conn.release()

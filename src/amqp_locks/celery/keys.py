@@ -5,6 +5,10 @@ although the worker sees the arguments after a trip through the message serializ
 (tuples become lists, datetimes come back as datetimes or strings): the arguments are
 bound to the task's signature (so ``f(1)``, ``f(a=1)`` and a default all agree) and
 written as canonical JSON (sorted keys, ``str()`` of anything else) before hashing.
+A value whose ``str()`` is its memory address (an object of a class without its own
+``__repr__``/``__str__``, a function) is refused with :class:`UnidentifiableKey`: equal
+values would never share a key, and the worker, another process, would compute another
+name than the producer.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,9 +31,40 @@ PREFIX = "celery."
 MAX_READABLE = 120
 
 
+#: The address in a default ``repr``: ``<foo.Bar object at 0x7f...>``, ``<function f at 0x...>``.
+_ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+>")
+
+HOW_TO_KEY = (
+    "give its class a __repr__ that says which value it is, pass an identifying value "
+    "instead (an id), or choose the key: lock_key=[other argument names] or a lock_key "
+    "callable returning an identifying value (docs/celery.md, lock_key)"
+)
+
+
+class UnidentifiableKey(ConfigurationError):
+    """A call's key would hold an object's address (its default ``repr``): refused where
+    the key is computed (at enqueue) rather than locking, or deduplicating, per object."""
+
+
+class _Address(Exception):
+    """Raised out of ``json.dumps`` for a value whose text is its address."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def _text(value: Any) -> str:
+    text = str(value)
+    if _ADDRESS.search(text):
+        raise _Address(text)
+    return text
+
+
 def canonical(value: Any) -> str:
-    """`value` as JSON that a serializer round trip does not change."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    """`value` as JSON that a serializer round trip does not change; :class:`_Address`
+    for a value (at any depth) whose ``str()`` is its memory address."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_text)
 
 
 def _digest(text: str) -> str:
@@ -94,9 +130,28 @@ def lock_name(
     ``celery.key.<hash of the key>`` for a callable ``lock_key`` (so several tasks may
     share one lock by returning the same key)."""
     if callable(key):
-        return f"{PREFIX}key.{_digest(canonical(key(*args, **kwargs)))}"
+        try:
+            return f"{PREFIX}key.{_digest(canonical(key(*args, **kwargs)))}"
+        except _Address as exc:
+            raise UnidentifiableKey(
+                f"{task_name}: the lock_key callable returned {exc.text} (or a value holding "
+                "it), an address rather than a value: return a value that says which call "
+                "this is (an id, a string)"
+            ) from None
     arguments = bound_arguments(run, args, kwargs)
     if key is not None:
         arguments = {n: arguments.get(n) for n in key}
     readable = task_name if len(task_name.encode()) <= MAX_READABLE else _digest(task_name)
-    return f"{PREFIX}{readable}.{_digest(canonical(arguments))}"
+    try:
+        return f"{PREFIX}{readable}.{_digest(canonical(arguments))}"
+    except _Address:
+        for argument, value in arguments.items():
+            try:
+                canonical(value)
+            except _Address as exc:
+                raise UnidentifiableKey(
+                    f"{task_name}: argument {argument!r} is part of the lock key, but its "
+                    f"key form is {exc.text}, an address rather than a value: equal values "
+                    f"would never share a key; {HOW_TO_KEY}"
+                ) from None
+        raise  # pragma: no cover - some argument raised above

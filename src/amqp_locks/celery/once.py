@@ -20,6 +20,12 @@ so no producer can take the ticket back between them, and two workers never both
 back (the count stays one). A revoked task's ticket is put back by the worker that
 discards it; a retry keeps the key queued (the ticket is released and removed again
 under the guard).
+
+Nobody waits for the guard while holding the ticket: whoever holds the guard may be
+waiting for that very ticket (a claim or a retry's hand-over removing it, a worker taking
+it). A producer holding the ticket therefore only *tries* the guard, and finding it held
+(the key is being claimed, started or handed over) gives the ticket back at once and is
+refused; a worker takes the guard before the ticket.
 """
 
 from __future__ import annotations
@@ -41,8 +47,13 @@ log = logging.getLogger("amqp_locks.celery")
 #: How long the guard is waited for (it is held for a few round trips at a time).
 GUARD_TIMEOUT = 30.0
 #: How long a claim or a retry's hand-over waits for the ticket it just released to come
-#: back to be removed (milliseconds, unless a second copy of the task waits for it).
+#: back to be removed (milliseconds: a producer that took it meanwhile gives it back at
+#: once; longer only when a second copy of the task, sent around the dedup, waits for it).
 HANDOVER_WAIT = 5.0
+#: How long a starting worker, holding the guard, waits for the ticket it put back: a
+#: producer that took it meanwhile gives it back within a few round trips; a second copy
+#: of the task running holds it longer.
+START_WAIT = 2.0
 
 
 class Ticket:
@@ -76,8 +87,11 @@ class Ticket:
 
         The first step reads no ledger and takes no guard: a non-blocking acquire of the
         ticket, None at once when it is out (queued) or held (running), which is what
-        every refused enqueue costs. Holding it, the producer releases it and removes it
-        under the guard, where no other producer or starting worker can come between."""
+        every refused enqueue costs. Holding it, the producer tries the guard without
+        waiting: held, someone is claiming, starting or handing over the key and may be
+        waiting for this ticket, so it goes back at once and the claim is refused. Got
+        it, the producer releases the ticket and removes it under the guard, where no
+        other producer or starting worker can come between."""
         try:
             lease = self.semaphore.acquire(blocking=False)
         except TokenSemaphoreNotFound:
@@ -86,9 +100,19 @@ class Ticket:
             lease = self.semaphore.acquire(blocking=False)
         if lease is None:
             return False
-        with self.guarded():
+        try:
+            guard = self.guard.acquire(blocking=False)
+        except BaseException:
+            lease.release()
+            raise
+        if guard is None:
+            lease.release()
+            return False
+        try:
             lease.release(wait=True)
             return bool(self.semaphore.remove_permits(1, timeout=HANDOVER_WAIT))
+        finally:
+            guard.release()
 
     def restore(self) -> bool:
         """Put the ticket back if it is out of circulation (queued): True if it was.
@@ -104,11 +128,13 @@ class Ticket:
             self.restore()
 
     def start(self) -> Lease | None:
-        """Queued -> running: put the ticket back and hold it, in one guarded step. None
-        when another holder has it (a second copy of the task is running)."""
+        """Queued -> running: put the ticket back and hold it, in one guarded step. A
+        producer may take the ticket for a moment (it then finds the guard held and gives
+        it back), hence a short wait; None when another holder keeps it (a second copy of
+        the task is running)."""
         with self.guarded():
             self.restore()
-            return self.semaphore.acquire(blocking=False)
+            return self.semaphore.acquire(timeout=START_WAIT)
 
     def wait(self, timeout: float | None) -> Lease | None:
         """Wait for the ticket (a copy of the task is running)."""

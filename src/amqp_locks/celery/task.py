@@ -302,13 +302,16 @@ class Singleton(Task[..., Any]):
         **options: Any,
     ) -> AsyncResult | None:  # type: ignore[type-arg]
         """Enqueue; with ``once``, first claim the key (raise :class:`AlreadyQueued`, or
-        return None with ``once_graceful=True`` here or on the task, when it is taken)."""
+        return None with ``once_graceful=True`` here or on the task, when it is taken).
+        Raises :class:`UnidentifiableKey` for a key holding an object's address."""
         graceful = bool(options.pop("once_graceful", self.once_graceful))
+        # The key is computed here for every task, not only `once`: a key that cannot
+        # identify its values (UnidentifiableKey) is refused before anything is sent.
+        name = self.lock_name(args or (), kwargs or {})
         if not self.once:
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
-        name = self.lock_name(args or (), kwargs or {})
         if options.get("retries"):
             # A retry continues a call that was queued already: no claim. If this thread
             # holds that key's ticket, the key stays queued for the retry (hand-over).

@@ -61,3 +61,68 @@ async def close_quietly(ch: Any) -> None:
     goes back to its queues, and a channel already closed or broken is no error."""
     with contextlib.suppress(Exception):
         await ch.close()
+
+
+#: How long past the caller's timeout a wait may run before it is cut: a healthy broker's
+#: wait ends at the deadline on its own (its last round trip in flight), so the cut only
+#: ever meets a broker that stopped answering.
+CUT_GRACE = 0.5
+#: What a cut wait gets to wind down (its cancellation runs) before the caller is answered
+#: anyway; whatever it still holds is undone in the background.
+CUT_SETTLE = 0.25
+
+
+async def within(
+    coro: Coroutine[Any, Any, T | None],
+    timeout: float | None,
+    undo: Callable[[T], Awaitable[Any]],
+) -> T | None:
+    """Await `coro`, but answer None within ``timeout + CUT_GRACE + CUT_SETTLE`` seconds
+    whatever the broker does. A broker that keeps heartbeats flowing but answers nothing
+    else leaves a round trip (connect, channel open, declare, consume, confirm) waiting
+    for ever inside `coro`: it is cancelled at ``timeout + CUT_GRACE``, and if it still
+    has not ended ``CUT_SETTLE`` later it is left to finish in the background. A result it
+    produces after the caller got None is given to `undo` (released), never to the caller:
+    a lock is never reported held to someone who was told it was not. What it leaves held
+    on a connection that stays silent is freed by the broker when the loss watchdog drops
+    that connection."""
+    if timeout is None:
+        return await coro
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout + CUT_GRACE)
+        if not done:
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=CUT_SETTLE)
+    except asyncio.CancelledError:  # our caller gave up (or close()): so does the wait
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task}, timeout=CUT_SETTLE)
+        _undo_later(task, undo)
+        raise
+    if not done:
+        log.info("wait cut after %.1fs: the broker answered nothing in time", timeout)
+        _undo_later(task, undo)
+        return None
+    if task.cancelled():
+        return None
+    exc = task.exception()
+    if exc is not None:
+        if task.cancelling() or isinstance(exc, asyncio.CancelledError):
+            return None  # what the cut's cancellation raised on its way out
+        raise exc
+    return task.result()
+
+
+def _undo_later(task: asyncio.Task[T | None], undo: Callable[[T], Awaitable[Any]]) -> None:
+    """Keep `task` running; give whatever it produces to `undo`."""
+    _keep(task)
+
+    def finished(t: asyncio.Task[T | None]) -> None:
+        if t.cancelled() or t.exception() is not None:
+            return
+        result = t.result()
+        if result is not None:
+            _keep(asyncio.ensure_future(_quietly(undo(result))))
+
+    task.add_done_callback(finished)

@@ -5,6 +5,7 @@ does, here a broker that keeps heartbeats flowing but answers nothing else (Faul
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,14 +14,18 @@ import pytest
 from yarl import URL
 
 from amqp_locks import (
+    AdminLockTimeout,
     Broker,
+    BrokerTimeout,
     Mutex,
     PersistentSemaphore,
     ReadWriteLock,
     SemaphoreAdmin,
+    TokenAdmin,
     TokenSemaphore,
     aio,
 )
+from amqp_locks.names import token_queue
 from amqp_locks_dev import devbroker
 
 from .faultproxy import FaultProxy
@@ -192,3 +197,88 @@ def test_a_late_grant_is_given_back_not_kept(
     assert_free(kind, direct, name)
     assert amqp_proxy.connections >= 1  # freed by a release, not by a dropped connection
     assert through._core._session is not None and through._core._session.alive
+
+
+def test_admin_mutex_wait_keeps_its_timeout_through_a_mute_broker(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    """The administration mutex is waited for within mutex_timeout + 1 s."""
+    direct = brokers(amqp_url)
+    SemaphoreAdmin(direct, name).create(1)
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    admin = SemaphoreAdmin(through, name, mutex_timeout=T)
+    assert admin.max_slots() == 1  # connected
+    amqp_proxy.mute()
+    start = time.monotonic()
+    with pytest.raises(AdminLockTimeout):
+        admin.wait_for_holders([1], timeout=1.0)
+    took = time.monotonic() - start
+    assert took < T + 1.0 + 1.0, f"wait_for_holders took {took:.2f}s"
+    amqp_proxy.reset()
+    assert_free("mutex", direct, name)  # the administration mutex is not left held
+
+
+def test_remove_permits_keeps_its_timeout_when_the_broker_stops_answering_mid_drain(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    """Muted while it drains (after it holds the admin mutex): BrokerTimeout within
+    mutex_timeout + timeout + 1 s, and the token semaphore keeps its permit."""
+    direct = brokers(amqp_url)
+    TokenSemaphore(direct, name).setup(1)
+    held = TokenSemaphore(direct, name).acquire(timeout=5)
+    assert held is not None
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    admin = TokenAdmin(through, name, mutex_timeout=T)
+    assert admin.status().permits == 1  # connected
+
+    async def drains() -> int:
+        session = await direct._core.session()
+        _, consumers = await session.declare_passive_counts(token_queue(name))
+        return consumers
+
+    outcome: list[BaseException | list[int]] = []
+    start = time.monotonic()
+    worker = threading.Thread(target=lambda: outcome.append(_call(admin.remove_permits, 1, T)))
+    worker.start()
+    while direct._core.run(drains()) < 2:  # the holder's consumer and the drain's
+        assert time.monotonic() - start < T, "the drain never started"
+        time.sleep(0.01)
+    amqp_proxy.mute()
+    worker.join()
+    took = time.monotonic() - start
+    assert isinstance(outcome[0], BrokerTimeout), outcome
+    assert took < T + T + 1.0, f"remove_permits took {took:.2f}s"
+    amqp_proxy.reset()
+    held.release()
+    assert TokenAdmin(direct, name).audit(timeout=2).missing == ()
+    assert_free("token", direct, name)
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except BaseException as exc:
+        return exc
+
+
+def test_aio_admin_call_keeps_its_timeout_through_a_mute_broker(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    direct = brokers(amqp_url)
+    TokenSemaphore(direct, name).setup(1)
+
+    async def main() -> float:
+        async with aio.Broker(amqp_proxy.url(), heartbeat=30.0) as through:
+            admin = aio.TokenAdmin(through, name, mutex_timeout=T)
+            assert (await admin.status()).permits == 1
+            amqp_proxy.mute()
+            start = time.monotonic()
+            with pytest.raises((AdminLockTimeout, BrokerTimeout)):
+                await admin.audit(timeout=1.0)
+            took = time.monotonic() - start
+            amqp_proxy.reset()
+            return took
+
+    took = asyncio.run(main())
+    assert took < T + 1.0 + 1.0, f"audit took {took:.2f}s"
+    assert_free("token", direct, name)

@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
+
+from ..errors import BrokerTimeout
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -73,19 +76,20 @@ CUT_SETTLE = 0.25
 
 
 async def within(
-    coro: Coroutine[Any, Any, T | None],
+    coro: Coroutine[Any, Any, T],
     timeout: float | None,
-    undo: Callable[[T], Awaitable[Any]],
+    undo: Callable[[T], Awaitable[Any]] | None = None,
+    cut: Callable[[], BaseException] | None = None,
 ) -> T | None:
-    """Await `coro`, but answer None within ``timeout + CUT_GRACE + CUT_SETTLE`` seconds
-    whatever the broker does. A broker that keeps heartbeats flowing but answers nothing
-    else leaves a round trip (connect, channel open, declare, consume, confirm) waiting
-    for ever inside `coro`: it is cancelled at ``timeout + CUT_GRACE``, and if it still
-    has not ended ``CUT_SETTLE`` later it is left to finish in the background. A result it
-    produces after the caller got None is given to `undo` (released), never to the caller:
-    a lock is never reported held to someone who was told it was not. What it leaves held
-    on a connection that stays silent is freed by the broker when the loss watchdog drops
-    that connection."""
+    """Await `coro`, but answer within ``timeout + CUT_GRACE + CUT_SETTLE`` seconds
+    whatever the broker does: None, or the error `cut()` makes. A broker that keeps
+    heartbeats flowing but answers nothing else leaves a round trip (connect, channel
+    open, declare, consume, confirm) waiting for ever inside `coro`: it is cancelled at
+    ``timeout + CUT_GRACE``, and if it still has not ended ``CUT_SETTLE`` later it is left
+    to finish in the background. A result it produces after its caller was answered goes
+    to `undo` (a grant is released), never to the caller: a lock is never reported held to
+    someone who was told it was not. What it leaves held on a connection that stays silent
+    is freed by the broker when the loss watchdog drops that connection."""
     if timeout is None:
         return await coro
     task = asyncio.ensure_future(coro)
@@ -100,26 +104,71 @@ async def within(
             await asyncio.wait({task}, timeout=CUT_SETTLE)
         _undo_later(task, undo)
         raise
-    if not done:
+    if not done or task.cancelled():
         log.info("wait cut after %.1fs: the broker answered nothing in time", timeout)
         _undo_later(task, undo)
-        return None
-    if task.cancelled():
+        if cut is not None:
+            raise cut()
         return None
     exc = task.exception()
     if exc is not None:
-        if task.cancelling() or isinstance(exc, asyncio.CancelledError):
-            return None  # what the cut's cancellation raised on its way out
+        if task.cancelling():  # what the cut's cancellation raised on its way out
+            if cut is not None:
+                raise cut() from exc
+            return None
         raise exc
     return task.result()
 
 
-def _undo_later(task: asyncio.Task[T | None], undo: Callable[[T], Awaitable[Any]]) -> None:
+async def settled_within(coro: Coroutine[Any, Any, Any], timeout: float) -> None:
+    """Run `coro` to its end, shielded from our cancellation, but wait for it `timeout`
+    seconds at most: past that it finishes in the background."""
+    task = asyncio.ensure_future(coro)
+    _keep(task)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if done:
+        task.result()  # its error, as an await would raise it
+
+
+def admin_deadline(mutex_timeout: float | None, timeout: float | None) -> float | None:
+    """When an administration call given `timeout` (after `mutex_timeout` for its admin
+    mutex) promised to answer, on the monotonic clock; None: no promise."""
+    if mutex_timeout is None or timeout is None:
+        return None
+    return time.monotonic() + mutex_timeout + timeout
+
+
+async def answered(
+    coro: Coroutine[Any, Any, T], timeout: float | None, deadline: float | None, what: str
+) -> T:
+    """The part of an administration call that runs under its admin mutex (whose wait
+    `held_mutex` bounds itself), given its own `timeout`: answered by `deadline` (see
+    `admin_deadline`) + 1 s, or :class:`~amqp_locks.errors.BrokerTimeout`. It always gets
+    at least `timeout` + `CUT_GRACE`, so a healthy broker's call, whose wait ends at its
+    own deadline followed by a few round trips, is never cut. No `timeout`: unbounded."""
+    if timeout is None:
+        return await coro
+    bound = timeout if deadline is None else max(timeout, deadline - time.monotonic())
+
+    def late() -> BaseException:
+        return BrokerTimeout(f"{what}: the broker answered nothing in time")
+
+    result = await within(_boxed(coro), bound, cut=late)
+    assert result is not None  # a cut raises
+    return result[0]
+
+
+async def _boxed(coro: Coroutine[Any, Any, T]) -> tuple[T]:
+    """`coro`'s result in a box: a None result is not a cut."""
+    return (await coro,)
+
+
+def _undo_later(task: asyncio.Task[T], undo: Callable[[T], Awaitable[Any]] | None) -> None:
     """Keep `task` running; give whatever it produces to `undo`."""
     _keep(task)
 
-    def finished(t: asyncio.Task[T | None]) -> None:
-        if t.cancelled() or t.exception() is not None:
+    def finished(t: asyncio.Task[T]) -> None:
+        if undo is None or t.cancelled() or t.exception() is not None:
             return
         result = t.result()
         if result is not None:

@@ -120,17 +120,8 @@ def plain(url: str) -> None:
     check("amqp-locks status", r.returncode == 0 and f'"name": "{n}"' in r.stdout)
     cli("semaphore", "destroy", n, env=env)
     with tempfile.TemporaryDirectory() as d:
-        r = cli(
-            "elect",
-            n,
-            "--locker",
-            "lease-database",
-            "--db-url",
-            f"sqlite:///{d}/x.db",
-            "--",
-            "true",
-            env=env,
-        )
+        r = cli("elect", n, "--locker", "lease-database", "--db-url", f"sqlite:///{d}/x.db",
+                "--", "true", env=env)
     check(
         "elect --locker lease-database: exit 2, one line naming the extra, no traceback",
         r.returncode == 2

@@ -84,16 +84,8 @@ def test_the_broker_is_the_line_under_test(broker: Broker) -> None:
 
 def _queues(node: devbroker.NodeInfo, prefix: str) -> list[dict[str, object]]:
     out = devbroker.rabbitmqctl(
-        node,
-        "list_queues",
-        "-q",
-        "--formatter",
-        "json",
-        "name",
-        "durable",
-        "exclusive",
-        "auto_delete",
-        "arguments",
+        node, "list_queues", "-q", "--formatter", "json", "name", "durable", "exclusive",
+        "auto_delete", "arguments",
     )
     return [q for q in json.loads(out) if str(q["name"]).startswith(prefix)]
 

@@ -54,6 +54,8 @@ log = logging.getLogger("amqp_locks.fencing")
 REBASE_STEP = 2**40
 
 
+
+
 def fence_arguments(session: Session) -> dict[str, Any]:
     return quorum_arguments(broker_version(session))
 
@@ -194,11 +196,7 @@ async def _rebase(session: Session, queue: str, timeout: float) -> None:
         log.warning(
             "fence %r was minted under counting rule %s, the broker now counts by %s: "
             "re-based from %d to %d (fencing tokens jump once)",
-            queue,
-            old_rule or "dc (amqp-locks 0.1)",
-            rule,
-            base,
-            new_base,
+            queue, old_rule or "dc (amqp-locks 0.1)", rule, base, new_base,
         )
     finally:
         with contextlib.suppress(Exception):

@@ -51,7 +51,9 @@ pytestmark = [
     ),
 ]
 
-HEADER = "\n| primitive | quorum leaders | net_ticktime | holder told (s) | majority granted (s) |"
+HEADER = (
+    "\n| primitive | quorum leaders | net_ticktime | holder told (s) | majority granted (s) |"
+)
 
 
 def grant_bound(net_ticktime: int) -> float:
@@ -99,20 +101,9 @@ def scenario(pc: PartitionCluster, kind: str, leaders: str, name: str) -> Row:
         if leaders == "majority":
             set_up(majority, kind, name)
         holder = pc.run_in_namespace(
-            [
-                sys.executable,
-                "-m",
-                "tests.cluster.partition_holder",
-                pc.node_url(1),
-                name,
-                kind,
-                str(ntt),
-                "1" if leaders == "minority" else "0",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
+            [sys.executable, "-m", "tests.cluster.partition_holder", pc.node_url(1), name,
+             kind, str(ntt), "1" if leaders == "minority" else "0"],
+            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
         )
         assert holder.stdout is not None
         held = holder.stdout.readline().split()

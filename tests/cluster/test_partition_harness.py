@@ -91,9 +91,7 @@ def test_a_cut_stops_quorum_confirms_on_the_minority_side_until_the_heal(
     assert set(pc.running_nodes(2)) == {n.node for n in pc.nodes}
     client = pc.run_in_namespace(
         [sys.executable, "-c", CLIENT, pc.node_url(1), name],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     lines = _lines(client)
     assert lines.get(timeout=60) == "ready"

@@ -53,7 +53,9 @@ class TroubledLease(LeaseDatabaseLocker):
             super()._release()
 
 
-def _master(locker: TroubledLease, **options: float) -> tuple[LockableService, dict[str, float]]:
+def _master(
+    locker: TroubledLease, **options: float
+) -> tuple[LockableService, dict[str, float]]:
     seen: dict[str, float] = {}
     is_master = threading.Event()
 

@@ -46,7 +46,6 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
 __all__ = [
     "DEFAULT_LOCK_ACQUIRE_SLEEP_INTERVAL",
     "AmqpLocker",

@@ -213,7 +213,8 @@ class BrokerCore:
             self._next = (index + 1) % count
             return session
         raise ClusterUnreachable(
-            "no broker node reachable: " + "; ".join(f"{censor(u)}: {e}" for u, e in failures),
+            "no broker node reachable: "
+            + "; ".join(f"{censor(u)}: {e}" for u, e in failures),
             [(censor(u), e) for u, e in failures],
         )
 

@@ -161,7 +161,7 @@ def test_first_acquire_keeps_its_timeout_when_the_handshake_is_never_answered(
     assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
 
 
-@pytest.mark.parametrize("kind", ("mutex", "token"))
+@pytest.mark.parametrize("kind", KINDS)
 def test_cluster_mode_acquire_keeps_its_timeout_through_a_mute_broker(
     kind: str, amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
 ) -> None:

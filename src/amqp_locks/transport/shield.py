@@ -143,12 +143,14 @@ async def answered(
 ) -> T:
     """The part of an administration call that runs under its admin mutex (whose wait
     `held_mutex` bounds itself), given its own `timeout`: answered by `deadline` (see
-    `admin_deadline`) + 1 s, or :class:`~amqp_locks.errors.BrokerTimeout`. It always gets
-    at least `timeout` + `CUT_GRACE`, so a healthy broker's call, whose wait ends at its
-    own deadline followed by a few round trips, is never cut. No `timeout`: unbounded."""
+    `admin_deadline`) + 1 s, or :class:`~amqp_locks.errors.BrokerTimeout`. It gets at
+    least `timeout` + `CUT_GRACE` - `CUT_SETTLE` (the admin mutex's release, after it, may
+    take `CUT_SETTLE`), so a healthy broker's call, whose wait ends at its own deadline
+    followed by a few round trips, is never cut. No `timeout`: unbounded."""
     if timeout is None:
         return await coro
-    bound = timeout if deadline is None else max(timeout, deadline - time.monotonic())
+    left = timeout if deadline is None else max(timeout, deadline - time.monotonic())
+    bound = max(0.0, left - CUT_SETTLE)
 
     def late() -> BaseException:
         return BrokerTimeout(f"{what}: the broker answered nothing in time")

@@ -69,7 +69,7 @@ async def close_quietly(ch: Any) -> None:
 #: How long past the caller's timeout a wait may run before it is cut: a healthy broker's
 #: wait ends at the deadline on its own (plus the round trip in flight, or the connection
 #: being opened), so the cut only meets a broker that stopped answering.
-CUT_GRACE = 0.7
+CUT_GRACE = 0.6
 #: What a cut wait gets to wind down (its cancellation runs) before the caller is answered
 #: anyway; whatever it still holds is undone in the background.
 CUT_SETTLE = 0.2

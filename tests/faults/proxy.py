@@ -238,6 +238,9 @@ class FaultProxy:
                 pending.append((time.monotonic() + self._delay, data))
         except (OSError, ValueError):
             pass
+        if frames is not None:
+            with self._cond:  # what was held for this connection dies with it
+                self._held.pop(id(pair), None)
         pair.close(rst=False)
 
     def _filter(self, key: int, frames: _Frames, data: bytes) -> bytes:

@@ -12,7 +12,6 @@ exclusive queue would succeed; the session's ``held`` set makes the second one w
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -22,6 +21,7 @@ from .names import fence_queue, sentinel_queue, wakeup_queue
 from .queue_lease import LeaseState, grant
 from .transport.broker import BrokerCore
 from .transport.session import Session
+from .transport.shield import CUT_SETTLE, settled_within, within
 from .waiting import Backoff, acquire_loop
 
 
@@ -105,13 +105,21 @@ async def acquire_mutex(
     )
 
 
+async def _release(state: LeaseState | None) -> None:
+    if state is not None:
+        await state.release()
+
+
 @contextlib.asynccontextmanager
 async def held_mutex(
     core: BrokerCore, name: str, timeout: float | None, backoff: Backoff
 ) -> AsyncIterator[LeaseState]:
-    """Hold the mutex for a block (the administration mutex uses this)."""
-    state = await acquire_mutex(
-        core, name, blocking=True, timeout=timeout, fencing=False, backoff=backoff
+    """Hold the mutex for a block (the administration mutex uses this). The wait for it
+    ends within `timeout` + 1 s even when the broker stops answering (`within`)."""
+    state = await within(
+        acquire_mutex(core, name, blocking=True, timeout=timeout, fencing=False, backoff=backoff),
+        timeout,
+        _release,
     )
     if state is None:
         raise AdminLockTimeout(
@@ -121,4 +129,7 @@ async def held_mutex(
     try:
         yield state
     finally:
-        await asyncio.shield(state.release())
+        # Its caller is answered within CUT_SETTLE even if the broker does not answer the
+        # delete (the release goes on; a connection that stays silent is dropped by the
+        # watchdog, which frees the mutex with it).
+        await settled_within(state.release(), CUT_SETTLE)

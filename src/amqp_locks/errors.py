@@ -37,6 +37,11 @@ class BrokerUnreachable(BrokerError):
     """No TCP/AMQP connection could be made to the broker."""
 
 
+class BrokerTimeout(BrokerError, TimeoutError):
+    """An administration call given a timeout got no answer from the broker in time (a
+    hung node, or a link that passes heartbeats only); also a :class:`TimeoutError`."""
+
+
 class ClusterUnreachable(BrokerUnreachable):
     """None of several broker nodes could be reached; ``failures`` pairs each URL
     (password censored) with why it failed."""

@@ -19,10 +19,17 @@ from .errors import ConfigurationError, LockError, LockTimeout
 from .events import observed
 from .held import HeldState
 from .lease import Lease
+from .transport.shield import within
 from .waiting import check_timeout
 
 if TYPE_CHECKING:
     from .transport.broker import BrokerLike
+
+
+async def _undo(state: HeldState | None) -> None:
+    """Give back a grant that came after its caller was told None."""
+    if state is not None:
+        await state.release()
 
 
 def timeout_error(lock: object, blocking: bool, timeout: float | None) -> LockTimeout:
@@ -66,8 +73,13 @@ class LockObject(ABC):
         timed out)."""
 
     async def _acquire(self, blocking: bool, timeout: float | None) -> HeldState | None:
-        """One acquire, observed (its "acquire" event: granted, timeout or error)."""
-        return await observed(self.kind, self.name, self._wait(blocking, timeout))
+        """One acquire, observed (its "acquire" event: granted, timeout or error). A
+        timeout is a promise: the answer comes within ``timeout`` + 1 s even from a broker
+        that keeps the connection alive but answers nothing (`within`)."""
+        bound = check_timeout(timeout) if blocking else None
+        return await observed(
+            self.kind, self.name, within(self._wait(blocking, timeout), bound, _undo)
+        )
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Hold the lock: a :class:`Lease`, or None when not blocking / timed out."""

@@ -27,6 +27,7 @@ from .tokens.admin import TokenAdminCore
 from .tokens.client import TokenSemaphore
 from .tokens.ledger import read_token_as
 from .transport.broker import BrokerCore, BrokerLike
+from .transport.shield import shielded
 from .waiting import Backoff
 
 
@@ -97,8 +98,10 @@ class Mutex(LockObject, HolderQueries):
             return await self._token._wait(blocking, timeout)
         except TokenSemaphoreNotFound:
             # First use: one permit, set up under the administration mutex (idempotent,
-            # so a racing first user changes nothing), then wait as everyone does.
-            await TokenAdminCore(self.broker, self._token.name, quorum=True).setup(1)
+            # so a racing first user changes nothing), then wait as everyone does. Run to
+            # its end even when the caller's timeout cuts the wait (shielded): a set-up
+            # left half-way would leave tokens without their ledger.
+            await shielded(TokenAdminCore(self.broker, self._token.name, quorum=True).setup(1))
             return await self._token._wait(blocking, timeout)
 
     async def _check_mode(self) -> None:

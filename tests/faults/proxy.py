@@ -8,7 +8,11 @@ touching either end:
   connection died first). ``direction="up"`` (client to server) or ``"down"`` cuts one way.
 - ``delay(seconds)`` — every chunk arrives that much later, in both directions, in order.
 - ``reset()`` — every proxied connection is closed with RST: both ends see it at once.
-- ``heal()`` lifts the blackhole; ``passthrough()`` also removes the delay.
+- ``mute(hold=False)`` — (AMQP only) a broker that keeps the connection alive but answers
+  nothing: heartbeat frames (type 8) from the server still pass, every other server->client
+  frame is swallowed (``hold=True``: held back, and delivered in order by ``heal()``, as a
+  late answer). Client->server bytes flow as usual.
+- ``heal()`` lifts the blackhole and the mute; ``passthrough()`` also removes the delay.
 
 Each connection is two pump threads (one per direction) so a delay adds latency without
 throttling the other direction. Faults apply to every connection of the proxy: give each
@@ -31,14 +35,27 @@ _TICK = 0.02
 
 
 class FaultProxy:
-    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        listen_host: str = "127.0.0.1",
+        *,
+        amqp: bool = False,
+    ) -> None:
         self.target = (target_host, target_port)
+        #: The server speaks AMQP 0-9-1: its stream is cut into frames, so `mute` works.
+        self.amqp = amqp
         self._listener = socket.create_server((listen_host, 0))
         self.host = listen_host
         self.port: int = self._listener.getsockname()[1]
         self._cond = threading.Condition()
         self._cut: set[str] = set()  # directions not flowing: "up", "down"
         self._delay = 0.0
+        #: mute(): None (off), "swallow" or "hold".
+        self._mute: str | None = None
+        #: Frames held back by mute(hold=True), per connection, until heal().
+        self._held: dict[int, list[bytes]] = {}
         self._down_chunks = 0
         self._pairs: list[_Pair] = []
         self._stop = threading.Event()
@@ -63,10 +80,22 @@ class FaultProxy:
             self._cut |= {"up", "down"} if direction == "both" else {direction}
             self._cond.notify_all()
 
+    def mute(self, *, hold: bool = False) -> None:
+        """From now on pass only the server's AMQP heartbeat frames to the client; swallow
+        every other frame (``hold``: keep them for ``heal()``). Frames are cut at their
+        boundaries, so the client's stream stays well-formed."""
+        if not self.amqp:
+            raise RuntimeError("mute() needs FaultProxy(..., amqp=True)")
+        with self._cond:
+            self._mute = "hold" if hold else "swallow"
+            self._cond.notify_all()
+
     def heal(self) -> None:
-        """Let bytes flow again both ways (a delay set earlier stays)."""
+        """Let bytes flow again both ways (a delay set earlier stays); frames a
+        ``mute(hold=True)`` held back are delivered first."""
         with self._cond:
             self._cut.clear()
+            self._mute = None
             self._cond.notify_all()
 
     def passthrough(self) -> None:
@@ -163,6 +192,7 @@ class FaultProxy:
 
     def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket, way: str) -> None:
         pending: collections.deque[tuple[float, bytes]] = collections.deque()
+        frames = _Frames() if way == "down" and self.amqp else None
         eof = False
         try:
             while not pair.closed:
@@ -170,6 +200,11 @@ class FaultProxy:
                     if way in self._cut:
                         self._cond.wait(_TICK)  # partitioned: read nothing, send nothing
                         continue
+                if frames is not None and self._held.get(id(pair)):
+                    with self._cond:  # healed: the held frames go first
+                        held = self._held.pop(id(pair), []) if self._mute is None else []
+                    if held:
+                        pending.append((time.monotonic() + self._delay, b"".join(held)))
                 now = time.monotonic()
                 while pending and pending[0][0] <= now:
                     try:
@@ -196,15 +231,66 @@ class FaultProxy:
                 if not data:
                     eof = True
                     continue
+                if frames is not None:
+                    data = self._filter(id(pair), frames, data)
+                    if not data:
+                        continue
                 pending.append((time.monotonic() + self._delay, data))
         except (OSError, ValueError):
             pass
+        if frames is not None:
+            with self._cond:  # what was held for this connection dies with it
+                self._held.pop(id(pair), None)
         pair.close(rst=False)
+
+    def _filter(self, key: int, frames: _Frames, data: bytes) -> bytes:
+        """What of `data` (server->client) goes on now: everything when not muted (held
+        frames first), else only heartbeat frames; partial frames wait for their rest."""
+        out: list[bytes] = []
+        with self._cond:
+            mute = self._mute
+            held = self._held.pop(key, []) if mute is None else []
+        out.extend(held)
+        for frame in frames.feed(data):
+            if mute is None or frame[0] == _HEARTBEAT:
+                out.append(frame)
+            elif mute == "hold":
+                with self._cond:
+                    self._held.setdefault(key, []).append(frame)
+        return b"".join(out)
 
     def _wait_open(self, pair: _Pair, way: str) -> None:
         with self._cond:
             while way in self._cut and not pair.closed and not self._stop.is_set():
                 self._cond.wait(_TICK)
+
+
+_HEARTBEAT = 8
+_FRAME_END = 0xCE
+
+
+class _Frames:
+    """Cuts an AMQP 0-9-1 server->client byte stream into whole frames (type, channel,
+    size, payload, frame-end), for ``FaultProxy(amqp=True)``. Bytes that turn out not to
+    be AMQP framing are passed on as they come."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        out: list[bytes] = []
+        while len(self._buf) >= 7:
+            size = struct.unpack_from("!I", self._buf, 3)[0]
+            if len(self._buf) < 8 + size:
+                break
+            if self._buf[7 + size] != _FRAME_END:  # not AMQP framing: give up cutting
+                out.append(self._buf)
+                self._buf = b""
+                break
+            out.append(self._buf[: 8 + size])
+            self._buf = self._buf[8 + size :]
+        return out
 
 
 class _Pair:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import socketserver
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -139,3 +140,58 @@ def test_a_closed_end_is_not_reported_across_a_cut(proxy: FaultProxy) -> None:
     while proxy.connections and time.monotonic() < deadline:
         time.sleep(0.01)
     assert proxy.connections == 0
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    """An AMQP 0-9-1 frame on channel 1 (the echo server sends it back, server->client)."""
+    return struct.pack("!BHI", kind, 1, len(payload)) + payload + b"\xce"
+
+
+def _recv_exactly(s: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        chunk = s.recv(n - len(got))
+        assert chunk, "connection closed"
+        got += chunk
+    return got
+
+
+@pytest.fixture
+def amqp_proxy(echo: tuple[str, int]) -> Iterator[FaultProxy]:
+    with FaultProxy(*echo, amqp=True) as p:
+        yield p
+
+
+def test_mute_passes_heartbeat_frames_only(amqp_proxy: FaultProxy) -> None:
+    method, heartbeat = _frame(1, b"m" * 300), _frame(8, b"")
+    with _connect(amqp_proxy) as s:
+        s.settimeout(5)
+        s.sendall(method)
+        assert _recv_exactly(s, len(method)) == method  # not muted yet: everything passes
+        amqp_proxy.mute()
+        s.sendall(method[:9])  # a frame cut across chunks is still recognised
+        s.sendall(method[9:] + heartbeat + method)
+        assert _recv_exactly(s, len(heartbeat)) == heartbeat
+        s.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            s.recv(10)  # both method frames were swallowed
+        amqp_proxy.heal()
+        s.settimeout(5)
+        s.sendall(method)
+        assert _recv_exactly(s, len(method)) == method  # swallowed ones stay gone
+
+
+def test_mute_with_hold_delivers_the_frames_late_on_heal(amqp_proxy: FaultProxy) -> None:
+    first, second, heartbeat = _frame(1, b"a"), _frame(3, b"b" * 70_000), _frame(8, b"")
+    with _connect(amqp_proxy) as s:
+        s.settimeout(5)
+        amqp_proxy.mute(hold=True)
+        s.sendall(first + heartbeat + second)
+        assert _recv_exactly(s, len(heartbeat)) == heartbeat
+        amqp_proxy.heal()
+        assert _recv_exactly(s, len(first + second)) == first + second  # in order
+
+
+def test_mute_needs_an_amqp_proxy(proxy: FaultProxy) -> None:
+    with pytest.raises(RuntimeError):
+        proxy.mute()

@@ -12,6 +12,7 @@ from ..lockobject import LockObject
 from ..records import LockStatus
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
+from ..transport.shield import shielded
 from ..waiting import Backoff, check_timeout, pause_for_a_node
 from .admin import (
     RWLockStatus,
@@ -61,7 +62,7 @@ class _Half(LockObject):
             except QueueNotFound:
                 if set_up:
                     raise
-                await self.rw._setup()
+                await shielded(self.rw._setup())  # never left half-way by a cut wait
                 set_up = True
             except ConnectionLost:
                 expired = deadline is not None and time.monotonic() >= deadline

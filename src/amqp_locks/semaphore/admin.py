@@ -35,9 +35,11 @@ from ..names import (
     validate_name,
     wakeup_queue,
 )
+from ..records import HOLDER_TIMEOUT
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
+from ..transport.shield import admin_deadline, answered
 from ..waiting import Backoff, check_timeout
 from .cluster import ClusterSlots
 from .slots import find_max, held_slots, held_slots_among
@@ -210,18 +212,25 @@ class SemaphoreAdminCore:
         wait = check_timeout(wait) if wait is not None else None
         if self._cluster is not None:
             return Removal(await self._cluster.remove_slots(count, wait), (), ())
+        # wait=0 waits for nothing: bounded by the admin mutex's wait alone, as before.
+        bound = wait or None
+        deadline = admin_deadline(self.mutex_timeout, bound)
         async with self._mutex() as session:
-            c = await find_max(session, self.name)
-            extra = await self._overshoot(session, c, self.overshoot)
-            doomed = list(range(c, max(0, c - count), -1))
-            if self.ascending:
-                doomed.reverse()
-            await self._delete_slots(session, doomed)
-            held = await held_slots_among(session, self.name, doomed)
-            if held and wait != 0:
-                held = await self._wait(session, held, wait)
-            log.info("removed slots %s of %r; still held: %s", doomed, self.name, held)
-            return Removal(tuple(doomed), extra, tuple(held))
+            what = f"remove_slots of {self.name!r}"
+            return await answered(self._remove(session, count, wait), bound, deadline, what)
+
+    async def _remove(self, session: Session, count: int, wait: float | None) -> Removal:
+        c = await find_max(session, self.name)
+        extra = await self._overshoot(session, c, self.overshoot)
+        doomed = list(range(c, max(0, c - count), -1))
+        if self.ascending:
+            doomed.reverse()
+        await self._delete_slots(session, doomed)
+        held = await held_slots_among(session, self.name, doomed)
+        if held and wait != 0:
+            held = await self._wait(session, held, wait)
+        log.info("removed slots %s of %r; still held: %s", doomed, self.name, held)
+        return Removal(tuple(doomed), extra, tuple(held))
 
     async def holders(self, *, beyond: int = 0) -> list[int]:
         beyond = _count(beyond, "beyond")
@@ -238,10 +247,16 @@ class SemaphoreAdminCore:
         if interval <= 0:
             raise ConfigurationError(f"interval must be > 0, got {interval}")
         wanted = [check_slot_number(k) for k in slots]
+        what = f"wait_for_holders of {self.name!r}"
         if self._cluster is not None:
-            return await self._cluster.wait_for_holders(wanted, timeout, interval)
+            polls = self._cluster.wait_for_holders(wanted, timeout, interval)
+            # Its last round may start at the deadline and ask the holders for as long.
+            bound = None if timeout is None else timeout + HOLDER_TIMEOUT
+            return await answered(polls, bound, None, what)
+        deadline = admin_deadline(self.mutex_timeout, timeout)
         async with self._mutex() as session:
-            return await self._wait(session, wanted, timeout, interval)
+            polls = self._wait(session, wanted, timeout, interval)
+            return await answered(polls, timeout, deadline, what)
 
     async def _wait(
         self, session: Session, slots: Sequence[int], timeout: float | None, interval: float = 0.1

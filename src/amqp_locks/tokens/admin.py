@@ -28,6 +28,7 @@ from ..transport.features import (
     min_lock_delay_ms,
 )
 from ..transport.session import Session
+from ..transport.shield import admin_deadline, answered
 from ..waiting import Backoff, check_timeout
 from .drain import collect, drain
 from .fencing import mint_headers
@@ -197,14 +198,19 @@ class TokenAdminCore:
         """See :meth:`TokenAdmin.remove_permits`."""
         count = _positive(count, "count")
         timeout = check_timeout(timeout)
+        deadline = admin_deadline(self.mutex_timeout, timeout)
         async with self._mutex() as session:
-            ledger = await require_ledger(session, self.name)
-            want = min(count, ledger.permits)
-            removed = await drain(session, self.name, want, timeout, ack=True)
-            kept = [i for i in ledger.ids if i not in removed]
-            await write_ledger(session, self.name, ledger.with_ids(kept))
-            log.info("removed permits %s from %r", removed, self.name)
-            return removed
+            what = f"remove_permits of {self.name!r}"
+            return await answered(self._remove(session, count, timeout), timeout, deadline, what)
+
+    async def _remove(self, session: Session, count: int, timeout: float | None) -> list[int]:
+        ledger = await require_ledger(session, self.name)
+        want = min(count, ledger.permits)
+        removed = await drain(session, self.name, want, timeout, ack=True)
+        kept = [i for i in ledger.ids if i not in removed]
+        await write_ledger(session, self.name, ledger.with_ids(kept))
+        log.info("removed permits %s from %r", removed, self.name)
+        return removed
 
     async def status(self) -> TokenStatus:
         """See :meth:`TokenAdmin.status`."""
@@ -214,21 +220,31 @@ class TokenAdminCore:
     async def audit(self, timeout: float = 5.0) -> Audit:
         """See :meth:`TokenAdmin.audit`."""
         wait = float(check_timeout(timeout) or 0.0)
+        deadline = admin_deadline(self.mutex_timeout, wait)
         async with self._mutex() as session:
-            ledger = await require_ledger(session, self.name)
-            return audit_of(ledger, await collect(session, self.name, ledger, wait))
+            what = f"audit of {self.name!r}"
+            return await answered(self._audit(session, wait), wait, deadline, what)
+
+    async def _audit(self, session: Session, wait: float) -> Audit:
+        ledger = await require_ledger(session, self.name)
+        return audit_of(ledger, await collect(session, self.name, ledger, wait))
 
     async def repair(self, timeout: float = 5.0) -> Audit:
         """See :meth:`TokenAdmin.repair`."""
         wait = float(check_timeout(timeout) or 0.0)
+        deadline = admin_deadline(self.mutex_timeout, wait)
         async with self._mutex() as session:
-            ledger = await require_ledger(session, self.name)
-            seen = await collect(session, self.name, ledger, wait, drop_surplus=True)
-            result = audit_of(ledger, seen)
-            if result.missing:
-                await publish_tokens(session, self.name, list(result.missing), ledger.quorum)
-                log.warning("re-published missing permits %s of %r", result.missing, self.name)
-            return result
+            what = f"repair of {self.name!r}"
+            return await answered(self._repair(session, wait), wait, deadline, what)
+
+    async def _repair(self, session: Session, wait: float) -> Audit:
+        ledger = await require_ledger(session, self.name)
+        seen = await collect(session, self.name, ledger, wait, drop_surplus=True)
+        result = audit_of(ledger, seen)
+        if result.missing:
+            await publish_tokens(session, self.name, list(result.missing), ledger.quorum)
+            log.warning("re-published missing permits %s of %r", result.missing, self.name)
+        return result
 
     async def destroy(self) -> None:
         """See :meth:`TokenAdmin.destroy`."""

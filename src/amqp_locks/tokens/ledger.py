@@ -89,6 +89,8 @@ async def require_ledger(session: Session, name: str) -> Ledger:
 async def write_ledger(session: Session, name: str, ledger: Ledger) -> None:
     """Publish the new record (confirmed), then drop the older ones."""
     queue = ledger_queue(name)
+    if name not in session.ledger_versions:  # forgotten (a bounded map): read it again
+        await read_ledger(session, name)
     version = session.ledger_versions.get(name, -1) + 1
     body = json.dumps(
         {

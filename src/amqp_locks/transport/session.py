@@ -30,6 +30,7 @@ from .logfilters import OUR_LOOPS
 from .ports import LostCallback
 from .queue_ops import QueueOps
 from .quorum_guard import ClusterTiming, QuorumGuard
+from .recent import RecentDict, RecentSet
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -77,21 +78,23 @@ class Session(QueueOps):
         self.conn: aiormq.Connection | None = None
         self.lost_reason: str | None = None
         self.held: set[str] = set()
-        self.fences_known: set[str] = set()
+        #: Fence queues known to exist. This and every per-name map below remember the
+        #: names used last only (recent.py): a process may use names without end.
+        self.fences_known: RecentSet[str] = RecentSet()
         #: Locks this session checked are not also used in the other mode (mutex.py).
-        self.modes_checked: set[str] = set()
+        self.modes_checked: RecentSet[str] = RecentSet()
         #: When this process last released each lock, by wake-up queue, and whether its
         #: wake-up notice found the queue, i.e. someone waits (waiting.py lets the waiters
         #: go first when it asks again at once).
-        self.released_at: dict[str, tuple[float, asyncio.Future[bool]]] = {}
+        self.released_at: RecentDict[str, tuple[float, asyncio.Future[bool]]] = RecentDict()
         #: Sentinel queues declared on this connection (declared once, not per grant).
-        self.sentinels_declared: set[str] = set()
+        self.sentinels_declared: RecentSet[str] = RecentSet()
         #: The slot this process released last, per semaphore (tried first next time).
-        self.slot_hints: dict[str, int] = {}
+        self.slot_hints: RecentDict[str, int] = RecentDict()
         #: Last size seen per semaphore: where the next slot search's first window ends.
-        self.size_hints: dict[str, int] = {}
+        self.size_hints: RecentDict[str, int] = RecentDict()
         #: Last token-semaphore ledger version read per name (tokens/ledger.py).
-        self.ledger_versions: dict[str, int] = {}
+        self.ledger_versions: RecentDict[str, int] = RecentDict()
         #: Locks held through this session (released cleanly on Broker.close()); holding
         #: a name keeps it bound to our holder queue, so readers can ask who holds it.
         self.leases = HeldLeases(HolderResponder(self))

@@ -1,0 +1,284 @@
+"""A timeout is a promise: ``acquire(timeout=T)`` answers within T + 1 s whatever the broker
+does, here a broker that keeps heartbeats flowing but answers nothing else (FaultProxy's
+``mute``), and a grant made meanwhile is never left held."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from yarl import URL
+
+from amqp_locks import (
+    AdminLockTimeout,
+    Broker,
+    BrokerTimeout,
+    Mutex,
+    PersistentSemaphore,
+    ReadWriteLock,
+    SemaphoreAdmin,
+    TokenAdmin,
+    TokenSemaphore,
+    aio,
+)
+from amqp_locks.names import token_queue
+from amqp_locks_dev import devbroker
+
+from .faultproxy import FaultProxy
+
+T = 2.0
+#: The promise: the answer within T + 1 s.
+BOUND = T + 1.0
+#: How long the check with a direct connection may wait for a lock the muted client was
+#: cut from: the broker frees it at once when the proxy drops that connection (or the
+#: late grant is released); far below the muted client's 30 s loss timeout.
+FREE_WITHIN = 5.0
+
+KINDS = ("mutex", "token", "semaphore", "read", "write")
+
+
+@pytest.fixture
+def amqp_proxy(node: devbroker.NodeInfo) -> Iterator[FaultProxy]:
+    url = URL(node.url)
+    p = FaultProxy(url.host or "127.0.0.1", url.port or 5672, amqp=True)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def brokers() -> Iterator[Callable[..., Broker]]:
+    made: list[Broker] = []
+
+    def make(url: str, **options: Any) -> Broker:
+        b = Broker(url, **options)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close(timeout=1.0)
+
+
+def set_up(kind: str, broker: Broker, name: str) -> None:
+    if kind == "semaphore":
+        SemaphoreAdmin(broker, name).create(1)
+    elif kind == "token":
+        TokenSemaphore(broker, name).setup(1)
+    elif kind in ("read", "write"):
+        ReadWriteLock(broker, name, readers=2).setup()
+
+
+def sync_lock(kind: str, broker: Broker, name: str) -> Any:
+    if kind == "mutex":
+        return Mutex(broker, name)
+    if kind == "token":
+        return TokenSemaphore(broker, name)
+    if kind == "semaphore":
+        return PersistentSemaphore(broker, name)
+    rw = ReadWriteLock(broker, name, readers=2)
+    return rw.read_lock if kind == "read" else rw.write_lock
+
+
+def aio_lock(kind: str, broker: aio.Broker, name: str) -> Any:
+    if kind == "mutex":
+        return aio.Mutex(broker, name)
+    if kind == "token":
+        return aio.TokenSemaphore(broker, name)
+    if kind == "semaphore":
+        return aio.PersistentSemaphore(broker, name)
+    rw = aio.ReadWriteLock(broker, name, readers=2)
+    return rw.read_lock if kind == "read" else rw.write_lock
+
+
+def assert_free(kind: str, direct: Broker, name: str) -> None:
+    """Nothing is left held: a direct client gets the lock (a write lock for the rwlock,
+    which a leaked reader would block too)."""
+    lock = sync_lock("write" if kind == "read" else kind, direct, name)
+    lease = lock.acquire(timeout=FREE_WITHIN)
+    assert lease is not None, f"{kind} {name!r} still held after the muted client was cut"
+    lease.release()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.monotonic()
+    result = fn()
+    return result, time.monotonic() - start
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sync_acquire_keeps_its_timeout_through_a_mute_broker(
+    kind: str, amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    direct = brokers(amqp_url)
+    set_up(kind, direct, name)
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    lock = sync_lock(kind, through, name)
+    lock.acquire(timeout=5).release()  # connected, every lazy step taken once
+    amqp_proxy.mute()
+    lease, took = timed(lambda: lock.acquire(timeout=T))
+    assert lease is None
+    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+    amqp_proxy.reset()  # the broker sees the connection end: whatever it granted is freed
+    assert_free(kind, direct, name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_aio_acquire_keeps_its_timeout_through_a_mute_broker(
+    kind: str, amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    direct = brokers(amqp_url)
+    set_up(kind, direct, name)
+
+    async def main() -> tuple[Any, float]:
+        async with aio.Broker(amqp_proxy.url(), heartbeat=30.0) as through:
+            lock = aio_lock(kind, through, name)
+            await (await lock.acquire(timeout=5)).release()
+            amqp_proxy.mute()
+            start = time.monotonic()
+            lease = await lock.acquire(timeout=T)
+            took = time.monotonic() - start
+            amqp_proxy.reset()  # before the close, which then has nothing to wait for
+            return lease, took
+
+    lease, took = asyncio.run(main())
+    assert lease is None
+    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+    assert_free(kind, direct, name)
+
+
+def test_first_acquire_keeps_its_timeout_when_the_handshake_is_never_answered(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    """No connection yet: connection.start never arrives (connect_timeout is 10 s)."""
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    amqp_proxy.mute()
+    lease, took = timed(lambda: Mutex(through, name).acquire(timeout=T))
+    assert lease is None
+    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cluster_mode_acquire_keeps_its_timeout_through_a_mute_broker(
+    kind: str, amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    direct = brokers(amqp_url, cluster=True)
+    set_up(kind, direct, name)
+    through = brokers(amqp_proxy.url(), heartbeat=30.0, cluster=True)
+    lock = sync_lock(kind, through, name)
+    lock.acquire(timeout=10).release()
+    amqp_proxy.mute()
+    lease, took = timed(lambda: lock.acquire(timeout=T))
+    assert lease is None
+    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+    amqp_proxy.reset()
+    assert_free(kind, direct, name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_late_grant_is_given_back_not_kept(
+    kind: str, amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    """The broker's answers arrive after the caller got None (held back, then delivered):
+    the grant they make is released at once, on a connection that stays up."""
+    direct = brokers(amqp_url)
+    set_up(kind, direct, name)
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    lock = sync_lock(kind, through, name)
+    lock.acquire(timeout=5).release()
+    amqp_proxy.mute(hold=True)
+    lease, took = timed(lambda: lock.acquire(timeout=T))
+    assert lease is None
+    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+    amqp_proxy.heal()  # every answer held back arrives now
+    assert_free(kind, direct, name)
+    assert amqp_proxy.connections >= 1  # freed by a release, not by a dropped connection
+    assert through._core._session is not None and through._core._session.alive
+
+
+def test_admin_mutex_wait_keeps_its_timeout_through_a_mute_broker(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    """The administration mutex is waited for within mutex_timeout + 1 s."""
+    direct = brokers(amqp_url)
+    SemaphoreAdmin(direct, name).create(1)
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    admin = SemaphoreAdmin(through, name, mutex_timeout=T)
+    assert admin.max_slots() == 1  # connected
+    amqp_proxy.mute()
+    start = time.monotonic()
+    with pytest.raises(AdminLockTimeout):
+        admin.wait_for_holders([1], timeout=1.0)
+    took = time.monotonic() - start
+    assert took < T + 1.0 + 1.0, f"wait_for_holders took {took:.2f}s"
+    amqp_proxy.reset()
+    assert_free("mutex", direct, name)  # the administration mutex is not left held
+
+
+def test_remove_permits_keeps_its_timeout_when_the_broker_stops_answering_mid_drain(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    """Muted while it drains (after it holds the admin mutex): BrokerTimeout within
+    mutex_timeout + timeout + 1 s, and the token semaphore keeps its permit."""
+    direct = brokers(amqp_url)
+    TokenSemaphore(direct, name).setup(1)
+    held = TokenSemaphore(direct, name).acquire(timeout=5)
+    assert held is not None
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    admin = TokenAdmin(through, name, mutex_timeout=T)
+    assert admin.status().permits == 1  # connected
+
+    async def drains() -> int:
+        session = await direct._core.session()
+        _, consumers = await session.declare_passive_counts(token_queue(name))
+        return consumers
+
+    outcome: list[BaseException | list[int]] = []
+    start = time.monotonic()
+    worker = threading.Thread(target=lambda: outcome.append(_call(admin.remove_permits, 1, T)))
+    worker.start()
+    while direct._core.run(drains()) < 2:  # the holder's consumer and the drain's
+        assert time.monotonic() - start < T, "the drain never started"
+        time.sleep(0.01)
+    amqp_proxy.mute()
+    worker.join()
+    took = time.monotonic() - start
+    assert isinstance(outcome[0], BrokerTimeout), outcome
+    assert took < T + T + 1.0, f"remove_permits took {took:.2f}s"
+    amqp_proxy.reset()
+    held.release()
+    assert TokenAdmin(direct, name).audit(timeout=2).missing == ()
+    assert_free("token", direct, name)
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except BaseException as exc:
+        return exc
+
+
+def test_aio_admin_call_keeps_its_timeout_through_a_mute_broker(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    direct = brokers(amqp_url)
+    TokenSemaphore(direct, name).setup(1)
+
+    async def main() -> float:
+        async with aio.Broker(amqp_proxy.url(), heartbeat=30.0) as through:
+            admin = aio.TokenAdmin(through, name, mutex_timeout=T)
+            assert (await admin.status()).permits == 1
+            amqp_proxy.mute()
+            start = time.monotonic()
+            with pytest.raises((AdminLockTimeout, BrokerTimeout)):
+                await admin.audit(timeout=1.0)
+            took = time.monotonic() - start
+            amqp_proxy.reset()
+            return took
+
+    took = asyncio.run(main())
+    assert took < T + 1.0 + 1.0, f"audit took {took:.2f}s"
+    assert_free("token", direct, name)

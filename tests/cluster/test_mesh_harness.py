@@ -1,0 +1,162 @@
+"""The mesh harness (amqp_locks_dev.mesh, issue 29 point 3) cuts exactly the links asked for.
+
+Every node of a RabbitMQ 4.3.6 cluster runs in a network namespace of its own, one veth
+link per pair of nodes; with ``net_ticktime = 10``:
+
+- 3 nodes, link 1-2 cut: node 1 sees node 2 go down, still sees node 3 running, and node 3
+  sees all three; after the heal all three run again as every node sees it;
+- 5 nodes split {1, 4, 5} | {2, 3}: node 1 sees 2 and 3 down, node 4 still sees 5; after
+  the heal all five run again;
+- teardown leaves no namespace, link or route: after a test, after a start that failed
+  half-way, and after a harness killed by SIGKILL (swept by the next one).
+
+Run with ``-s`` to see the figures (start-up, cut to detection, heal to all running).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from amqp_locks_dev import devbroker, mesh, partition
+
+from .conftest import MakeMesh, wait_until
+
+pytestmark = [
+    pytest.mark.skipif(
+        devbroker.default_version() != "4.3",
+        reason="the harness's figures are RabbitMQ 4.3.6's (Khepri): AMQP_LOCKS_RABBITMQ=4.3",
+    ),
+]
+
+NET_TICKTIME = 10
+#: How long after the heal every node must see every node running again.
+HEAL_BOUND = 90.0
+
+
+@pytest.fixture(autouse=True)
+def all_nodes_up() -> None:
+    """Not the shared test cluster: this module makes its own (one cluster at a time)."""
+
+
+def _names(mc: mesh.MeshCluster, *indexes: int) -> set[str]:
+    return {mc.node(i).node for i in indexes}
+
+
+def _all_running(mc: mesh.MeshCluster) -> bool:
+    everyone = _names(mc, *range(1, mc.size + 1))
+    return all(set(mc.running_nodes(i)) == everyone for i in range(1, mc.size + 1))
+
+
+def _gone(net: mesh.MeshNetwork) -> None:
+    assert mesh.mesh_leftovers(net) == []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(ns in listed for ns in net.namespaces)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"alp{net.id}" not in links
+    assert not (partition.STATE_DIR / f"mesh-{net.id}.json").exists()
+
+
+@pytest.mark.timeout(600)
+def test_a_cut_link_parts_only_its_two_nodes(make_mesh: MakeMesh) -> None:
+    mc = make_mesh(version="4.3", size=3, net_ticktime=NET_TICKTIME)
+    print(f"\nmesh: 3-node {mc.version} cluster up in {mc.started_in:.1f} s")
+    assert _all_running(mc)
+
+    cut_at = time.time()
+    mc.cut_link(1, 2)
+    detected = mc.wait_node_down(1, 2, timeout=60) - cut_at
+    print(f"cut 1-2 -> node 1 sees node 2 down: {detected:.2f} s")
+    assert detected <= 1.25 * NET_TICKTIME + 5
+    assert _names(mc, 1, 3) <= set(mc.running_nodes(1))
+    assert mc.node(2).node not in mc.running_nodes(1)
+    assert set(mc.running_nodes(3)) == _names(mc, 1, 2, 3)
+
+    healed_at = time.monotonic()
+    mc.heal()
+    links_at = time.monotonic()
+    wait_until(lambda: _all_running(mc), HEAL_BOUND, "all three running after the heal")
+    done = time.monotonic()
+    print(f"heal: links up in {links_at - healed_at:.2f} s, all running {done - healed_at:.2f} s")
+
+    net = mc.net
+    mc.teardown()
+    _gone(net)
+
+
+@pytest.mark.timeout(900)
+def test_a_split_of_five_parts_the_groups(make_mesh: MakeMesh) -> None:
+    mc = make_mesh(version="4.3", size=5, net_ticktime=NET_TICKTIME)
+    print(f"\nmesh: 5-node {mc.version} cluster up in {mc.started_in:.1f} s")
+    assert _all_running(mc)
+
+    cut_at = time.time()
+    mc.split([1, 4, 5], [2, 3])
+    assert mc.cut_links == {(1, 2), (1, 3), (2, 4), (2, 5), (3, 4), (3, 5)}
+    seen = [mc.wait_node_down(1, i, timeout=60) - cut_at for i in (2, 3)]
+    print(f"split -> node 1 sees nodes 2, 3 down: {seen[0]:.2f} s, {seen[1]:.2f} s")
+    running = set(mc.running_nodes(4))
+    assert _names(mc, 1, 4, 5) <= running and not running & _names(mc, 2, 3)
+
+    healed_at = time.monotonic()
+    mc.heal()
+    links_at = time.monotonic()
+    wait_until(lambda: _all_running(mc), HEAL_BOUND, "all five running after the heal")
+    done = time.monotonic()
+    print(f"heal: links up in {links_at - healed_at:.2f} s, all running {done - healed_at:.2f} s")
+
+    net = mc.net
+    mc.teardown()
+    _gone(net)
+
+
+@pytest.mark.timeout(300)
+def test_a_start_that_fails_half_way_leaves_nothing() -> None:
+    made: list[mesh.MeshNetwork] = []
+    original = mesh.MeshCluster._start
+
+    def start(self: mesh.MeshCluster, wait: float) -> None:
+        made.append(self.net)
+        original(self, 0.5)  # no node boots in half a second: fails with epmds up
+
+    mesh.MeshCluster._start = start  # type: ignore[method-assign]
+    try:
+        with pytest.raises(devbroker.DevBrokerError), mesh.mesh_cluster("4.3", 3):
+            pass
+    finally:
+        mesh.MeshCluster._start = original  # type: ignore[method-assign]
+    assert made
+    _gone(made[0])
+
+
+#: A harness killed before its teardown: makes a mesh's network and epmds, then waits.
+CRASHING = r"""
+import subprocess, sys, time
+from amqp_locks_dev import mesh
+net = mesh._create_network(3)
+epmds = [subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "600"]) for ns in net.namespaces]
+mesh._update_record(net, epmds=[p.pid for p in epmds])
+print(net.id, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_harness_is_swept_by_the_next() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    net_id = proc.stdout.readline().strip()
+    record = partition.STATE_DIR / f"mesh-{net_id}.json"
+    raw = json.loads(record.read_text())
+    net = mesh.MeshNetwork(net_id, ipaddress.IPv4Network(raw["block"]), 3)
+    assert mesh.mesh_leftovers(net)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert set(net.namespaces) <= set(partition.sweep_stale())
+    _gone(net)

@@ -26,6 +26,7 @@ import pytest
 
 from amqp_locks_dev import devbroker, mesh, partition
 
+from ..nodes import test_home
 from .conftest import MakeMesh, wait_until
 
 pytestmark = [
@@ -85,6 +86,13 @@ def test_a_cut_link_parts_only_its_two_nodes(make_mesh: MakeMesh) -> None:
     done = time.monotonic()
     print(f"heal: links up in {links_at - healed_at:.2f} s, all running {done - healed_at:.2f} s")
 
+    mc.kill(3)
+    mc.wait_node_down(1, 3, timeout=30)
+    restarted_at = time.monotonic()
+    assert mc.start_node(3).netns == mc.net.ns(3)
+    wait_until(lambda: _all_running(mc), HEAL_BOUND, "all three running after node 3's restart")
+    print(f"kill 3, start 3 -> all running: {time.monotonic() - restarted_at:.2f} s")
+
     net = mc.net
     mc.teardown()
     _gone(net)
@@ -127,7 +135,9 @@ def test_a_start_that_fails_half_way_leaves_nothing() -> None:
 
     mesh.MeshCluster._start = start  # type: ignore[method-assign]
     try:
-        with pytest.raises(devbroker.DevBrokerError), mesh.mesh_cluster("4.3", 3):
+        home = test_home()
+        base = home / "mesh" if home else None
+        with pytest.raises(devbroker.DevBrokerError), mesh.mesh_cluster("4.3", 3, base_dir=base):
             pass
     finally:
         mesh.MeshCluster._start = original  # type: ignore[method-assign]

@@ -26,7 +26,7 @@ import pytest
 
 from amqp_locks_dev import devbroker, mesh, partition
 
-from ..nodes import test_home
+from .. import nodes
 from .conftest import MakeMesh, wait_until
 
 pytestmark = [
@@ -135,7 +135,7 @@ def test_a_start_that_fails_half_way_leaves_nothing() -> None:
 
     mesh.MeshCluster._start = start  # type: ignore[method-assign]
     try:
-        home = test_home()
+        home = nodes.test_home()
         base = home / "mesh" if home else None
         with pytest.raises(devbroker.DevBrokerError), mesh.mesh_cluster("4.3", 3, base_dir=base):
             pass

@@ -111,6 +111,13 @@ def test_a_split_of_five_parts_the_groups(make_mesh: MakeMesh) -> None:
     print(f"split -> node 1 sees nodes 2, 3 down: {seen[0]:.2f} s, {seen[1]:.2f} s")
     running = set(mc.running_nodes(4))
     assert _names(mc, 1, 4, 5) <= running and not running & _names(mc, 2, 3)
+    # No other path: from node 1's namespace TCP gets to 4 and 5 only; the host, over its
+    # own links, to every node.
+    net, port = mc.net, mc.epmd_port
+    targets = [(net.address(i), port) for i in range(2, 6)]
+    unreachable = mesh._unreachable(net.ns(1), targets)
+    assert unreachable == [f"{net.address(i)}:{port}" for i in (2, 3)]
+    assert all(partition._listening(net.address(i), port) for i in range(1, 6))
 
     healed_at = time.monotonic()
     mc.heal()

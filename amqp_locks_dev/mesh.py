@@ -479,16 +479,19 @@ class MeshCluster(ClusterNodes):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
 
-        def kill(node: NodeInfo) -> str | None:
+        def kill(node_dir: Path) -> str | None:
             try:
-                NODES.kill(node.base_dir)
+                NODES.kill(node_dir)
             except (DevBrokerError, OSError) as e:
-                return f"kill {node.node}: {e}"
+                return f"kill the node in {node_dir}: {e}"
             return None
 
-        if self.nodes:
-            with ThreadPoolExecutor(len(self.nodes)) as pool:
-                errors += [e for e in pool.map(kill, self.nodes) if e]
+        # Every node that got as far as a state file, booted or not (a failed start leaves
+        # `nodes` empty); whatever else runs in the namespaces dies with them below.
+        node_dirs = [state.parent for state in sorted(self.base_dir.glob("*/node.json"))]
+        if node_dirs:
+            with ThreadPoolExecutor(len(node_dirs)) as pool:
+                errors += [e for e in pool.map(kill, node_dirs) if e]
         for epmd in self._epmds:
             if epmd.poll() is None:
                 epmd.kill()

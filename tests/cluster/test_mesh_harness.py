@@ -24,6 +24,7 @@ import time
 
 import pytest
 
+from amqp_locks import Broker
 from amqp_locks_dev import devbroker, mesh, partition
 
 from .. import nodes
@@ -37,6 +38,18 @@ pytestmark = [
 ]
 
 NET_TICKTIME = 10
+#: A client in a namespace: connects to the URL given (guest, over a non-loopback address)
+#: and closes.
+CLIENT = r"""
+import asyncio, sys
+import aiormq
+
+async def main() -> None:
+    await (await aiormq.connect(sys.argv[1])).close()
+
+asyncio.run(main())
+"""
+
 #: How long after the heal every node must see every node running again.
 HEAL_BOUND = 90.0
 
@@ -69,6 +82,12 @@ def test_a_cut_link_parts_only_its_two_nodes(make_mesh: MakeMesh) -> None:
     mc = make_mesh(version="4.3", size=3, net_ticktime=NET_TICKTIME)
     print(f"\nmesh: 3-node {mc.version} cluster up in {mc.started_in:.1f} s")
     assert _all_running(mc)
+    # Clients: on the host (any node, over its host link), beside node 1 (node 1).
+    broker = Broker(mc.urls, connect_timeout=10)
+    broker.connect()
+    broker.close()
+    beside = mc.run_in_namespace(1, [sys.executable, "-c", CLIENT, mc.node_url(1)])
+    assert beside.wait(timeout=60) == 0
 
     cut_at = time.time()
     mc.cut_link(1, 2)

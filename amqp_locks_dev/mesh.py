@@ -345,6 +345,23 @@ def sweep_stale_meshes() -> list[str]:
     return swept
 
 
+def _join_all(seed: NodeInfo, others: Sequence[NodeInfo]) -> None:
+    """``devcluster._join`` of every node in `others`, its stops and starts side by side:
+    only the ``join_cluster`` calls (membership changes) go one at a time. A third of a
+    5-node mesh's start-up was its joins one after the other."""
+    joiners = [n for n in others if seed.node not in devcluster.members(n)[0]]
+    if not joiners:
+        return
+    devcluster._parallel(
+        [lambda n=n: devbroker.rabbitmqctl(n, "stop_app") for n in joiners]  # type: ignore[misc]
+    )
+    for node in joiners:
+        devbroker.rabbitmqctl(node, "join_cluster", seed.node, timeout=120)
+    devcluster._parallel(
+        [lambda n=n: devcluster._start_joined(n) for n in joiners]  # type: ignore[misc]
+    )
+
+
 @dataclass
 class MeshCluster(ClusterNodes):
     """A started cluster, node ``i`` in namespace ``net.ns(i)``; see the module.
@@ -555,8 +572,7 @@ class MeshCluster(ClusterNodes):
         self.nodes = tuple(
             devcluster._parallel([lambda k=k: boot(k) for k in range(self.size)])  # type: ignore[misc]
         )
-        for node in self.nodes[1:]:
-            devcluster._join(self.nodes[0], node)
+        _join_all(self.nodes[0], self.nodes[1:])
         self.started_in = time.monotonic() - began
 
 

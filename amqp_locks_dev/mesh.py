@@ -4,9 +4,12 @@ Issue 29 (point 3): partitions other than "node 1 alone". :func:`mesh_cluster` p
 ``i`` in a namespace ``alp-<id>-<i>`` and joins every pair of namespaces by a veth pair of
 their own, so a test can cut exactly the links it wants: one (:meth:`MeshCluster.cut_link`,
 a partial partition: 1 and 2 lose each other, both still see 3) or every link across
-groups (:meth:`MeshCluster.split`). A cut takes both ends of the link down: each side's
-packets to the other are dropped on its side (its route falls back to a blackhole), nothing
-is sent or reset. :meth:`MeshCluster.heal` brings every link up again.
+groups (:meth:`MeshCluster.split`). A cut takes both ends of the link down: the routes
+over it go, and each side's packets to the other fall to its namespace's *sink* (an
+interface with no carrier and no ARP, whose packets the kernel drops): nothing reaches
+the other side, nothing is reset, a new connection hangs as across a real partition
+(a blackhole route would fail it at once with EINVAL). :meth:`MeshCluster.heal` brings
+every link up again.
 
 Addresses (one /24 per mesh out of ``10.231.128.0/17``, checked against the host's
 addresses and routes like :mod:`~amqp_locks_dev.partition`'s /30s; the host blackholes the
@@ -17,8 +20,8 @@ whole /24 at a low priority, so partition harnesses see it as taken):
   127.0.0.1;
 - link ``(i, j)``: the /30 ``.64+4k`` (``k`` counting pairs in order), ``.+1`` at i's end;
   inside namespace ``i`` node ``j``'s address routes over that link only (source: node
-  ``i``'s address), with a blackhole for the whole /24 behind it, so a cut link never
-  falls back on another path;
+  ``i``'s address), with the whole /24 routed into the sink behind it (at a worse metric),
+  so a cut link never falls back on another path;
 - host link ``i``: the /30 ``.4i``, host end ``.4i+1``. The host (the test process,
   its clients) reaches node ``i`` over it; it is never cut. It never carries node-to-node
   traffic: no namespace routes anything but the host end's own /30 into it, the namespaces
@@ -84,6 +87,13 @@ __all__ = [
 #: take their /30s from the lower end).
 BLOCKS = ipaddress.IPv4Network("10.231.128.0/17")
 SIZES = (3, 5)
+#: Each namespace forwards nothing, and uses its sink's route though the sink has no
+#: carrier (set, not inherited from the host's settings).
+_NS_SYSCTLS = (
+    "net.ipv4.ip_forward=0",
+    "net.ipv4.conf.all.ignore_routes_with_linkdown=0",
+    "net.ipv4.conf.default.ignore_routes_with_linkdown=0",
+)
 _NODE_OFFSET = 240
 _LINK_OFFSET = 64
 
@@ -117,6 +127,11 @@ class MeshNetwork:
     def address(self, i: int) -> str:
         """Node `i`'s own address (its Erlang name's host part, its AMQP URL's)."""
         return self._at(_NODE_OFFSET + i)
+
+    @property
+    def sink_veth(self) -> str:
+        """The sink in each namespace (its peer: ``+ "x"``)."""
+        return f"alp{self.id}s"
 
     # host link i: a /30 at 4i; interface names have at most 15 characters (12 here)
     def host_veth(self, i: int) -> str:
@@ -201,11 +216,15 @@ def _create_network(size: int) -> MeshNetwork:
             for i in net.indexes:
                 ns = net.ns(i)
                 _ip("netns", "add", ns)
-                _run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=0"])
+                _run(["ip", "netns", "exec", ns, "sysctl", "-qw", *_NS_SYSCTLS])
                 _ns_ip(ns, "link", "set", "lo", "up")
                 _ns_ip(ns, "addr", "add", f"{net.address(i)}/32", "dev", "lo")
+                # The sink: one end up without ARP, its peer down (so no carrier).
+                sink = net.sink_veth
+                _ns_ip(ns, "link", "add", sink, "type", "veth", "peer", "name", sink + "x")
+                _ns_ip(ns, "link", "set", sink, "arp", "off", "up")
                 _ns_ip(
-                    ns, "route", "add", "blackhole", str(net.block),
+                    ns, "route", "add", str(net.block), "dev", sink, "src", net.address(i),
                     "metric", str(_BLACKHOLE_METRIC),
                 )
                 # host link i
@@ -417,8 +436,8 @@ class MeshCluster(ClusterNodes):
 
     def cut_link(self, i: int, j: int) -> None:
         """Take both ends of link (i, j) down: from then on, packets between nodes i and j
-        are dropped on the sender's side (a blackhole route), nothing is sent or reset.
-        Every other link stays up."""
+        are dropped on the sender's side (its sink), nothing is sent or reset. Every other
+        link stays up."""
         pair = self._pair(i, j)
         _link_down(self.net, *pair)
         self._cut.add(pair)

@@ -7,8 +7,9 @@ link per pair of nodes; with ``net_ticktime = 10``:
   sees all three; after the heal all three run again as every node sees it;
 - 5 nodes split {1, 4, 5} | {2, 3}: node 1 sees 2 and 3 down, node 4 still sees 5; after
   the heal all five run again;
-- teardown leaves no namespace, link or route: after a test, after a start that failed
-  half-way, and after a harness killed by SIGKILL (swept by the next one).
+- teardown leaves no namespace, link or route: after a test, after a start or a network
+  set-up that failed half-way, and after a harness killed by SIGKILL (swept by the next
+  one).
 
 Run with ``-s`` to see the figures (start-up, cut to detection, heal to all running).
 """
@@ -25,7 +26,7 @@ import time
 import pytest
 
 from amqp_locks import Broker
-from amqp_locks_dev import devbroker, mesh, partition
+from amqp_locks_dev import devbroker, localserver, mesh, partition
 
 from .. import nodes
 from .conftest import MakeMesh, wait_until
@@ -151,22 +152,52 @@ def test_a_split_of_five_parts_the_groups(make_mesh: MakeMesh) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_start_that_fails_half_way_leaves_nothing() -> None:
+def test_a_start_that_fails_half_way_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The joins fail with every node booted: nodes, epmds and network must all go."""
     made: list[mesh.MeshNetwork] = []
-    original = mesh.MeshCluster._start
+    pids: list[int] = []
+    create = mesh._create_network
 
-    def start(self: mesh.MeshCluster, wait: float) -> None:
-        made.append(self.net)
-        original(self, 0.5)  # no node boots in half a second: fails with epmds up
+    def creating(size: int) -> mesh.MeshNetwork:
+        made.append(create(size))
+        return made[-1]
 
-    mesh.MeshCluster._start = start  # type: ignore[method-assign]
-    try:
-        home = nodes.test_home()
-        base = home / "mesh" if home else None
-        with pytest.raises(devbroker.DevBrokerError), mesh.mesh_cluster("4.3", 3, base_dir=base):
-            pass
-    finally:
-        mesh.MeshCluster._start = original  # type: ignore[method-assign]
+    def failing_join(seed: devbroker.NodeInfo, others: list[devbroker.NodeInfo]) -> None:
+        pids.extend(int(n.pid_file.read_text().split()[0]) for n in (seed, *others))
+        raise devbroker.DevBrokerError("injected")
+
+    monkeypatch.setattr(mesh, "_create_network", creating)
+    monkeypatch.setattr(mesh, "_join_all", failing_join)
+    home = nodes.test_home()
+    base = home / "mesh" if home else None
+    failing = pytest.raises(devbroker.DevBrokerError, match="injected")
+    with failing, mesh.mesh_cluster("4.3", 3, base_dir=base):
+        pass
+    assert made and len(pids) == 3
+    assert not any(localserver.pid_alive(pid) for pid in pids)
+    _gone(made[0])
+
+
+@pytest.mark.timeout(60)
+def test_a_network_that_fails_half_way_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, ...]] = []
+    made: list[mesh.MeshNetwork] = []
+    ns_ip, delete = mesh._ns_ip, mesh._delete_network
+
+    def failing(ns: str, *args: str) -> str:
+        calls.append(args)
+        if len(calls) == 20:  # in the second namespace's setup, links made already
+            raise partition.PartitionError("injected")
+        return ns_ip(ns, *args)
+
+    def deleting(net: mesh.MeshNetwork) -> list[str]:
+        made.append(net)
+        return delete(net)
+
+    monkeypatch.setattr(mesh, "_ns_ip", failing)
+    monkeypatch.setattr(mesh, "_delete_network", deleting)
+    with pytest.raises(partition.PartitionError, match="injected"):
+        mesh._create_network(3)
     assert made
     _gone(made[0])
 

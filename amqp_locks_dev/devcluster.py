@@ -165,6 +165,11 @@ def _join(seed: NodeInfo, info: NodeInfo) -> None:
         return
     devbroker.rabbitmqctl(info, "stop_app")
     devbroker.rabbitmqctl(info, "join_cluster", seed.node, timeout=120)
+    _start_joined(info)
+
+
+def _start_joined(info: NodeInfo) -> None:
+    """Start the app of a node that has just joined (stopped by `_join`)."""
     for attempt in range(BOOT_ATTEMPTS):
         try:
             devbroker.rabbitmqctl(info, "start_app", timeout=120)

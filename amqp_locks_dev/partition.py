@@ -57,6 +57,7 @@ from .devbroker import NODES, DevBrokerError, NodeInfo
 from .localserver import HOST, cmdline_mentions, home, locked, pid_alive, signal_and_wait
 
 __all__ = [
+    "ClusterNodes",
     "Network",
     "PartitionCluster",
     "PartitionError",
@@ -194,11 +195,14 @@ def _update_record(net: Network, **fields: Any) -> None:
 
 def sweep_stale() -> list[str]:
     """Remove what harnesses whose process is gone left (a SIGKILLed test run): their
-    host-side nodes and epmd, their network and their files; the namespaces swept."""
+    host-side nodes and epmd, their network and their files, meshes' too (one sweep for
+    ``scripts/servers`` and every harness); the namespaces swept."""
     swept = []
     for path in sorted(STATE_DIR.glob("*.json")):
         try:
             raw = json.loads(path.read_text())
+            if raw.get("kind", "partition") != "partition":
+                continue  # a mesh's record (amqp_locks_dev.mesh sweeps it, below)
             net = Network(str(raw["id"]), ipaddress.IPv4Network(raw["subnet"]))
             owner = int(raw["owner"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -217,7 +221,9 @@ def sweep_stale() -> list[str]:
         if base is not None:
             shutil.rmtree(base, ignore_errors=True)
         swept.append(net.ns)
-    return swept
+    from . import mesh  # imports this module: not at the top
+
+    return swept + mesh.sweep_stale_meshes()
 
 
 def _create_network() -> Network:
@@ -293,50 +299,20 @@ def _listening(host: str, port: int, netns: str | None = None) -> bool:
     return subprocess.run(argv, capture_output=True, check=False).returncode == 0
 
 
-@dataclass
-class PartitionCluster:
-    """A started 3-node cluster, node 1 in the namespace of :attr:`net`; see the module.
+class ClusterNodes:
+    """What a harness's started nodes answer (shared with :mod:`~amqp_locks_dev.mesh`):
+    node lookup by 1-based index, ``rabbitmqctl`` on the node's side, what it sees."""
 
-    Node indexes are 1-based like the node names. Make it with :func:`partition_cluster`.
-    """
-
-    version: str
-    net: Network
-    base_dir: Path
-    net_ticktime: int | None
-    nodes: tuple[NodeInfo, ...] = ()
-    #: Seconds from nothing to a joined cluster (namespace, epmds, boots, joins).
-    started_in: float = 0.0
-    _epmds: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    _clients: list[subprocess.Popen[Any]] = field(default_factory=list)
-    _down: bool = False
-    _torn_down: bool = False
-
-    # ---- addresses and commands
+    nodes: tuple[NodeInfo, ...]
 
     def node(self, index: int) -> NodeInfo:
         if not 1 <= index <= len(self.nodes):
             raise PartitionError(f"node index {index} out of range 1..{len(self.nodes)}")
         return self.nodes[index - 1]
 
-    def node_url(self, index: int) -> str:
-        """AMQP URL of node `index` (node 1's: the namespace's address)."""
-        return self.node(index).url
-
     @property
     def urls(self) -> list[str]:
         return [n.url for n in self.nodes]
-
-    def ns_argv(self, argv: Sequence[str]) -> list[str]:
-        """`argv` run inside the namespace, beside node 1."""
-        return ["ip", "netns", "exec", self.net.ns, *argv]
-
-    def run_in_namespace(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
-        """Start `argv` (e.g. ``[sys.executable, "-c", ...]``) in the namespace: a client on
-        node 1's side of the cut. Killed at teardown if still running."""
-        proc: subprocess.Popen[Any] = subprocess.Popen(self.ns_argv(argv), **popen)
-        self._clients.append(proc)
-        return proc
 
     def rabbitmqctl(self, index: int, *args: str, timeout: float = 60) -> str:
         """``rabbitmqctl`` against node `index`, run on that node's side."""
@@ -362,6 +338,52 @@ class PartitionCluster:
         if "timeout" in out:
             raise PartitionError(f"node {observer} did not see node {index} go down in {timeout}s")
         return int(out.rstrip("}").split(",")[1]) / 1000
+
+    def kill(self, index: int) -> bool:
+        """SIGKILL node `index` (a crash); whether it was running."""
+        return NODES.kill(self.node(index).base_dir)
+
+    def start_node(self, index: int, wait: float = 180.0) -> NodeInfo:
+        """Start node `index` again on its ports; it rejoins from its data."""
+        node = self.node(index)
+        return NODES.start(node, devbroker.NODES.ports(node), wait)
+
+
+@dataclass
+class PartitionCluster(ClusterNodes):
+    """A started 3-node cluster, node 1 in the namespace of :attr:`net`; see the module.
+
+    Node indexes are 1-based like the node names. Make it with :func:`partition_cluster`.
+    """
+
+    version: str
+    net: Network
+    base_dir: Path
+    net_ticktime: int | None
+    nodes: tuple[NodeInfo, ...] = ()
+    #: Seconds from nothing to a joined cluster (namespace, epmds, boots, joins).
+    started_in: float = 0.0
+    _epmds: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _clients: list[subprocess.Popen[Any]] = field(default_factory=list)
+    _down: bool = False
+    _torn_down: bool = False
+
+    # ---- addresses and commands
+
+    def node_url(self, index: int) -> str:
+        """AMQP URL of node `index` (node 1's: the namespace's address)."""
+        return self.node(index).url
+
+    def ns_argv(self, argv: Sequence[str]) -> list[str]:
+        """`argv` run inside the namespace, beside node 1."""
+        return ["ip", "netns", "exec", self.net.ns, *argv]
+
+    def run_in_namespace(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
+        """Start `argv` (e.g. ``[sys.executable, "-c", ...]``) in the namespace: a client on
+        node 1's side of the cut. Killed at teardown if still running."""
+        proc: subprocess.Popen[Any] = subprocess.Popen(self.ns_argv(argv), **popen)
+        self._clients.append(proc)
+        return proc
 
     # ---- faults
 
@@ -404,15 +426,6 @@ class PartitionCluster:
     @property
     def is_cut(self) -> bool:
         return self._down
-
-    def kill(self, index: int) -> bool:
-        """SIGKILL node `index` (a crash); whether it was running."""
-        return NODES.kill(self.node(index).base_dir)
-
-    def start_node(self, index: int, wait: float = 180.0) -> NodeInfo:
-        """Start node `index` again on its ports; it rejoins from its data."""
-        node = self.node(index)
-        return NODES.start(node, devbroker.NODES.ports(node), wait)
 
     # ---- lifecycle
 

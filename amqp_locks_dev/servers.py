@@ -6,7 +6,7 @@ or found running by any process of the run notes itself there once, by its direc
 partition-harness nodes, PostgreSQL, MariaDB. At the end, the servers the run *started*
 are stopped (in parallel: a RabbitMQ node's clean stop takes seconds); those it *found*
 running were there before it and are left as they were. Network namespaces named
-``alp-*`` (the partition harness) that did not exist when the run began are removed
+``alp-*`` (the partition and mesh harnesses) that did not exist when the run began are removed
 with whatever runs in them.
 
     python -m amqp_locks_dev.servers begin LEDGER   # note the namespaces that exist now
@@ -31,7 +31,7 @@ from typing import Any
 
 from .localserver import FOUND, STARTED, LocalServer, note, read_ledger, signal_and_wait
 
-#: The partition harness's network namespaces (amqp_locks_dev.partition.PREFIX).
+#: The partition and mesh harnesses' network namespaces (amqp_locks_dev.partition.PREFIX).
 NETNS_PREFIX = "alp-"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from amqp_locks import Broker, TokenSemaphore
-from amqp_locks_dev import devcluster, partition
+from amqp_locks_dev import devcluster, mesh, partition
 
 from .. import waiting
 from ..nodes import node_name, test_home
@@ -143,6 +143,37 @@ def make_partition() -> Iterator[MakePartition]:
     def make(**kwargs: object) -> partition.PartitionCluster:
         kwargs.setdefault("base_dir", home / "partition" if home else None)
         return stack.enter_context(partition.partition_cluster(**kwargs))  # type: ignore[arg-type]
+
+    try:
+        yield make
+    finally:
+        try:
+            stack.close()
+        finally:
+            if was_running:
+                devcluster.start(CLUSTER, 3, base)
+
+
+#: Makes a mesh harness: ``make_mesh(size=5, net_ticktime=10)``; see the fixture.
+MakeMesh = Callable[..., mesh.MeshCluster]
+
+
+@pytest.fixture
+def make_mesh() -> Iterator[MakeMesh]:
+    """Start a :class:`~amqp_locks_dev.mesh.MeshCluster` (every node in a network namespace
+    of its own, one link per pair of nodes) on the line under test; every mesh it made is
+    torn down after the test, whatever happened. The shared test cluster is stopped
+    meanwhile, as for :func:`make_partition`."""
+    base = _base_dir()
+    was_running = any(devcluster.status(CLUSTER, base).values())
+    if was_running:
+        devcluster.stop(CLUSTER, base)
+    home = test_home()
+    stack = contextlib.ExitStack()
+
+    def make(**kwargs: object) -> mesh.MeshCluster:
+        kwargs.setdefault("base_dir", home / "mesh" if home else None)
+        return stack.enter_context(mesh.mesh_cluster(**kwargs))  # type: ignore[arg-type]
 
     try:
         yield make

@@ -35,11 +35,13 @@ import contextlib
 import logging
 from typing import Any
 
+import aiormq.exceptions
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
 from .errors import FenceMissing, LockError, QueueNotFound
 from .names import fence_queue
+from .transport.errors import channel_error
 from .transport.features import (
     acquired_count_header,
     broker_version,
@@ -141,6 +143,11 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
             return await _take(session, fence_queue(name), timeout) + 1
         except _RuleChanged:
             await _rebase(session, fence_queue(name), timeout)
+        except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            # Typed, so a waiter's reconnect logic sees a ConnectionLost: e.g. a consume
+            # on a fence queue with no majority on this side, 541 "nodedown" (measured on
+            # 4.3.6 in a 5-node split).
+            raise channel_error(exc, fence_queue(name)) from exc
     raise LockError(f"the fence of {name!r} keeps changing counting rules (mixed brokers?)")
 
 

@@ -174,6 +174,7 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
             f"\n| {kind} | {fault} | {told:.2f} | {granted:.2f} |"
             f"   ({lost[2] if len(lost) > 2 else ''})"
         )
+        assert told > 0, f"the holder lost its lock {-told:.2f} s before the cut"
         assert told_at < box["at"], f"two holders at once: told {told:.2f}, granted {granted:.2f}"
         assert granted <= GRANT_BOUND, f"the waiter waited {granted:.2f} s"
         assert mc.cut_links, "the links came back before the grant"

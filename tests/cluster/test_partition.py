@@ -161,6 +161,7 @@ def scenario(
             "told" if told else "untold",
         )
         print(f"\n{row}   ({lost[2] if len(lost) > 2 else ''})")
+        assert told_at > cut_at, f"the holder lost its lock before the cut: {row}"
         assert told_at < granted_at, f"two holders at once: {row}"
         assert granted_at - cut_at <= bound, f"the majority waited too long: {row}"
         assert pc.is_cut, "the link came back before the grant"

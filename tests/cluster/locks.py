@@ -4,6 +4,9 @@ holder process)."""
 
 from __future__ import annotations
 
+import queue
+import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,3 +70,15 @@ def take(broker: Broker, kind: str, name: str, timeout: float, waiter: bool = Fa
     )
     assert lease is not None, f"{kind} not granted within {timeout} s"
     return Held(lease, lease.release)
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str | None:
+    """The next line `proc` prints, or None if none comes within `timeout` seconds (a
+    holder that is never told must fail the test, not hang it)."""
+    assert proc.stdout is not None
+    box: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: box.put(proc.stdout.readline()), daemon=True).start()  # type: ignore[union-attr]
+    try:
+        return box.get(timeout=timeout)
+    except queue.Empty:
+        return None

@@ -42,7 +42,7 @@ from amqp_locks_dev import devbroker
 from amqp_locks_dev.partition import PartitionCluster
 
 from .conftest import MakePartition
-from .locks import KINDS, set_up, take
+from .locks import KINDS, read_line, set_up, take
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,8 +144,12 @@ def scenario(
         waiter.start()
         cut_at = time.monotonic()
         pc.cut(heard=heard)
-        lost = holder.stdout.readline().split(maxsplit=2)
-        assert lost[:1] == ["LOST"], f"the holder was never told: {lost}"
+        line = read_line(holder, bound + 30)
+        lost = (line or "").split(maxsplit=2)
+        granted_late = f"{box['at'] - cut_at:.2f} s" if "at" in box else "never"
+        assert lost[:1] == ["LOST"], (
+            f"the holder was never told ({lost}); the waiter was granted: {granted_late}"
+        )
         told_at = float(lost[1])
         waiter.join(bound + 30)
         assert "error" not in box, f"the majority waiter failed: {box['error']!r}"

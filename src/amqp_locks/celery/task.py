@@ -28,8 +28,8 @@ from ..mutex import Mutex
 from ..tokens import TokenSemaphore
 from ..transport import Broker
 from . import config
+from . import once as once_claims
 from .keys import LockKey, check_key, lock_name
-from .once import Ticket, Tickets
 
 log = logging.getLogger("amqp_locks.celery")
 
@@ -61,7 +61,8 @@ class _Run:
 
     name: str
     lease: Lease
-    ticket: Ticket | None = None
+    #: A `once` call's binding to its key's claim (once.py).
+    mark: once_claims.Mark | None = None
     #: A retry of this very key was sent: keep the key queued after the run.
     hand_over: bool = False
 
@@ -99,7 +100,6 @@ class _Locks:
 
 
 _locks = _Locks()
-_tickets = Tickets()
 
 
 class Singleton(Task[..., Any]):
@@ -209,26 +209,27 @@ class Singleton(Task[..., Any]):
             self._give_back(run)
 
     def _take(self, name: str) -> _Run | None:
-        """The held lock, None to skip; raises Retry or TaskLockTimeout."""
+        """The held lock, None to skip; raises Retry or TaskLockTimeout. A `once` call
+        also marks its key running (once.py) once it holds the lock."""
         broker = self.broker
         wait = self.on_conflict == "wait"
-        ticket: Ticket | None = None
-        if self.once:
-            ticket = _tickets.get(broker, name, config.setting(self.app, "amqp_locks_quorum"))
-            lease = ticket.start()
-            if lease is None and wait:
-                lease = ticket.wait(self.lock_timeout)
-        else:
-            lock = _locks.get(
-                broker,
-                name,
-                self.lock_limit,
-                self.lock_fencing,
-                config.setting(self.app, "amqp_locks_quorum"),
-            )
-            lease = self._acquire(lock, wait)
+        lock = _locks.get(
+            broker,
+            name,
+            self.lock_limit,
+            self.lock_fencing,
+            config.setting(self.app, "amqp_locks_quorum"),
+        )
+        lease = self._acquire(lock, wait)
         if lease is not None:
-            return _Run(name, lease, ticket)
+            run = _Run(name, lease)
+            if self.once:
+                try:
+                    run.mark = self._mark(name)
+                except BaseException:
+                    lease.release()
+                    raise
+            return run
         if self.on_conflict == "skip":
             return None
         if self.on_conflict == "retry":
@@ -237,6 +238,25 @@ class Singleton(Task[..., Any]):
                 exc=TaskLockTimeout(f"{name} was held in every try ({self.request.retries + 1})"),
             )
         raise TaskLockTimeout(f"{name} was not obtained within {self.lock_timeout} s")
+
+    def _comes_back(self) -> bool:
+        """Whether Celery delivers this call's message again if its process dies mid-run:
+        with ``acks_late``, when the process that dies is the one holding the message
+        (solo, threads) or a prefork parent that rejects it (``reject_on_worker_lost``)."""
+        request = self.request
+        if request.called_directly or request.is_eager or not self.acks_late:
+            return False
+        if once_claims.IN_POOL_CHILD:
+            return bool(self.reject_on_worker_lost)
+        return True
+
+    def _mark(self, name: str) -> once_claims.Mark:
+        request = self.request
+        mark = once_claims.Mark(
+            self.broker, name, str(request.id or name), comes_back=self._comes_back()
+        )
+        mark.start(retried=bool(request.retries))
+        return mark
 
     def _acquire(self, lock: LockObject, wait: bool) -> Lease | None:
         """Acquire the run lock. A semaphore is set up with ``lock_limit`` permits once per
@@ -263,16 +283,12 @@ class Singleton(Task[..., Any]):
         return lock.acquire(blocking=False)
 
     def _give_back(self, run: _Run) -> None:
-        """Release (or, after a retry of the same key was sent, hand the key over to it).
-        A failure is logged, not raised: the task's own outcome stands, and a lock
-        whose connection failed is freed by the broker anyway."""
+        """Release the lock, then (``once``) free the key, or hand it to the retry of the
+        same key that was sent. Both before Celery stores the result: whoever reads it
+        finds the key free. A failure is logged, not raised: the task's own outcome
+        stands, and what a failed connection held is freed by the broker anyway."""
         try:
-            if run.ticket is not None and run.hand_over:
-                run.ticket.hand_over(run.lease)
-            else:
-                # Confirmed before Celery stores the result: whoever reads the result can
-                # count on the lock (or the once key) being free.
-                run.lease.release(wait=True)
+            run.lease.release(wait=True)
         except AmqpLocksError as exc:
             log.warning(
                 "%s: releasing %s failed (%s); the broker frees it with the connection",
@@ -280,6 +296,17 @@ class Singleton(Task[..., Any]):
                 run.name,
                 exc,
             )
+        if run.mark is not None:
+            try:
+                run.mark.end(run.hand_over)
+            except AmqpLocksError as exc:
+                log.warning(
+                    "%s: freeing the once key %s failed (%s); a connection's death frees "
+                    "it, else forget_once does",
+                    self.name,
+                    run.name,
+                    exc,
+                )
         if run.lease.lost_reason is not None:
             log.error(
                 "%s: %s was lost while the task ran (%s): another call may have run meanwhile",
@@ -314,15 +341,14 @@ class Singleton(Task[..., Any]):
             )
         if options.get("retries"):
             # A retry continues a call that was queued already: no claim. If this thread
-            # holds that key's ticket, the key stays queued for the retry (hand-over).
+            # runs that key's call, the key stays queued for the retry (hand-over).
             stack = self._stack()
-            if stack and stack[-1].name == name and stack[-1].ticket is not None:
+            if stack and stack[-1].name == name and stack[-1].mark is not None:
                 stack[-1].hand_over = True
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
-        ticket = _tickets.get(self.broker, name, config.setting(self.app, "amqp_locks_quorum"))
-        if not ticket.claim():
+        if not once_claims.claim(self.broker, name):
             if graceful:
                 log.info("%s: %s is already queued or running; not sent", self.name, name)
                 return None
@@ -332,16 +358,18 @@ class Singleton(Task[..., Any]):
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         except BaseException:
-            ticket.unclaim()
+            once_claims.forget(self.broker, name)  # not sent: free the key again
             raise
 
     def forget_once(
-        self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+        self,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        force: bool = False,
+        task_id: str | None = None,
     ) -> bool:
         """Free a ``once`` key whose queued call will never run (its message was purged or
-        lost): put its ticket back unless a call holds it. True if it was out."""
-        ticket = _tickets.get(
-            self.broker, self.lock_name(args, kwargs), config.setting(self.app, "amqp_locks_quorum")
-        )
-        with ticket.guarded():
-            return ticket.restore()
+        lost), unless a call of it runs (``force``: even then, or when a purged retry's
+        hand-over holds it). ``task_id``: also drop that call's keeper. True if freed."""
+        return once_claims.forget(self.broker, self.lock_name(args, kwargs), task_id, force)

@@ -250,3 +250,16 @@ def test_two_producers_hammering_one_key(
         f"end -> next claim: p50 {percentile(idle, 0.5):.0f} ms, max {max(idle):.0f} ms"
     )
     assert len(claims) >= 5  # before the fix: 2 (each collision stalled the key 5-10 s)
+
+
+def test_a_call_that_cannot_be_sent_frees_its_key(prefork: Worker, broker: Broker) -> None:
+    """The claim runs while Celery builds the message: a message that fails to build (an
+    argument JSON cannot carry, outside the key) is never sent, and the key it claimed is
+    free again when apply_async raises."""
+    from kombu.exceptions import EncodeError
+
+    k = key()
+    with pytest.raises(EncodeError):
+        once.apply_async((k, 0.0, object()), queue=prefork.queue)
+    assert not busy(broker, once.lock_name((k, 0.0)))
+    once.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)

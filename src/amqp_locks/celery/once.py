@@ -94,6 +94,14 @@ def claim(broker: Broker, name: str) -> bool:
     return broker._core.run(_declare_claim(broker, claim_exchange(name)))
 
 
+def claim_soon(broker: Broker, name: str) -> Callable[[], bool]:
+    """Start :func:`claim` on the lock connection; the returned callable waits for its
+    answer (raising what it raised), as often as asked."""
+    core = broker._core
+    future = core.submit(_declare_claim(broker, claim_exchange(name)))
+    return lambda: core._wait(future)
+
+
 def busy(broker: Broker, name: str) -> bool:
     """Whether the key is queued or running (its claim exchange exists)."""
     exchange = claim_exchange(name)
@@ -225,4 +233,13 @@ class Mark:
         self.broker._core.run(go())
 
 
-__all__ = ["IN_POOL_CHILD", "KEEPER", "Mark", "busy", "claim", "claim_exchange", "forget"]
+__all__ = [
+    "IN_POOL_CHILD",
+    "KEEPER",
+    "Mark",
+    "busy",
+    "claim",
+    "claim_exchange",
+    "claim_soon",
+    "forget",
+]

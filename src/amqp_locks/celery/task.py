@@ -102,6 +102,36 @@ class _Locks:
 _locks = _Locks()
 
 
+class _Refused(Exception):
+    """The key's claim failed: nothing was published."""
+
+
+class _Gated:
+    """The kombu producer a ``once`` call is sent with: its ``publish`` first waits for
+    the key's claim, which runs on the lock connection meanwhile, so the claim's round
+    trip overlaps Celery's building of the message; refused, nothing is published."""
+
+    def __init__(self, producer: Any, claimed: Callable[[], bool]) -> None:
+        self._producer = producer
+        self._claimed = claimed
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._claimed():
+            raise _Refused
+        return self._producer.publish(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+def _claimed_quietly(claimed: Callable[[], bool]) -> bool:
+    """Whether the claim succeeded (False when it failed or raised)."""
+    try:
+        return claimed()
+    except BaseException:
+        return False
+
+
 class Singleton(Task[..., Any]):
     """Base task that holds the lock of the call's key while the task runs.
 
@@ -348,17 +378,32 @@ class Singleton(Task[..., Any]):
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
-        if not once_claims.claim(self.broker, name):
+        if self.app.conf.task_always_eager:  # runs here and now: nothing to overlap
+            claimed: Callable[[], bool] = lambda: once_claims.claim(self.broker, name)  # noqa: E731
+        else:
+            claimed = once_claims.claim_soon(self.broker, name)
+        try:
+            if self.app.conf.task_always_eager:
+                if not claimed():
+                    raise _Refused
+                return super().apply_async(
+                    args, kwargs, task_id, producer, link, link_error, shadow, **options
+                )
+            with self.app.producer_or_acquire(producer) as acquired:
+                gated: Any = _Gated(acquired, claimed)
+                return super().apply_async(
+                    args, kwargs, task_id, gated, link, link_error, shadow, **options
+                )
+        except _Refused:
             if graceful:
                 log.info("%s: %s is already queued or running; not sent", self.name, name)
                 return None
-            raise AlreadyQueued(f"{self.name}: a call with key {name} is already queued or running")
-        try:
-            return super().apply_async(
-                args, kwargs, task_id, producer, link, link_error, shadow, **options
-            )
+            raise AlreadyQueued(
+                f"{self.name}: a call with key {name} is already queued or running"
+            ) from None
         except BaseException:
-            once_claims.forget(self.broker, name)  # not sent: free the key again
+            if _claimed_quietly(claimed):  # claimed but not sent: free the key again
+                once_claims.forget(self.broker, name)
             raise
 
     def forget_once(

@@ -80,6 +80,14 @@ _TASKS: list[tuple[str, str, str, str, Any, dict[str, Any]]] = [
     ),
     ("Singleton once=True", "amqp-locks", _NEW, "once_new", Singleton, {"once": True}),
     (
+        "Singleton once=True, once_durable=False",
+        "amqp-locks",
+        _NEW,
+        "once_transient_new",
+        Singleton,
+        {"once": True, "once_durable": False},
+    ),
+    (
         "QueueOnce",
         "celery-once",
         _SAME,
@@ -116,6 +124,7 @@ def _call(task: Any, i: int) -> tuple[float, int]:
 _ENQUEUE = [
     ("no lock", "-", "bench.plain"),
     ("Singleton once=True", "amqp-locks", "bench.once_new"),
+    ("Singleton once=True, once_durable=False", "amqp-locks", "bench.once_transient_new"),
     ("QueueOnce", "celery-once", "bench.celery_once_new"),
 ]
 
@@ -195,7 +204,9 @@ def run(url: str, line: str, calls: int, warmup: int, burst: int = 300) -> dict[
     tmp = Path(tempfile.mkdtemp(prefix="celery-bench-"))
     queue, ready = f"celery-bench-{uuid.uuid4().hex[:8]}", tmp / "ready"
     env = {**os.environ, "BENCH_BROKER": url, "BENCH_REDIS": rinfo.url, "BENCH_QUEUE": queue}
-    env.update(BENCH_READY=str(ready), PYTHONPATH=str(ROOT))
+    # The library the client runs (PYTHONPATH=/tmp/al/src for a commit: benchmarks/README).
+    path = [p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p]
+    env.update(BENCH_READY=str(ready), PYTHONPATH=os.pathsep.join(path))
     app.conf.broker_url, app.conf.task_default_queue = url, queue
     app.conf.ONCE["settings"]["url"] = rinfo.url
     argv = [sys.executable, "-m", "celery", "-A", "benchmarks.celery_overhead", "worker"]

@@ -73,15 +73,21 @@ async def _call(broker: Broker, what: str, op: Callable[[AbstractChannel], Await
     return await session.call(what, op)
 
 
-async def _declare_claim(broker: Broker, exchange: str) -> bool:
-    """Create the claim exchange: True, or False when it exists (the key is busy)."""
+async def _declare_claim(broker: Broker, exchange: str, durable: bool) -> bool:
+    """Create the claim exchange: True, or False when it exists (the key is busy).
+    ``durable``: it survives a broker restart (a disk write per claim, about 0.7 ms more
+    here); transient claims are lost with a restart, freeing the keys of queued calls."""
     unique: dict[str, Any] = {"alternate-exchange": f"amqp-locks.claim.{uuid.uuid4().hex}"}
     try:
         await _call(
             broker,
             exchange,
             lambda ch: ch.exchange_declare(
-                exchange, exchange_type="fanout", durable=True, auto_delete=True, arguments=unique
+                exchange,
+                exchange_type="fanout",
+                durable=durable,
+                auto_delete=True,
+                arguments=unique,
             ),
         )
     except PreconditionFailed:
@@ -89,16 +95,16 @@ async def _declare_claim(broker: Broker, exchange: str) -> bool:
     return True
 
 
-def claim(broker: Broker, name: str) -> bool:
+def claim(broker: Broker, name: str, durable: bool = True) -> bool:
     """Free -> queued: True if this call created the key's claim (one round trip)."""
-    return broker._core.run(_declare_claim(broker, claim_exchange(name)))
+    return broker._core.run(_declare_claim(broker, claim_exchange(name), durable))
 
 
-def claim_soon(broker: Broker, name: str) -> Callable[[], bool]:
+def claim_soon(broker: Broker, name: str, durable: bool = True) -> Callable[[], bool]:
     """Start :func:`claim` on the lock connection; the returned callable waits for its
     answer (raising what it raised), as often as asked."""
     core = broker._core
-    future = core.submit(_declare_claim(broker, claim_exchange(name)))
+    future = core.submit(_declare_claim(broker, claim_exchange(name), durable))
     return lambda: core._wait(future)
 
 
@@ -173,6 +179,8 @@ class Mark:
     task_id: str
     #: The message comes back if the process dies: bound by the keeper, not the alive queue.
     comes_back: bool
+    #: Claims are durable (see _declare_claim): a missing claim is made the same way.
+    durable: bool = True
     #: The alive queue bound (None with the keeper).
     alive: str | None = None
 
@@ -194,7 +202,7 @@ class Mark:
         except QueueNotFound:
             # No claim: the message was sent around the dedup (send_task) or its key was
             # forgotten. Claim it now (or find it claimed meanwhile), then bind.
-            await _declare_claim(self.broker, self.exchange)
+            await _declare_claim(self.broker, self.exchange, self.durable)
             await self._bind()
         if retried and not self.comes_back:
             # A retry was handed the key by the keeper (hand_over): our alive queue now

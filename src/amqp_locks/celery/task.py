@@ -163,6 +163,7 @@ class Singleton(Task[..., Any]):
     lock_fencing: ClassVar[bool] = True
     once: ClassVar[bool] = False
     once_graceful: ClassVar[bool] = False
+    once_durable: ClassVar[bool | None] = None
 
     _runs: ClassVar[threading.local] = threading.local()
 
@@ -280,10 +281,20 @@ class Singleton(Task[..., Any]):
             return bool(self.reject_on_worker_lost)
         return True
 
+    def _durable_claims(self) -> bool:
+        """``once_durable`` of the task, else the app's ``amqp_locks_once_durable``."""
+        if self.once_durable is not None:
+            return bool(self.once_durable)
+        return bool(config.setting(self.app, "amqp_locks_once_durable"))
+
     def _mark(self, name: str) -> once_claims.Mark:
         request = self.request
         mark = once_claims.Mark(
-            self.broker, name, str(request.id or name), comes_back=self._comes_back()
+            self.broker,
+            name,
+            str(request.id or name),
+            comes_back=self._comes_back(),
+            durable=self._durable_claims(),
         )
         mark.start(retried=bool(request.retries))
         return mark
@@ -379,9 +390,11 @@ class Singleton(Task[..., Any]):
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         if self.app.conf.task_always_eager:  # runs here and now: nothing to overlap
-            claimed: Callable[[], bool] = lambda: once_claims.claim(self.broker, name)  # noqa: E731
+            claimed: Callable[[], bool] = lambda: once_claims.claim(  # noqa: E731
+                self.broker, name, self._durable_claims()
+            )
         else:
-            claimed = once_claims.claim_soon(self.broker, name)
+            claimed = once_claims.claim_soon(self.broker, name, self._durable_claims())
         try:
             if self.app.conf.task_always_eager:
                 if not claimed():

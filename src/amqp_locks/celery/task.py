@@ -259,6 +259,7 @@ class Singleton(Task[..., Any]):
                     run.mark = self._mark(name)
                 except BaseException:
                     lease.release()
+                    self._free_after_failed_start(name)
                     raise
             return run
         if self.on_conflict == "skip":
@@ -280,6 +281,14 @@ class Singleton(Task[..., Any]):
         if once_claims.IN_POOL_CHILD:
             return bool(self.reject_on_worker_lost)
         return True
+
+    def _free_after_failed_start(self, name: str) -> None:
+        """The call fails before it ran: its key must not stay busy for a call that will
+        not run (best effort; a binding left behind goes with this connection)."""
+        try:
+            once_claims.forget(self.broker, name, self.request.id)
+        except AmqpLocksError as exc:
+            log.warning("%s: could not free the once key %s: %s", self.name, name, exc)
 
     def _durable_claims(self) -> bool:
         """``once_durable`` of the task, else the app's ``amqp_locks_once_durable``."""

@@ -263,3 +263,21 @@ def test_a_call_that_cannot_be_sent_frees_its_key(prefork: Worker, broker: Broke
         once.apply_async((k, 0.0, object()), queue=prefork.queue)
     assert not busy(broker, once.lock_name((k, 0.0)))
     once.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+
+
+def test_two_calls_of_a_key_on_one_connection(threads: Worker, broker: Broker) -> None:
+    """A copy sent around the dedup (`send_task`) waits for the run mutex in another
+    thread of the same worker, so both calls bind through one connection: each holds its
+    own binding, and the first one's end leaves the key busy while the second runs."""
+    k = key()
+    name = once.lock_name((k, 0.5))
+    first = once.apply_async((k, 1.0), queue=threads.queue)
+    threads.wait_events(k, "start", 1)
+    second = app.send_task(once.name, (k, 0.5), queue=threads.queue)
+    threads.wait_called(k, 2)
+    first.get(timeout=30)
+    threads.wait_events(k, "start", 2)
+    assert busy(broker, name)  # the second call runs: its binding holds the claim
+    second.get(timeout=30)
+    wait_until("the key to be free", lambda: not busy(broker, name), 10)
+    assert max_running(threads.events_of(k)) == 1

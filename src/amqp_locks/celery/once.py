@@ -20,7 +20,7 @@ once), the call binds something to the exchange, chosen by what happens to its m
 the process dies mid-run:
 
 - the message is gone (acknowledged before the run, Celery's default): the call binds
-  its connection's exclusive *alive* queue. A killed process's connection takes that
+  its connection's exclusive *alive* queue (keyed by the task id, one binding per call). A killed process's connection takes that
   queue with it, the binding goes, and an auto-delete exchange whose last binding goes
   is deleted by the broker: the key is free at once.
 - the message comes back (``acks_late`` with ``reject_on_worker_lost``, or ``acks_late``
@@ -216,7 +216,8 @@ class Mark:
             await _call(self.broker, exchange, lambda ch: ch.exchange_bind(KEEPER, exchange, key))
         else:
             queue = self.alive = await _alive_queue(self.broker)
-            await _call(self.broker, exchange, lambda ch: ch.queue_bind(queue, exchange))
+            # Keyed by the task id too: two calls on one connection hold two bindings.
+            await _call(self.broker, exchange, lambda ch: ch.queue_bind(queue, exchange, key))
 
     async def _start(self, retried: bool) -> None:
         try:
@@ -254,7 +255,7 @@ class Mark:
                 )
             if self.alive is not None:
                 queue = self.alive
-                await _call(self.broker, exchange, lambda ch: ch.queue_unbind(queue, exchange))
+                await _call(self.broker, exchange, lambda ch: ch.queue_unbind(queue, exchange, key))
             elif not hand_over:
                 await _call(
                     self.broker, exchange, lambda ch: ch.exchange_unbind(KEEPER, exchange, key)

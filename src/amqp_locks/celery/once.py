@@ -20,7 +20,8 @@ once), the call binds something to the exchange, chosen by what happens to its m
 the process dies mid-run:
 
 - the message is gone (acknowledged before the run, Celery's default): the call binds
-  its connection's exclusive *alive* queue (keyed by the task id, one binding per call). A killed process's connection takes that
+  its connection's exclusive *alive* queue (keyed by the task id, one binding per call).
+  A killed process's connection takes that
   queue with it, the binding goes, and an auto-delete exchange whose last binding goes
   is deleted by the broker: the key is free at once.
 - the message comes back (``acks_late`` with ``reject_on_worker_lost``, or ``acks_late``

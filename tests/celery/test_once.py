@@ -281,3 +281,18 @@ def test_two_calls_of_a_key_on_one_connection(threads: Worker, broker: Broker) -
     second.get(timeout=30)
     wait_until("the key to be free", lambda: not busy(broker, name), 10)
     assert max_running(threads.events_of(k)) == 1
+
+
+def test_forget_once_leaves_a_running_key_unless_forced(prefork: Worker, broker: Broker) -> None:
+    """forget_once frees a key only when no call of it is bound to its claim: a running
+    call's key stays busy (False) unless forced; forced, the key is free at once, and the
+    running call's end then finds nothing left to free."""
+    k = key()
+    name = once.lock_name((k, 1.0))
+    first = once.apply_async((k, 1.0), queue=prefork.queue)
+    prefork.wait_events(k, "start", 1)
+    assert once.forget_once((k, 1.0)) is False and busy(broker, name)
+    assert once.forget_once((k, 1.0), force=True) is True and not busy(broker, name)
+    first.get(timeout=30)
+    assert not busy(broker, name)
+    assert once.forget_once((k, 1.0)) is False  # nothing to free

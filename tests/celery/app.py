@@ -158,6 +158,13 @@ def once_redelivered(self: Singleton, key: str, seconds: float) -> dict[str, Any
     return _body(self, key, 0.2 if redelivered else seconds)
 
 
+@app.task(base=Singleton, bind=True, once=True, lock_key=["key"])
+def once_early(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
+    """`once`, acknowledged early; a delivery after a death (the solo pool's) runs briefly."""
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    return _body(self, key, 0.2 if redelivered else seconds)
+
+
 @app.task(base=Singleton, bind=True, once=True, lock_key=["key"], acks_late=True)
 def once_late_acked(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """`acks_late` without `reject_on_worker_lost`: a killed prefork child's message is

@@ -24,7 +24,7 @@ import pytest
 
 from amqp_locks_dev import devbroker
 
-from .app import once, once_late_acked, once_redelivered
+from .app import once, once_early, once_late_acked, once_redelivered
 from .conftest import Event, Worker, key, wait_until
 
 #: How often the producer tries (seconds); how long each accepted call runs.
@@ -163,28 +163,44 @@ def test_prefork_child_killed_while_producing(
     _report(f"prefork/{task.name.rsplit('.', 1)[-1]}", events, first, producer, killed_at)
 
 
-def test_solo_worker_killed_while_producing(
-    node: devbroker.NodeInfo, celery_home: Path, celery_app: object
+@pytest.mark.parametrize(
+    ("pool", "task", "again"),
+    [
+        ("solo", once_redelivered, True),
+        ("solo", once_early, True),
+        ("threads", once_redelivered, True),
+        ("threads", once_early, False),
+    ],
+    ids=["solo-acks_late", "solo-early_ack", "threads-acks_late", "threads-early_ack"],
+)
+def test_worker_process_killed_while_producing(
+    node: devbroker.NodeInfo,
+    celery_home: Path,
+    celery_app: object,
+    pool: str,
+    task: Any,
+    again: bool,
 ) -> None:
-    """The solo pool with acks_late: the worker dies with the call; the key stays refused
-    while no worker runs (the message waits in the queue) and until the next worker ran
-    the delivered-again call."""
-    workers = [Worker(node.url, celery_home, "solo", 1)]
+    """The solo and threads pools: the worker process dies with the call. A message that
+    comes back keeps its key refused while no worker runs (it waits in the queue) and
+    until the next worker ran it; one that does not frees the key at once. On the solo
+    pool Celery's early acknowledgement does not reach the broker before the call ends:
+    its message comes back even without acks_late (on the threads pool it does not)."""
+    workers = [Worker(node.url, celery_home, pool, 1)]
 
     def kill(pid: int) -> Worker:
         os.kill(workers[0].pid, signal.SIGKILL)
         workers[0].proc.wait(10)
-        workers.append(Worker(node.url, celery_home, "solo", 1, queue=workers[0].queue))
+        workers.append(Worker(node.url, celery_home, pool, 1, queue=workers[0].queue))
         return workers[-1]
 
     try:
-        events, first, producer, killed_at = _through_a_kill(
-            workers[0], once_redelivered, kill, True
-        )
-        _check(events, first, producer.accepted, True)
-        end = next(e.t for e in events if e.kind == "end" and e.fields["id"] == first)
-        assert producer.accepted[0][1] > end
-        _report("solo/once_redelivered", events, first, producer, killed_at)
+        events, first, producer, killed_at = _through_a_kill(workers[0], task, kill, again)
+        _check(events, first, producer.accepted, again)
+        if again:
+            end = next(e.t for e in events if e.kind == "end" and e.fields["id"] == first)
+            assert producer.accepted[0][1] > end
+        _report(f"{pool}/{task.name.rsplit('.', 1)[-1]}", events, first, producer, killed_at)
     finally:
         for w in workers:
             w.stop()

@@ -68,6 +68,14 @@ def _child_started(**_: Any) -> None:
         config.log.warning("amqp-locks: could not connect the lock broker: %s", exc)
 
 
+@signals.worker_init.connect(weak=False)
+def _worker_starting(sender: Any = None, **_: Any) -> None:
+    """Note a solo-pool worker: a killed solo worker's calls come back (once.py)."""
+    pool = getattr(sender, "pool_cls", None)
+    name = pool if isinstance(pool, str) else f"{getattr(pool, '__module__', '')}"
+    once.SOLO_WORKER = name == "solo" or name.endswith("concurrency.solo")
+
+
 @signals.worker_process_shutdown.connect(weak=False)
 @signals.worker_shutdown.connect(weak=False)
 def _process_ending(**_: Any) -> None:

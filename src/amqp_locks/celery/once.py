@@ -61,6 +61,10 @@ KEEPER = "amq.direct"
 #: comes back only with ``reject_on_worker_lost`` (its parent acknowledges it otherwise).
 IN_POOL_CHILD = False
 
+#: Set in a solo-pool worker (``worker_init``): its calls' messages come back after a
+#: death even when acknowledged early (the acknowledgement is not sent until the call ends).
+SOLO_WORKER = False
+
 #: Each connection's exclusive alive queue (declared once per connection).
 _alive: weakref.WeakKeyDictionary[Session, str] = weakref.WeakKeyDictionary()
 
@@ -268,6 +272,7 @@ class Mark:
 __all__ = [
     "IN_POOL_CHILD",
     "KEEPER",
+    "SOLO_WORKER",
     "Mark",
     "busy",
     "claim",

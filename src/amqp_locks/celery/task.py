@@ -273,15 +273,20 @@ class Singleton(Task[..., Any]):
         raise TaskLockTimeout(f"{name} was not obtained within {self.lock_timeout} s")
 
     def _comes_back(self) -> bool:
-        """Whether Celery delivers this call's message again if its process dies mid-run:
-        with ``acks_late``, when the process that dies is the one holding the message
-        (solo, threads) or a prefork parent that rejects it (``reject_on_worker_lost``)."""
+        """Whether Celery delivers this call's message again if its process dies mid-run
+        (measured by tests/celery/test_once_crash.py): a prefork child's, with
+        ``acks_late`` and ``reject_on_worker_lost`` (its parent acknowledges it
+        otherwise); a threads-pool call's, with ``acks_late``; a solo-pool call's always:
+        the solo worker's early acknowledgement does not reach the broker before the
+        call ends, so its message is unacknowledged when the worker dies."""
         request = self.request
-        if request.called_directly or request.is_eager or not self.acks_late:
+        if request.called_directly or request.is_eager:
             return False
+        if once_claims.SOLO_WORKER:  # (which sends worker_process_init too)
+            return True
         if once_claims.IN_POOL_CHILD:
-            return bool(self.reject_on_worker_lost)
-        return True
+            return bool(self.acks_late and self.reject_on_worker_lost)
+        return bool(self.acks_late)
 
     def _free_after_failed_start(self, name: str) -> None:
         """The call fails before it ran: its key must not stay busy for a call that will

@@ -1,12 +1,13 @@
 """A worker killed mid-run while producers keep enqueueing the same ``once`` key.
 
 When the killed call's message comes back (``acks_late`` with ``reject_on_worker_lost``
-on prefork; ``acks_late`` on the solo pool, where the whole worker dies) the key must stay
-refused until that delivery ran; when it does not come back (Celery's default early
-acknowledgement, or ``acks_late`` without ``reject_on_worker_lost`` on prefork) the key
-must be free at once. Either way: every accepted enqueue runs to its end exactly once,
-no enqueue is accepted while another call of the key is queued or running, and no two
-runs overlap. Counted exactly from the tasks' events; times are printed, not asserted.
+on prefork; ``acks_late`` on threads; always on solo, whose early acknowledgement is not
+sent before the call ends) the key must stay refused until that delivery ran; when it
+does not (early acknowledgement on prefork and threads, ``acks_late`` without
+``reject_on_worker_lost`` on prefork) the key must be free at once. Either way: every
+accepted enqueue runs to its end exactly once, no enqueue is accepted while another call
+of the key is queued or running, and no two runs overlap. Counted exactly from the tasks'
+events; times are printed, not asserted.
 """
 
 from __future__ import annotations

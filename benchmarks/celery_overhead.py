@@ -3,6 +3,12 @@
 celery-once's ``QueueOnce`` on a private Redis, one solo-pool worker, calls interleaved
 across the variants (drift hits all alike); a ``once`` call refused because its key is not
 free yet is retried at once and counted.
+
+Then what enqueue-time dedup costs the producer alone (issue 31, item 2): ``apply_async``
+of a new key each call, plain against ``once=True`` and celery-once (p50, interleaved),
+and a burst of back-to-back calls of new keys per variant (calls per second, and the
+ratio to plain). These go to a queue no worker consumes, so the worker's runs do not
+compete with the producer; the queue is deleted and the keys freed afterwards.
 """
 
 from __future__ import annotations
@@ -74,6 +80,14 @@ _TASKS: list[tuple[str, str, str, str, Any, dict[str, Any]]] = [
     ),
     ("Singleton once=True", "amqp-locks", _NEW, "once_new", Singleton, {"once": True}),
     (
+        "Singleton once=True, once_durable=False",
+        "amqp-locks",
+        _NEW,
+        "once_transient_new",
+        Singleton,
+        {"once": True, "once_durable": False},
+    ),
+    (
         "QueueOnce",
         "celery-once",
         _SAME,
@@ -106,7 +120,78 @@ def _call(task: Any, i: int) -> tuple[float, int]:
     return time.perf_counter() - t0, refused
 
 
-def run(url: str, line: str, calls: int, warmup: int) -> dict[str, Any]:
+#: (label, library, task name) of the enqueue measurements: new keys every call.
+_ENQUEUE = [
+    ("no lock", "-", "bench.plain"),
+    ("Singleton once=True", "amqp-locks", "bench.once_new"),
+    ("Singleton once=True, once_durable=False", "amqp-locks", "bench.once_transient_new"),
+    ("QueueOnce", "celery-once", "bench.celery_once_new"),
+]
+
+
+def _enqueue(task: Any, i: int, queue: str) -> float:
+    """One accepted ``apply_async`` of a new key (its argument), timed."""
+    t0 = time.perf_counter()
+    result = task.apply_async((i,), queue=queue)
+    took = time.perf_counter() - t0
+    if not getattr(result, "id", None):
+        raise RuntimeError(f"{task.name}({i}) was refused: its key is new")
+    return took
+
+
+def enqueue(calls: int, warmup: int, burst: int, queue: str) -> dict[str, Any]:
+    """The producer's cost of an accepted enqueue, and of a burst, per variant."""
+    tasks = [app.tasks[name] for _, _, name in _ENQUEUE]
+    first = 10_000_000  # arguments (so keys) not used by the round trips
+    samples: list[list[float]] = [[] for _ in tasks]
+    sent: list[list[int]] = [[] for _ in tasks]
+    n = first
+    for rnd in range(warmup + calls):
+        for k, task in enumerate(tasks):
+            n += 1
+            took = _enqueue(task, n, queue)
+            sent[k].append(n)
+            if rnd >= warmup:
+                samples[k].append(took)
+    rates: list[float] = []
+    for k, task in enumerate(tasks):
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            n += 1
+            _enqueue(task, n, queue)
+            sent[k].append(n)
+        rates.append(burst / (time.perf_counter() - t0))
+    _clean_up(tasks, sent, queue)
+    base = percentile(samples[0], 50)
+    rows = []
+    for (label, library, _), xs, rate in zip(_ENQUEUE, samples, rates, strict=True):
+        p50 = percentile(xs, 50)
+        rows.append(
+            {
+                "variant": label,
+                "library": library,
+                "p50_ms": round(p50 * 1000, 3),
+                "p90_ms": round(percentile(xs, 90) * 1000, 3),
+                "x_plain_p50": round(p50 / base, 2),
+                "burst_per_s": round(rate, 1),
+                "burst_vs_plain": round(rate / rates[0], 3),
+            }
+        )
+    return {"calls_per_variant": calls, "burst": burst, "rows": rows}
+
+
+def _clean_up(tasks: list[Any], sent: list[list[int]], queue: str) -> None:
+    """Delete the unconsumed queue, then free every key claimed (amqp-locks: by
+    ``forget_once``; celery-once's Redis keys go with its private server)."""
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_delete(queue)
+    for task, args in zip(tasks, sent, strict=True):
+        if isinstance(task, Singleton):
+            for i in args:
+                task.forget_once((i,))
+
+
+def run(url: str, line: str, calls: int, warmup: int, burst: int = 300) -> dict[str, Any]:
     """The round trips on the broker ``url`` (of RabbitMQ ``line``) and a private Redis."""
     import redis
 
@@ -119,7 +204,9 @@ def run(url: str, line: str, calls: int, warmup: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="celery-bench-"))
     queue, ready = f"celery-bench-{uuid.uuid4().hex[:8]}", tmp / "ready"
     env = {**os.environ, "BENCH_BROKER": url, "BENCH_REDIS": rinfo.url, "BENCH_QUEUE": queue}
-    env.update(BENCH_READY=str(ready), PYTHONPATH=str(ROOT))
+    # The library the client runs (PYTHONPATH=/tmp/al/src for a commit: benchmarks/README).
+    path = [p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p]
+    env.update(BENCH_READY=str(ready), PYTHONPATH=os.pathsep.join(path))
     app.conf.broker_url, app.conf.task_default_queue = url, queue
     app.conf.ONCE["settings"]["url"] = rinfo.url
     argv = [sys.executable, "-m", "celery", "-A", "benchmarks.celery_overhead", "worker"]
@@ -141,6 +228,7 @@ def run(url: str, line: str, calls: int, warmup: int) -> dict[str, Any]:
                 if rnd >= warmup:
                     samples[n].append(took)
                     refusals[n] += refused
+        enqueued = enqueue(calls, warmup, burst, f"{queue}-enqueue")
     finally:
         close_all()  # this process's lock connections, before their node stops
         worker.send_signal(signal.SIGTERM)
@@ -176,6 +264,7 @@ def run(url: str, line: str, calls: int, warmup: int) -> dict[str, Any]:
         "celery_once": metadata.version("celery_once"),
         "python": platform.python_version(),
         "rows": rows,
+        "enqueue": enqueued,
     }
 
 
@@ -188,5 +277,20 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['variant']} | {r['library']} | {r['key']} | {r['p50_ms']:.2f} | "
             f"{r['p90_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | {r['refused_and_retried']} |"
+        )
+    return "\n".join(lines)
+
+
+def enqueue_table(result: dict[str, Any]) -> str:
+    e = result["enqueue"]
+    lines = [
+        f"| variant | library | apply_async p50 ms | p90 ms | x plain (p50) | "
+        f"burst of {e['burst']}: calls/s | burst vs plain |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in e["rows"]:
+        lines.append(
+            f"| {r['variant']} | {r['library']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
+            f"{r['x_plain_p50']:.2f} | {r['burst_per_s']:.0f} | {r['burst_vs_plain']:.0%} |"
         )
     return "\n".join(lines)

@@ -336,9 +336,13 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
         from benchmarks import celery_overhead
 
         def celery(url: str, _: Any) -> None:
-            result = celery_overhead.run(url, args.rabbitmq, args.calls or 200, args.warmup)
+            result = celery_overhead.run(
+                url, args.rabbitmq, args.calls or 200, args.warmup, args.burst
+            )
             _write_json(args.json or RESULTS / "celery-overhead.json", result)
             print(celery_overhead.table(result))
+            print()
+            print(celery_overhead.enqueue_table(result))
 
         _with_broker(args, celery)
         return 0
@@ -391,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--also", type=Path, action="append", metavar="JSON", help=also)
     add("--calls", type=int, help="celery-overhead: measured calls per variant (200)")
     add("--warmup", type=int, default=20, help="celery-overhead: unmeasured calls per variant")
+    add("--burst", type=int, default=300, help="celery-overhead: calls per enqueue burst")
     add("-n", type=int, help="profile-*: samples (acquire 1000, handoff 200)")
     add("--settle", type=float, default=0.05, help="profile-handoff: the waiter's head start")
     args = parser.parse_args(argv)

@@ -144,6 +144,34 @@ def once_late(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     return _body(self, key, seconds)
 
 
+@app.task(
+    base=Singleton,
+    bind=True,
+    once=True,
+    lock_key=["key"],
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def once_redelivered(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
+    """`once`, delivered again when its worker dies; the second delivery runs briefly."""
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    return _body(self, key, 0.2 if redelivered else seconds)
+
+
+@app.task(base=Singleton, bind=True, once=True, lock_key=["key"])
+def once_early(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
+    """`once`, acknowledged early; a delivery after a death (the solo pool's) runs briefly."""
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    return _body(self, key, 0.2 if redelivered else seconds)
+
+
+@app.task(base=Singleton, bind=True, once=True, lock_key=["key"], acks_late=True)
+def once_late_acked(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
+    """`acks_late` without `reject_on_worker_lost`: a killed prefork child's message is
+    acknowledged by its parent, never delivered again."""
+    return _body(self, key, seconds)
+
+
 @app.task(base=Singleton, bind=True, once=True, lock_key=["key"], max_retries=1)
 def once_retrying(self: Singleton, key: str, countdown: float) -> int:
     """Retries itself once after `countdown` s: the key stays queued meanwhile."""

@@ -17,27 +17,19 @@ from typing import Any
 
 import pytest
 
-from amqp_locks import Broker, TokenSemaphore
+from amqp_locks import Broker
 from amqp_locks.celery import AlreadyQueued, UnidentifiableKey
+from amqp_locks.celery.once import busy
 from amqp_locks_dev import devbroker
 
 from .app import Item, Opaque, app, hold, limited, once, once_item, once_retrying
 from .conftest import ROOT, Worker, key, max_running, wait_until
 
 
-def ticket_free(broker: Broker, k: str, seconds: float) -> Callable[[], bool]:
-    """Whether the key's ticket is back in its queue: a non-blocking acquire through the
-    public API, released at once (no ledger read: see amqp_locks.celery.once)."""
-    sem = TokenSemaphore(broker, once.lock_name((k, seconds)) + ".once")
-
-    def free() -> bool:
-        lease = sem.acquire(blocking=False)
-        if lease is None:
-            return False
-        lease.release()
-        return True
-
-    return free
+def key_free(broker: Broker, k: str, seconds: float) -> Callable[[], bool]:
+    """Whether the key is free: its claim exchange is gone (one passive declare)."""
+    name = once.lock_name((k, seconds))
+    return lambda: not busy(broker, name)
 
 
 def enqueue_when_free(worker: Worker, k: str, seconds: float, timeout: float = 20) -> Any:
@@ -83,7 +75,7 @@ def test_two_producers_one_call_queued_or_running(prefork: Worker, broker: Broke
         claims += [(i, float(t)) for o in out for i, t in o["sent"]]
         refused += sum(int(o["refused"]) for o in out)
         prefork.wait_events(k, "end", len(claims))
-        wait_until("the key to be free", ticket_free(broker, k, 1.0), 10)
+        wait_until("the key to be free", key_free(broker, k, 1.0), 10)
     assert refused > 0 and len(claims) >= 2  # at least one per round
     claims.sort(key=lambda c: c[1])
     events = prefork.events_of(k)
@@ -111,7 +103,7 @@ def test_revoked_call_frees_the_key(prefork: Worker, broker: Broker) -> None:
     with pytest.raises(AlreadyQueued):
         once.apply_async((k, 0.0), queue=prefork.queue)
     app.control.revoke(queued.id)
-    # The worker discards it when it comes due, and puts the ticket back.
+    # The worker discards it when it comes due, and frees its key.
     enqueue_when_free(prefork, k, 0.0)
     events = prefork.events_of(k)
     assert len(events) == 2 and events[0].fields["id"] != queued.id  # the revoked never ran
@@ -134,19 +126,12 @@ def test_killed_worker_frees_the_key(prefork: Worker, broker: Broker) -> None:
 
 
 def test_a_retry_keeps_the_key_queued(prefork: Worker, broker: Broker) -> None:
-    from amqp_locks.celery.once import Ticket
-
     k = key()
     first = once_retrying.apply_async((k, 2.0), queue=prefork.queue)
     prefork.wait_events(k, "end", 1)
-    ticket = Ticket(broker, once_retrying.lock_name((k, 2.0)), None)
-
-    def handed_over() -> bool:
-        with ticket.guarded():  # ledger reads only under the guard
-            return ticket.semaphore.status().permits == 0
-
-    # The first run released its ticket and took it out of circulation for the retry.
-    wait_until("the hand-over to the retry", handed_over, 10)
+    name = once_retrying.lock_name((k, 2.0))
+    # The first run ended and handed its key to the retry: the claim stays.
+    assert busy(broker, name)
     with pytest.raises(AlreadyQueued):
         once_retrying.apply_async((k, 2.0), queue=prefork.queue)
     assert first.get(timeout=30) == 1  # the retry ran, then freed the key:
@@ -187,12 +172,12 @@ def test_what_a_key_leaves_on_the_broker(
     prefork: Worker, broker: Broker, node: devbroker.NodeInfo
 ) -> None:
     """The queues docs/celery.md lists per key, exactly, once the key's call ran: a mutex
-    key, a `lock_limit` key, a `once` key (its ticket free again)."""
+    key, a `lock_limit` key, a `once` key (free again)."""
     k = key()
     hold.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
     limited.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
     once.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
-    wait_until("the once key to be free", ticket_free(broker, k, 0.0), 10)
+    wait_until("the once key to be free", key_free(broker, k, 0.0), 10)
     out = devbroker.rabbitmqctl(
         node, "list_queues", "-q", "--formatter", "json", "name", "durable", "arguments"
     )
@@ -213,9 +198,9 @@ def test_what_a_key_leaves_on_the_broker(
     assert left(hold.lock_name((k, 0.0))) == mutex
     semaphore = {**mutex, ".semaphore": "stays", ".semaphore-ledger": "stays"}
     assert left(limited.lock_name((k, 0.0))) == semaphore
-    ticket = {".once" + suffix: kept for suffix, kept in semaphore.items()}
-    assert left(once.lock_name((k, 0.0))) == {**ticket, ".once-guard-mutex-watch": "expires"}
-    assert len([q for q in queues if str(q["name"]).startswith(once.lock_name((k, 0.0)))]) == 5
+    # A once key: its run mutex's, and nothing of its claim once free (an exchange).
+    assert left(once.lock_name((k, 0.0))) == mutex
+    assert not busy(broker, once.lock_name((k, 0.0)))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -265,3 +250,49 @@ def test_two_producers_hammering_one_key(
         f"end -> next claim: p50 {percentile(idle, 0.5):.0f} ms, max {max(idle):.0f} ms"
     )
     assert len(claims) >= 5  # before the fix: 2 (each collision stalled the key 5-10 s)
+
+
+def test_a_call_that_cannot_be_sent_frees_its_key(prefork: Worker, broker: Broker) -> None:
+    """The claim runs while Celery builds the message: a message that fails to build (an
+    argument JSON cannot carry, outside the key) is never sent, and the key it claimed is
+    free again when apply_async raises."""
+    from kombu.exceptions import EncodeError
+
+    k = key()
+    with pytest.raises(EncodeError):
+        once.apply_async((k, 0.0, object()), queue=prefork.queue)
+    assert not busy(broker, once.lock_name((k, 0.0)))
+    once.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+
+
+def test_two_calls_of_a_key_on_one_connection(threads: Worker, broker: Broker) -> None:
+    """A copy sent around the dedup (`send_task`) waits for the run mutex in another
+    thread of the same worker, so both calls bind through one connection: each holds its
+    own binding, and the first one's end leaves the key busy while the second runs."""
+    k = key()
+    name = once.lock_name((k, 0.5))
+    first = once.apply_async((k, 1.0), queue=threads.queue)
+    threads.wait_events(k, "start", 1)
+    second = app.send_task(once.name, (k, 0.5), queue=threads.queue)
+    threads.wait_called(k, 2)
+    first.get(timeout=30)
+    threads.wait_events(k, "start", 2)
+    assert busy(broker, name)  # the second call runs: its binding holds the claim
+    second.get(timeout=30)
+    wait_until("the key to be free", lambda: not busy(broker, name), 10)
+    assert max_running(threads.events_of(k)) == 1
+
+
+def test_forget_once_leaves_a_running_key_unless_forced(prefork: Worker, broker: Broker) -> None:
+    """forget_once frees a key only when no call of it is bound to its claim: a running
+    call's key stays busy (False) unless forced; forced, the key is free at once, and the
+    running call's end then finds nothing left to free."""
+    k = key()
+    name = once.lock_name((k, 1.0))
+    first = once.apply_async((k, 1.0), queue=prefork.queue)
+    prefork.wait_events(k, "start", 1)
+    assert once.forget_once((k, 1.0)) is False and busy(broker, name)
+    assert once.forget_once((k, 1.0), force=True) is True and not busy(broker, name)
+    first.get(timeout=30)
+    assert not busy(broker, name)
+    assert once.forget_once((k, 1.0)) is False  # nothing to free

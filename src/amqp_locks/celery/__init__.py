@@ -29,7 +29,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise unavailable("amqp_locks.celery (Celery tasks with locks)", "celery") from exc
 
-from . import config
+from . import config, once
 from .config import broker_for, lock_urls
 from .keys import UnidentifiableKey, lock_name
 from .task import AlreadyQueued, Singleton, TaskLockTimeout, is_skipped, skipped
@@ -58,6 +58,7 @@ def _child_started(**_: Any) -> None:
     from celery._state import get_current_app
 
     config.forget_inherited()
+    once.IN_POOL_CHILD = True  # a killed child's message comes back only if its parent rejects it
     app = get_current_app()
     if not _uses_locks(app):
         return
@@ -65,6 +66,14 @@ def _child_started(**_: Any) -> None:
         broker_for(app).connect()
     except Exception as exc:  # the worker must start anyway; tasks report it
         config.log.warning("amqp-locks: could not connect the lock broker: %s", exc)
+
+
+@signals.worker_init.connect(weak=False)
+def _worker_starting(sender: Any = None, **_: Any) -> None:
+    """Note a solo-pool worker: a killed solo worker's calls come back (once.py)."""
+    pool = getattr(sender, "pool_cls", None)
+    name = pool if isinstance(pool, str) else f"{getattr(pool, '__module__', '')}"
+    once.SOLO_WORKER = name == "solo" or name.endswith("concurrency.solo")
 
 
 @signals.worker_process_shutdown.connect(weak=False)
@@ -76,12 +85,12 @@ def _process_ending(**_: Any) -> None:
 
 @signals.task_revoked.connect(weak=False)
 def _revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """A ``once`` task revoked (or expired) before it ran: put its key's ticket back. (A
-    running one that is terminated frees its ticket when its process dies.)"""
+    """A ``once`` task revoked (or expired) before it ran, or terminated: free its key
+    (its keeper, then the claim unless another call of the key is bound to it)."""
     if not isinstance(sender, Singleton) or not sender.once or request is None:
         return
     try:
-        sender.forget_once(request.args or (), request.kwargs or {})
+        sender.forget_once(request.args or (), request.kwargs or {}, task_id=request.id)
     except Exception:
         config.log.warning(
             "amqp-locks: could not free the key of revoked task %s",

@@ -40,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     # Queue type of the token semaphores (lock_limit > 1, once): True quorum, False
     # classic, None: quorum in cluster mode only.
     "amqp_locks_quorum": None,
+    # `once` claims survive a broker restart (a disk write per claim); False: faster
+    # claims, lost (the keys of queued calls freed) when the broker restarts.
+    "amqp_locks_once_durable": True,
 }
 
 

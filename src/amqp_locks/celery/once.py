@@ -1,177 +1,282 @@
 """Enqueue-time deduplication (``once=True``): at most one call of a key queued or
-running, with every state change made through the public lock API.
+running, its state kept by the broker in one exchange per busy key.
 
-Each key has a *ticket*: a token semaphore of one permit (``<lock>.once``). Its state is
-the key's state:
+A key is busy while its *claim*, the durable auto-delete exchange ``<lock>.once``, exists:
 
 ========  =====================================================================
-free      the ticket is in its queue, ready
-queued    the ticket was taken out of circulation (``remove_permits``) by the
-          producer that enqueued the task: durable broker state, no holder
-running   the worker holds the ticket as a permit: freed by the broker when the
-          worker releases it *or its connection dies* (a killed worker)
+free      no claim exchange
+queued    the exchange exists; nothing is bound to it (or the keeper, below)
+running   the running call's binding holds it (below)
 ========  =====================================================================
 
-A producer claims the key by taking the ticket (a non-blocking acquire) and removing it
-from circulation; finding none ready, the key is queued or running (``AlreadyQueued``).
-The worker puts the ticket back and takes it as a permit before the task runs. Those two
-steps, and the producer's claim, run under a *guard* mutex per key (``<lock>.once-guard``)
-so no producer can take the ticket back between them, and two workers never both put one
-back (the count stays one). A revoked task's ticket is put back by the worker that
-discards it; a retry keeps the key queued (the ticket is released and removed again
-under the guard).
+**Claim** (the producer): one ``exchange.declare`` with an ``alternate-exchange``
+argument unique to this claim. RabbitMQ compares that argument with an existing
+exchange's and refuses a different one (406, the channel closes): so the declare either
+creates the exchange (claimed) or fails (the key is busy): one round trip, atomic, and a
+new key needs no set-up. No administration mutex, no ledger.
 
-Nobody waits for the guard while holding the ticket: whoever holds the guard may be
-waiting for that very ticket (a claim or a retry's hand-over removing it, a worker taking
-it). A producer holding the ticket therefore only *tries* the guard, and finding it held
-(the key is being claimed, started or handed over) gives the ticket back at once and is
-refused; a worker takes the guard before the ticket.
+**Run** (the worker): besides the key's run mutex (what keeps two copies from running at
+once), the call binds something to the exchange, chosen by what happens to its message if
+the process dies mid-run:
+
+- the message is gone (acknowledged before the run, Celery's default): the call binds
+  its connection's exclusive *alive* queue (keyed by the task id, one binding per call).
+  A killed process's connection takes that
+  queue with it, the binding goes, and an auto-delete exchange whose last binding goes
+  is deleted by the broker: the key is free at once.
+- the message comes back (``acks_late`` with ``reject_on_worker_lost``, or ``acks_late``
+  on a pool whose worker process runs the task): the call binds the *keeper*, an
+  exchange-to-exchange binding to ``amq.direct`` keyed by the task id, which no
+  connection's death removes. The key stays busy until the delivered-again copy (same
+  task id, same binding) ends.
+
+**End**: the call removes its own binding; the last one removed deletes the exchange.
+Removing only one's own binding never frees a key someone claimed meanwhile.
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
+import contextlib
 import threading
-from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
-from ..errors import TokenSemaphoreNotFound
-from ..lease import Lease
-from ..mutex import Mutex
-from ..tokens import TokenSemaphore
+from aiormq.abc import AbstractChannel
+
+from ..errors import PreconditionFailed, QueueNotFound
 from ..transport import Broker
+from ..transport.session import Session
 
-log = logging.getLogger("amqp_locks.celery")
+#: Loop steps a claim waits for aiormq to write its declare before the caller goes on.
+SEND_STEPS = 3
 
-#: How long the guard is waited for (it is held for a few round trips at a time).
-GUARD_TIMEOUT = 30.0
-#: How long a claim or a retry's hand-over waits for the ticket it just released to come
-#: back to be removed (milliseconds: a producer that took it meanwhile gives it back at
-#: once; longer only when a second copy of the task, sent around the dedup, waits for it).
-HANDOVER_WAIT = 5.0
-#: How long a starting worker, holding the guard, waits for the ticket it put back: a
-#: producer that took it meanwhile gives it back within a few round trips; a second copy
-#: of the task running holds it longer.
-START_WAIT = 2.0
+#: The exchange a keeper binding goes to: built in, durable, never deleted.
+KEEPER = "amq.direct"
+
+#: Set in a prefork pool child (``worker_process_init``): there a killed child's message
+#: comes back only with ``reject_on_worker_lost`` (its parent acknowledges it otherwise).
+IN_POOL_CHILD = False
+
+#: Set in a solo-pool worker (``worker_init``): its calls' messages come back after a
+#: death even when acknowledged early (the acknowledgement is not sent until the call ends).
+SOLO_WORKER = False
+
+#: Each connection's exclusive alive queue (declared once per connection).
+_alive: weakref.WeakKeyDictionary[Session, str] = weakref.WeakKeyDictionary()
 
 
-class Ticket:
-    """The ticket semaphore and guard mutex of one key, on one Broker."""
+def claim_exchange(name: str) -> str:
+    """The claim exchange of the lock `name` (exists while the key is busy)."""
+    return f"{name}.once"
 
-    def __init__(self, broker: Broker, name: str, quorum: bool | None) -> None:
-        self.name = name
-        self.semaphore = TokenSemaphore(broker, f"{name}.once", quorum=quorum, fencing=True)
-        self.guard = Mutex(broker, f"{name}.once-guard", fencing=False, timeout=GUARD_TIMEOUT)
-        self._ready = False
 
-    @contextmanager
-    def guarded(self) -> Iterator[None]:
-        """Hold the key's guard; set the ticket semaphore up (one permit) on first use.
+def keeper_key(task_id: str) -> str:
+    return f"amqp-locks.once-keep.{task_id}"
 
-        Every read or write of the ticket semaphore's ledger (``status``, ``setup``,
-        ``add_permits``, ``remove_permits``) happens under the guard: a ledger read holds
-        the ledger's message for a moment, and a second reader at that moment would
-        find no ledger at all."""
-        with self.guard:
-            if not self._ready:
-                try:
-                    self.semaphore.status()
-                except TokenSemaphoreNotFound:
-                    self.semaphore.setup(1)
-                self._ready = True
-            yield
 
-    def claim(self) -> bool:
-        """Free -> queued: True if this producer took the ticket out of circulation.
+async def _call(broker: Broker, what: str, op: Callable[[AbstractChannel], Awaitable[Any]]) -> Any:
+    session = await broker._core.session()
+    return await session.call(what, op)
 
-        The first step reads no ledger and takes no guard: a non-blocking acquire of the
-        ticket, None at once when it is out (queued) or held (running), which is what
-        every refused enqueue costs. Holding it, the producer tries the guard without
-        waiting: held, someone is claiming, starting or handing over the key and may be
-        waiting for this ticket, so it goes back at once and the claim is refused. Got
-        it, the producer releases the ticket and removes it under the guard, where no
-        other producer or starting worker can come between."""
-        try:
-            lease = self.semaphore.acquire(blocking=False)
-        except TokenSemaphoreNotFound:
-            with self.guarded():  # first use of the key: set up, then as usual
-                pass
-            lease = self.semaphore.acquire(blocking=False)
-        if lease is None:
-            return False
-        try:
-            guard = self.guard.acquire(blocking=False)
-        except BaseException:
-            lease.release()
-            raise
-        if guard is None:
-            lease.release()
-            return False
-        try:
-            lease.release(wait=True)
-            return bool(self.semaphore.remove_permits(1, timeout=HANDOVER_WAIT))
-        finally:
-            guard.release()
 
-    def restore(self) -> bool:
-        """Put the ticket back if it is out of circulation (queued): True if it was.
-        Caller holds the guard."""
-        if self.semaphore.status().permits == 0:
-            self.semaphore.add_permits(1)
-            return True
+async def _declare_claim(
+    broker: Broker, exchange: str, durable: bool, sent: Callable[[], None] | None = None
+) -> bool:
+    """Create the claim exchange: True, or False when it exists (the key is busy).
+    ``durable``: it survives a broker restart (a disk write per claim, about 0.7 ms more
+    here); transient claims are lost with a restart, freeing the keys of queued calls."""
+    unique: dict[str, Any] = {"alternate-exchange": f"amqp-locks.claim.{uuid.uuid4().hex}"}
+
+    async def declare(ch: AbstractChannel) -> Any:
+        reply = asyncio.ensure_future(
+            ch.exchange_declare(
+                exchange,
+                exchange_type="fanout",
+                durable=durable,
+                auto_delete=True,
+                arguments=unique,
+            )
+        )
+        if sent is not None:
+            # A few loop steps take the method through aiormq's writer onto the socket.
+            for _ in range(SEND_STEPS):
+                if reply.done():
+                    break
+                await asyncio.sleep(0)
+            sent()
+        return await reply
+
+    try:
+        await _call(broker, exchange, declare)
+    except PreconditionFailed:
         return False
+    return True
 
-    def unclaim(self) -> None:
-        """Undo a claim (the task could not be sent, or was revoked while queued)."""
-        with self.guarded():
-            self.restore()
 
-    def start(self) -> Lease | None:
-        """Queued -> running: put the ticket back and hold it, in one guarded step. A
-        producer may take the ticket for a moment (it then finds the guard held and gives
-        it back), hence a short wait; None when another holder keeps it (a second copy of
-        the task is running)."""
-        with self.guarded():
-            self.restore()
-            return self.semaphore.acquire(timeout=START_WAIT)
+def claim(broker: Broker, name: str, durable: bool = True) -> bool:
+    """Free -> queued: True if this call created the key's claim (one round trip)."""
+    return broker._core.run(_declare_claim(broker, claim_exchange(name), durable))
 
-    def wait(self, timeout: float | None) -> Lease | None:
-        """Wait for the ticket (a copy of the task is running)."""
-        return self.semaphore.acquire(timeout=timeout)
 
-    def hand_over(self, lease: Lease) -> None:
-        """Running -> queued (a retry was sent): release the ticket and take it out of
-        circulation again, under the guard so no producer claims it in between."""
-        with self.guarded():
-            lease.release(wait=True)
-            if not self.semaphore.remove_permits(1, timeout=HANDOVER_WAIT):
-                log.warning(
-                    "%s: the retry's ticket was not back within %.0f s; the key is free "
-                    "while the retry is queued",
-                    self.name,
-                    HANDOVER_WAIT,
+def claim_soon(broker: Broker, name: str, durable: bool = True) -> Callable[[], bool]:
+    """Start :func:`claim` on the lock connection; the returned callable waits for its
+    answer (raising what it raised), as often as asked."""
+    core = broker._core
+    sent = threading.Event()
+    future = core.submit(_declare_claim(broker, claim_exchange(name), durable, sent.set))
+    future.add_done_callback(lambda _: sent.set())
+    # Until the declare is on the socket: the I/O thread needs the GIL to write it, which
+    # the caller's building of the message would otherwise hold for a switch interval.
+    sent.wait()
+    return lambda: core._wait(future)
+
+
+def busy(broker: Broker, name: str) -> bool:
+    """Whether the key is queued or running (its claim exchange exists)."""
+    exchange = claim_exchange(name)
+
+    async def go() -> bool:
+        try:
+            await _call(broker, exchange, lambda ch: ch.exchange_declare(exchange, passive=True))
+        except QueueNotFound:
+            return False
+        return True
+
+    return broker._core.run(go())
+
+
+def forget(broker: Broker, name: str, task_id: str | None = None, force: bool = False) -> bool:
+    """Free a busy key (a queued call that will not run): remove `task_id`'s keeper, then
+    delete the claim unless a call is bound to it (``force``: whatever is bound). True if
+    the key was freed here."""
+    exchange = claim_exchange(name)
+
+    async def go() -> bool:
+        if task_id is not None:
+            key = keeper_key(task_id)
+            try:
+                await _call(broker, exchange, lambda ch: ch.exchange_unbind(KEEPER, exchange, key))
+            except QueueNotFound:
+                return False  # already free
+        if not force and not await _exists(broker, exchange):
+            return False
+        unused = not force
+        try:
+            await _call(broker, exchange, lambda ch: ch.exchange_delete(exchange, if_unused=unused))
+        except PreconditionFailed:  # bound: a call runs (or a retry is handed the key)
+            return False
+        return True
+
+    return broker._core.run(go())
+
+
+async def _exists(broker: Broker, exchange: str) -> bool:
+    try:
+        await _call(broker, exchange, lambda ch: ch.exchange_declare(exchange, passive=True))
+    except QueueNotFound:
+        return False
+    return True
+
+
+async def _alive_queue(broker: Broker) -> str:
+    """This connection's exclusive alive queue (declared on first use per connection)."""
+    session = await broker._core.session()
+    queue = _alive.get(session)
+    if queue is None:
+        queue = f"amqp-locks.once-alive.{uuid.uuid4().hex}"
+        # Nothing is published to a claim exchange; x-max-length 0 drops it if it were.
+        await session.call(
+            queue,
+            lambda ch: ch.queue_declare(queue, exclusive=True, arguments={"x-max-length": 0}),
+        )
+        _alive[session] = queue
+    return queue
+
+
+@dataclass
+class Mark:
+    """What one running call bound to its key's claim exchange."""
+
+    broker: Broker
+    name: str
+    task_id: str
+    #: The message comes back if the process dies: bound by the keeper, not the alive queue.
+    comes_back: bool
+    #: Claims are durable (see _declare_claim): a missing claim is made the same way.
+    durable: bool = True
+    #: The alive queue bound (None with the keeper).
+    alive: str | None = None
+
+    @property
+    def exchange(self) -> str:
+        return claim_exchange(self.name)
+
+    async def _bind(self) -> None:
+        exchange, key = self.exchange, keeper_key(self.task_id)
+        if self.comes_back:
+            await _call(self.broker, exchange, lambda ch: ch.exchange_bind(KEEPER, exchange, key))
+        else:
+            queue = self.alive = await _alive_queue(self.broker)
+            # Keyed by the task id too: two calls on one connection hold two bindings.
+            await _call(self.broker, exchange, lambda ch: ch.queue_bind(queue, exchange, key))
+
+    async def _start(self, retried: bool) -> None:
+        try:
+            await self._bind()
+        except QueueNotFound:
+            # No claim: the message was sent around the dedup (send_task) or its key was
+            # forgotten. Claim it now (or find it claimed meanwhile), then bind.
+            await _declare_claim(self.broker, self.exchange, self.durable)
+            await self._bind()
+        if retried and not self.comes_back:
+            # A retry was handed the key by the keeper (hand_over): our alive queue now
+            # holds it, so a killed process frees it.
+            exchange, key = self.exchange, keeper_key(self.task_id)
+            await _call(self.broker, exchange, lambda ch: ch.exchange_unbind(KEEPER, exchange, key))
+
+    def start(self, retried: bool) -> None:
+        """Queued -> running."""
+        self.broker._core.run(self._start(retried))
+
+    def end(self, hand_over: bool) -> None:
+        """Running -> free: remove our binding (the last one deletes the exchange); with
+        ``hand_over`` (a retry was sent) running -> queued: the keeper holds it for the
+        retry (same task id) before our alive queue lets go."""
+        exchange, key = self.exchange, keeper_key(self.task_id)
+
+        async def go() -> None:
+            # QueueNotFound: the claim was deleted meanwhile (forget_once(force=True)).
+            with contextlib.suppress(QueueNotFound):
+                await ends()
+
+        async def ends() -> None:
+            if hand_over and not self.comes_back:
+                await _call(
+                    self.broker, exchange, lambda ch: ch.exchange_bind(KEEPER, exchange, key)
+                )
+            if self.alive is not None:
+                queue = self.alive
+                await _call(self.broker, exchange, lambda ch: ch.queue_unbind(queue, exchange, key))
+            elif not hand_over:
+                await _call(
+                    self.broker, exchange, lambda ch: ch.exchange_unbind(KEEPER, exchange, key)
                 )
 
-
-class Tickets:
-    """Ticket objects per (Broker, key), kept so a key's setup is checked once per process."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self._size = size
-        self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[int, str], Ticket] = OrderedDict()
-
-    def get(self, broker: Broker, name: str, quorum: bool | None) -> Ticket:
-        key = (id(broker), name)
-        with self._lock:
-            ticket = self._items.get(key)
-            if ticket is None or ticket.semaphore.broker is not broker:
-                ticket = self._items[key] = Ticket(broker, name, quorum)
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-            return ticket
+        self.broker._core.run(go())
 
 
-__all__ = ["Ticket", "Tickets"]
+__all__ = [
+    "IN_POOL_CHILD",
+    "KEEPER",
+    "SOLO_WORKER",
+    "Mark",
+    "busy",
+    "claim",
+    "claim_exchange",
+    "claim_soon",
+    "forget",
+]

@@ -12,6 +12,7 @@ frees everything it held.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -28,8 +29,8 @@ from ..mutex import Mutex
 from ..tokens import TokenSemaphore
 from ..transport import Broker
 from . import config
+from . import once as once_claims
 from .keys import LockKey, check_key, lock_name
-from .once import Ticket, Tickets
 
 log = logging.getLogger("amqp_locks.celery")
 
@@ -61,7 +62,8 @@ class _Run:
 
     name: str
     lease: Lease
-    ticket: Ticket | None = None
+    #: A `once` call's binding to its key's claim (once.py).
+    mark: once_claims.Mark | None = None
     #: A retry of this very key was sent: keep the key queued after the run.
     hand_over: bool = False
 
@@ -99,7 +101,36 @@ class _Locks:
 
 
 _locks = _Locks()
-_tickets = Tickets()
+
+
+class _Refused(Exception):
+    """The key's claim failed: nothing was published."""
+
+
+class _Gated:
+    """The kombu producer a ``once`` call is sent with: its ``publish`` first waits for
+    the key's claim, which runs on the lock connection meanwhile, so the claim's round
+    trip overlaps Celery's building of the message; refused, nothing is published."""
+
+    def __init__(self, producer: Any, claimed: Callable[[], bool]) -> None:
+        self._producer = producer
+        self._claimed = claimed
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._claimed():
+            raise _Refused
+        return self._producer.publish(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+def _claimed_quietly(claimed: Callable[[], bool]) -> bool:
+    """Whether the claim succeeded (False when it failed or raised)."""
+    try:
+        return claimed()
+    except BaseException:
+        return False
 
 
 class Singleton(Task[..., Any]):
@@ -133,6 +164,7 @@ class Singleton(Task[..., Any]):
     lock_fencing: ClassVar[bool] = True
     once: ClassVar[bool] = False
     once_graceful: ClassVar[bool] = False
+    once_durable: ClassVar[bool | None] = None
 
     _runs: ClassVar[threading.local] = threading.local()
 
@@ -209,26 +241,28 @@ class Singleton(Task[..., Any]):
             self._give_back(run)
 
     def _take(self, name: str) -> _Run | None:
-        """The held lock, None to skip; raises Retry or TaskLockTimeout."""
+        """The held lock, None to skip; raises Retry or TaskLockTimeout. A `once` call
+        also marks its key running (once.py) once it holds the lock."""
         broker = self.broker
         wait = self.on_conflict == "wait"
-        ticket: Ticket | None = None
-        if self.once:
-            ticket = _tickets.get(broker, name, config.setting(self.app, "amqp_locks_quorum"))
-            lease = ticket.start()
-            if lease is None and wait:
-                lease = ticket.wait(self.lock_timeout)
-        else:
-            lock = _locks.get(
-                broker,
-                name,
-                self.lock_limit,
-                self.lock_fencing,
-                config.setting(self.app, "amqp_locks_quorum"),
-            )
-            lease = self._acquire(lock, wait)
+        lock = _locks.get(
+            broker,
+            name,
+            self.lock_limit,
+            self.lock_fencing,
+            config.setting(self.app, "amqp_locks_quorum"),
+        )
+        lease = self._acquire(lock, wait)
         if lease is not None:
-            return _Run(name, lease, ticket)
+            run = _Run(name, lease)
+            if self.once:
+                try:
+                    run.mark = self._mark(name)
+                except BaseException:
+                    lease.release()
+                    self._free_after_failed_start(name)
+                    raise
+            return run
         if self.on_conflict == "skip":
             return None
         if self.on_conflict == "retry":
@@ -237,6 +271,48 @@ class Singleton(Task[..., Any]):
                 exc=TaskLockTimeout(f"{name} was held in every try ({self.request.retries + 1})"),
             )
         raise TaskLockTimeout(f"{name} was not obtained within {self.lock_timeout} s")
+
+    def _comes_back(self) -> bool:
+        """Whether Celery delivers this call's message again if its process dies mid-run
+        (measured by tests/celery/test_once_crash.py): a prefork child's, with
+        ``acks_late`` and ``reject_on_worker_lost`` (its parent acknowledges it
+        otherwise); a threads-pool call's, with ``acks_late``; a solo-pool call's always:
+        the solo worker's early acknowledgement does not reach the broker before the
+        call ends, so its message is unacknowledged when the worker dies."""
+        request = self.request
+        if request.called_directly or request.is_eager:
+            return False
+        if once_claims.SOLO_WORKER:  # (which sends worker_process_init too)
+            return True
+        if once_claims.IN_POOL_CHILD:
+            return bool(self.acks_late and self.reject_on_worker_lost)
+        return bool(self.acks_late)
+
+    def _free_after_failed_start(self, name: str) -> None:
+        """The call fails before it ran: its key must not stay busy for a call that will
+        not run (best effort; a binding left behind goes with this connection)."""
+        try:
+            once_claims.forget(self.broker, name, self.request.id)
+        except AmqpLocksError as exc:
+            log.warning("%s: could not free the once key %s: %s", self.name, name, exc)
+
+    def _durable_claims(self) -> bool:
+        """``once_durable`` of the task, else the app's ``amqp_locks_once_durable``."""
+        if self.once_durable is not None:
+            return bool(self.once_durable)
+        return bool(config.setting(self.app, "amqp_locks_once_durable"))
+
+    def _mark(self, name: str) -> once_claims.Mark:
+        request = self.request
+        mark = once_claims.Mark(
+            self.broker,
+            name,
+            str(request.id or name),
+            comes_back=self._comes_back(),
+            durable=self._durable_claims(),
+        )
+        mark.start(retried=bool(request.retries))
+        return mark
 
     def _acquire(self, lock: LockObject, wait: bool) -> Lease | None:
         """Acquire the run lock. A semaphore is set up with ``lock_limit`` permits once per
@@ -263,16 +339,12 @@ class Singleton(Task[..., Any]):
         return lock.acquire(blocking=False)
 
     def _give_back(self, run: _Run) -> None:
-        """Release (or, after a retry of the same key was sent, hand the key over to it).
-        A failure is logged, not raised: the task's own outcome stands, and a lock
-        whose connection failed is freed by the broker anyway."""
+        """Release the lock, then (``once``) free the key, or hand it to the retry of the
+        same key that was sent. Both before Celery stores the result: whoever reads it
+        finds the key free. A failure is logged, not raised: the task's own outcome
+        stands, and what a failed connection held is freed by the broker anyway."""
         try:
-            if run.ticket is not None and run.hand_over:
-                run.ticket.hand_over(run.lease)
-            else:
-                # Confirmed before Celery stores the result: whoever reads the result can
-                # count on the lock (or the once key) being free.
-                run.lease.release(wait=True)
+            run.lease.release(wait=True)
         except AmqpLocksError as exc:
             log.warning(
                 "%s: releasing %s failed (%s); the broker frees it with the connection",
@@ -280,6 +352,17 @@ class Singleton(Task[..., Any]):
                 run.name,
                 exc,
             )
+        if run.mark is not None:
+            try:
+                run.mark.end(run.hand_over)
+            except AmqpLocksError as exc:
+                log.warning(
+                    "%s: freeing the once key %s failed (%s); a connection's death frees "
+                    "it, else forget_once does",
+                    self.name,
+                    run.name,
+                    exc,
+                )
         if run.lease.lost_reason is not None:
             log.error(
                 "%s: %s was lost while the task ran (%s): another call may have run meanwhile",
@@ -314,34 +397,74 @@ class Singleton(Task[..., Any]):
             )
         if options.get("retries"):
             # A retry continues a call that was queued already: no claim. If this thread
-            # holds that key's ticket, the key stays queued for the retry (hand-over).
+            # runs that key's call, the key stays queued for the retry (hand-over).
             stack = self._stack()
-            if stack and stack[-1].name == name and stack[-1].ticket is not None:
+            if stack and stack[-1].name == name and stack[-1].mark is not None:
                 stack[-1].hand_over = True
             return super().apply_async(
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
-        ticket = _tickets.get(self.broker, name, config.setting(self.app, "amqp_locks_quorum"))
-        if not ticket.claim():
+        if self.app.conf.task_always_eager:  # runs here and now: nothing to overlap
+            claimed: Callable[[], bool] = lambda: once_claims.claim(  # noqa: E731
+                self.broker, name, self._durable_claims()
+            )
+        else:
+            claimed = once_claims.claim_soon(self.broker, name, self._durable_claims())
+        try:
+            if self.app.conf.task_always_eager:
+                if not claimed():
+                    raise _Refused
+                return super().apply_async(
+                    args, kwargs, task_id, producer, link, link_error, shadow, **options
+                )
+            return self._send_gated(
+                claimed, args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        except _Refused:
             if graceful:
                 log.info("%s: %s is already queued or running; not sent", self.name, name)
                 return None
-            raise AlreadyQueued(f"{self.name}: a call with key {name} is already queued or running")
-        try:
-            return super().apply_async(
-                args, kwargs, task_id, producer, link, link_error, shadow, **options
-            )
+            raise AlreadyQueued(
+                f"{self.name}: a call with key {name} is already queued or running"
+            ) from None
         except BaseException:
-            ticket.unclaim()
+            if _claimed_quietly(claimed):  # claimed but not sent: free the key again
+                once_claims.forget(self.broker, name)
             raise
 
+    def _send_gated(self, claimed: Callable[[], bool], *call: Any, **options: Any) -> AsyncResult:  # type: ignore[type-arg]
+        """``apply_async`` through a :class:`_Gated` producer. A producer taken from the
+        pool goes back to it as it came after a refusal: kombu replaces a pooled
+        producer's connection when an exception leaves its ``with`` block (a new
+        connection per refused call, about 6 ms), right only for real failures."""
+        args, kwargs, task_id, producer, link, link_error, shadow = call
+        pooled = None if producer is not None else self.app.producer_pool.acquire(block=True)
+        gated: Any = _Gated(producer if pooled is None else pooled, claimed)
+        try:
+            result = super().apply_async(
+                args, kwargs, task_id, gated, link, link_error, shadow, **options
+            )
+        except _Refused:
+            if pooled is not None:
+                pooled.release()
+            raise
+        except BaseException:
+            if pooled is not None:
+                pooled.__exit__(*sys.exc_info())  # kombu's own exit: replace, release
+            raise
+        if pooled is not None:
+            pooled.release()
+        return result
+
     def forget_once(
-        self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+        self,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        force: bool = False,
+        task_id: str | None = None,
     ) -> bool:
         """Free a ``once`` key whose queued call will never run (its message was purged or
-        lost): put its ticket back unless a call holds it. True if it was out."""
-        ticket = _tickets.get(
-            self.broker, self.lock_name(args, kwargs), config.setting(self.app, "amqp_locks_quorum")
-        )
-        with ticket.guarded():
-            return ticket.restore()
+        lost), unless a call of it runs (``force``: even then, or when a purged retry's
+        hand-over holds it). ``task_id``: also drop that call's keeper. True if freed."""
+        return once_claims.forget(self.broker, self.lock_name(args, kwargs), task_id, force)

@@ -39,16 +39,7 @@ async def shielded(
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        _keep(task)
-
-        def finished(t: asyncio.Task[T]) -> None:
-            if undo is None or t.cancelled() or t.exception() is not None:
-                return
-            result = t.result()
-            if result is not None:
-                _keep(asyncio.ensure_future(_quietly(undo(result))))
-
-        task.add_done_callback(finished)
+        _undo_later(task, undo)
         raise
 
 

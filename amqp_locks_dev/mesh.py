@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import ipaddress
 import itertools
 import json
@@ -61,7 +62,7 @@ from typing import Any
 
 from . import devbroker, devcluster
 from .devbroker import NODES, DevBrokerError, NodeInfo
-from .localserver import HOST, cmdline_mentions, home, locked, pid_alive, signal_and_wait
+from .localserver import HOST, home, locked, pid_alive, signal_and_wait
 from .partition import (
     _BLACKHOLE_METRIC,
     PREFIX,
@@ -72,6 +73,7 @@ from .partition import (
     _host_networks,
     _listening,
     _run,
+    sweep_record,
     sweep_stale,
 )
 
@@ -349,17 +351,7 @@ def sweep_stale_meshes() -> list[str]:
             continue
         if pid_alive(owner):
             continue
-        base = Path(raw["base_dir"]) if raw.get("base_dir") else None
-        if base is not None:
-            for state in sorted(base.glob("*/node.json")):
-                with contextlib.suppress(DevBrokerError, OSError):
-                    NODES.kill(state.parent)
-        for pid in raw.get("epmds", []):
-            if pid_alive(pid) and cmdline_mentions(pid, "epmd"):
-                signal_and_wait(pid, signal.SIGKILL, 5.0)
-        _delete_network(net)
-        if base is not None:
-            shutil.rmtree(base, ignore_errors=True)
+        sweep_record(raw, functools.partial(_delete_network, net))
         swept += net.namespaces
     return swept
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import ipaddress
 import json
 import os
@@ -46,7 +47,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,6 +194,23 @@ def _update_record(net: Network, **fields: Any) -> None:
     path.write_text(json.dumps(raw) + "\n")
 
 
+def sweep_record(raw: dict[str, Any], delete_network: Callable[[], object]) -> None:
+    """Stop what the record `raw` of a harness whose process is gone names, in the order
+    that frees each step's resources: its nodes, its epmds, its network
+    (`delete_network`, the harness's own), then its files."""
+    base = Path(raw["base_dir"]) if raw.get("base_dir") else None
+    if base is not None:
+        for state in sorted(base.glob("*/node.json")):
+            with contextlib.suppress(DevBrokerError, OSError):
+                NODES.kill(state.parent)
+    for pid in raw.get("epmds", []):
+        if pid_alive(pid) and cmdline_mentions(pid, "epmd"):
+            signal_and_wait(pid, signal.SIGKILL, 5.0)
+    delete_network()
+    if base is not None:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def sweep_stale() -> list[str]:
     """Remove what harnesses whose process is gone left (a SIGKILLed test run): their
     host-side nodes and epmd, their network and their files, meshes' too (one sweep for
@@ -209,17 +227,7 @@ def sweep_stale() -> list[str]:
             continue
         if pid_alive(owner):
             continue
-        base = Path(raw["base_dir"]) if raw.get("base_dir") else None
-        if base is not None:
-            for state in sorted(base.glob("*/node.json")):
-                with contextlib.suppress(DevBrokerError, OSError):
-                    NODES.kill(state.parent)
-        for pid in raw.get("epmds", []):
-            if pid_alive(pid) and cmdline_mentions(pid, "epmd"):
-                signal_and_wait(pid, signal.SIGKILL, 5.0)
-        _delete_network(net)
-        if base is not None:
-            shutil.rmtree(base, ignore_errors=True)
+        sweep_record(raw, functools.partial(_delete_network, net))
         swept.append(net.ns)
     from . import mesh  # imports this module: not at the top
 

@@ -11,6 +11,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -133,6 +134,19 @@ def make_partition() -> Iterator[MakePartition]:
 
     One cluster at a time on this machine: the shared test cluster is stopped while a
     harness runs and started again afterwards if it ran before."""
+    yield from _harnesses(partition.partition_cluster, "partition")
+
+
+#: A harness type (PartitionCluster, MeshCluster).
+H = TypeVar("H")
+
+
+def _harnesses(
+    start: Callable[..., contextlib.AbstractContextManager[H]], folder: str
+) -> Iterator[Callable[..., H]]:
+    """The body of the harness fixtures: `start(**kwargs)` context managers under the test
+    home's `folder`, all closed after the test; the shared test cluster stopped meanwhile
+    (one cluster at a time on this machine) and started again if it ran before."""
     base = _base_dir()
     was_running = any(devcluster.status(CLUSTER, base).values())
     if was_running:
@@ -140,9 +154,9 @@ def make_partition() -> Iterator[MakePartition]:
     home = test_home()
     stack = contextlib.ExitStack()
 
-    def make(**kwargs: object) -> partition.PartitionCluster:
-        kwargs.setdefault("base_dir", home / "partition" if home else None)
-        return stack.enter_context(partition.partition_cluster(**kwargs))  # type: ignore[arg-type]
+    def make(**kwargs: object) -> H:
+        kwargs.setdefault("base_dir", home / folder if home else None)
+        return stack.enter_context(start(**kwargs))
 
     try:
         yield make
@@ -164,22 +178,4 @@ def make_mesh() -> Iterator[MakeMesh]:
     of its own, one link per pair of nodes) on the line under test; every mesh it made is
     torn down after the test, whatever happened. The shared test cluster is stopped
     meanwhile, as for :func:`make_partition`."""
-    base = _base_dir()
-    was_running = any(devcluster.status(CLUSTER, base).values())
-    if was_running:
-        devcluster.stop(CLUSTER, base)
-    home = test_home()
-    stack = contextlib.ExitStack()
-
-    def make(**kwargs: object) -> mesh.MeshCluster:
-        kwargs.setdefault("base_dir", home / "mesh" if home else None)
-        return stack.enter_context(mesh.mesh_cluster(**kwargs))  # type: ignore[arg-type]
-
-    try:
-        yield make
-    finally:
-        try:
-            stack.close()
-        finally:
-            if was_running:
-                devcluster.start(CLUSTER, 3, base)
+    yield from _harnesses(mesh.mesh_cluster, "mesh")

@@ -82,3 +82,17 @@ def read_line(proc: subprocess.Popen[str], timeout: float) -> str | None:
         return box.get(timeout=timeout)
     except queue.Empty:
         return None
+
+
+def holder_told(
+    holder: subprocess.Popen[str], timeout: float, box: dict[str, Any], cut_at: float
+) -> tuple[float, str]:
+    """When the holder process (partition_holder.py) said it lost its lock, and why; fails
+    the test, saying whether the waiter (its grant time in ``box["at"]``) got the lock
+    meanwhile, if no ``LOST`` line comes within `timeout`."""
+    lost = (read_line(holder, timeout) or "").split(maxsplit=2)
+    granted = f"{box['at'] - cut_at:.2f} s" if "at" in box else "never"
+    assert lost[:1] == ["LOST"], (
+        f"the holder was never told ({lost}); the waiter was granted: {granted}"
+    )
+    return float(lost[1]), lost[2] if len(lost) > 2 else ""

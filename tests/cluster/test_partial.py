@@ -46,7 +46,7 @@ from amqp_locks_dev import devbroker
 from amqp_locks_dev.mesh import MeshCluster
 
 from .conftest import MakeMesh
-from .locks import KINDS, read_line, set_up, take
+from .locks import KINDS, holder_told, set_up, take
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,21 +163,12 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
             mc.cut_link(1, 2)
         else:
             mc.split([1, 4, 5], [2, 3])
-        line = read_line(holder, GRANT_BOUND + 30)
-        lost = (line or "").split(maxsplit=2)
-        granted_late = f"{box['at'] - cut_at:.2f} s" if "at" in box else "never"
-        assert lost[:1] == ["LOST"], (
-            f"the holder was never told ({lost}); the waiter was granted: {granted_late}"
-        )
-        told_at = float(lost[1])
+        told_at, why = holder_told(holder, GRANT_BOUND + 30, box, cut_at)
         t.join(GRANT_BOUND + 30)
         assert "error" not in box, f"the waiter failed: {box['error']!r}"
         assert "held" in box, "the waiter was never granted"
         told, granted = told_at - cut_at, box["at"] - cut_at
-        print(
-            f"\n| {kind} | {fault} | {told:.2f} | {granted:.2f} |"
-            f"   ({lost[2] if len(lost) > 2 else ''})"
-        )
+        print(f"\n| {kind} | {fault} | {told:.2f} | {granted:.2f} |   ({why})")
         assert told > 0, f"the holder lost its lock {-told:.2f} s before the cut"
         assert told_at < box["at"], f"two holders at once: told {told:.2f}, granted {granted:.2f}"
         assert granted <= GRANT_BOUND, f"the waiter waited {granted:.2f} s"

@@ -42,7 +42,7 @@ from amqp_locks_dev import devbroker
 from amqp_locks_dev.partition import PartitionCluster
 
 from .conftest import MakePartition
-from .locks import KINDS, read_line, set_up, take
+from .locks import KINDS, holder_told, set_up, take
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,13 +144,7 @@ def scenario(
         waiter.start()
         cut_at = time.monotonic()
         pc.cut(heard=heard)
-        line = read_line(holder, bound + 30)
-        lost = (line or "").split(maxsplit=2)
-        granted_late = f"{box['at'] - cut_at:.2f} s" if "at" in box else "never"
-        assert lost[:1] == ["LOST"], (
-            f"the holder was never told ({lost}); the waiter was granted: {granted_late}"
-        )
-        told_at = float(lost[1])
+        told_at, why = holder_told(holder, bound + 30, box, cut_at)
         waiter.join(bound + 30)
         assert "error" not in box, f"the majority waiter failed: {box['error']!r}"
         assert box.get("lease") is not None, "the majority side was never granted the lock"
@@ -164,7 +158,7 @@ def scenario(
             "heard" if heard else "silent",
             "told" if told else "untold",
         )
-        print(f"\n{row}   ({lost[2] if len(lost) > 2 else ''})")
+        print(f"\n{row}   ({why})")
         assert told_at > cut_at, f"the holder lost its lock before the cut: {row}"
         assert told_at < granted_at, f"two holders at once: {row}"
         assert granted_at - cut_at <= bound, f"the majority waited too long: {row}"

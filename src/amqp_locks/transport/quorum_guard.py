@@ -343,8 +343,7 @@ class QuorumGuard:
                 self._channel = None
         else:
             self.checked += 1
-            if sent_at > self.lock_proofs.get(queue, sent_at - 1):
-                self.lock_proofs[queue] = sent_at
+            self.lock_proofs[queue] = max(sent_at, self.lock_proofs.get(queue, sent_at))
         finally:
             self._checking.discard(queue)
 

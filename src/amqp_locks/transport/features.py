@@ -26,8 +26,14 @@ from .line_args import CONSUMER_TIMEOUT_MS
 if TYPE_CHECKING:
     from .session import Session
 
-#: How long a queue shared by waiters or holders lives unused (10 min).
-HELPER_EXPIRES_MS = 600_000
+#: How long a per-name queue lives once nobody uses it (no consumer, no get, no declare):
+#: a released name costs the broker nothing a minute later (issue 30 asks for 2 minutes;
+#: the broker's expiry sweep runs within seconds of this).
+NAME_EXPIRES_MS = 60_000
+#: The earlier release's expiry of the wake-up and sentinel queues; a queue made by it
+#: refuses a declaration with :data:`NAME_EXPIRES_MS` (406) and is used as it is.
+OLD_HELPER_EXPIRES_MS = 600_000
+HELPER_EXPIRES_MS = NAME_EXPIRES_MS
 
 
 def broker_version(session: Session) -> tuple[int, int]:

@@ -51,13 +51,13 @@ def broker(amqp_url: str) -> Iterator[Broker]:
 
 
 def fence_messages(broker: Broker, name: str) -> int:
-    """Messages in the lock's fence queue, exactly: declare-ok counts quorum messages
+    """Messages in the lock's fence shard, exactly: declare-ok counts quorum messages
     (list_queues' stats lag by seconds)."""
-    from amqp_locks.names import fence_queue
+    from amqp_locks.names import fence_shard
 
     async def count() -> int:
         session = await broker._core.session()
-        ok = await session.call(None, lambda ch: ch.queue_declare(fence_queue(name), passive=True))
+        ok = await session.call(None, lambda ch: ch.queue_declare(fence_shard(name), passive=True))
         return int(ok.message_count)
 
     return broker._core.run(count())

@@ -374,7 +374,7 @@ def test_without_permission_on_the_exchange_locks_work_and_records_are_unknown(
 ) -> None:
     """The permissions docs/operations.md gave before holder records: locks work, the
     holder logs once that records are off, a reader says it cannot ask."""
-    names = r"^(reindex)(-fence|-(sem|mutex)-(wakeups|watch))?$"
+    names = r"^((reindex)(-(sem|mutex)-(wakeups|watch))?|amqp-locks-shard-[0-9]+-fence)$"
     with (
         restricted_url(node, names, r"^amq\.default$", names) as url,
         Broker(url) as b,
@@ -392,8 +392,8 @@ def test_without_permission_on_the_exchange_locks_work_and_records_are_unknown(
 def test_documented_permissions_give_records(node: devbroker.NodeInfo) -> None:
     """docs/operations.md's set_permissions example, with the holder exchange and queues."""
     names = (
-        r"^((images|reindex)(-[0-9]+-[AB]|-fence|-(sem|mutex)-(wakeups|watch))?"
-        r"|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
+        r"^((images|reindex)(-[0-9]+-[AB]|-(sem|mutex)-(wakeups|watch))?"
+        r"|amqp-locks-shard-[0-9]+-fence|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
     )
     write = r"^(amq\.default|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
     with (

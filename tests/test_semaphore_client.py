@@ -21,7 +21,7 @@ from amqp_locks import (
     SemaphoreAdmin,
     SemaphoreNotFound,
 )
-from amqp_locks.names import fence_queue, holder_queue, slot_queue
+from amqp_locks.names import fence_shard, holder_queue, slot_queue
 from amqp_locks_dev import devbroker
 
 from . import workers
@@ -400,18 +400,18 @@ def test_a_releaser_asking_again_at_once_lets_the_waiter_go_first(
         looper.join(60)
 
 
-def test_a_missing_fence_is_made_again_under_the_admin_mutex(
+def test_a_deleted_fence_shard_is_made_again_once_and_tokens_keep_rising(
     node: devbroker.NodeInfo, broker: Broker, amqp_url: str, name: str
 ) -> None:
-    """A semaphore whose fence queue was deleted by hand still grants with tokens: the
-    first holders re-create the fence under the admin mutex, so two holders racing on two
-    connections leave exactly one fence message. (The count restarts from 0: an operator
-    who deletes a fence restores its base with `SemaphoreAdmin.repair_fence`.)"""
+    """A semaphore whose fence shard was deleted by hand still grants with tokens: the
+    first holders re-create the shard with a test-and-set, so two holders racing on two
+    connections leave exactly one fence message, and its base (the clock) keeps the
+    tokens above those of the deleted shard."""
     SemaphoreAdmin(broker, name).create(2)
     first = PersistentSemaphore(broker, name).acquire(timeout=10)
     assert first is not None and first.fencing_token > 0
     first.release()
-    devbroker.rabbitmqctl(node, "delete_queue", fence_queue(name))
+    devbroker.rabbitmqctl(node, "delete_queue", fence_shard(name))
 
     start = threading.Barrier(2)
     tokens: list[int] = []
@@ -432,5 +432,5 @@ def test_a_missing_fence_is_made_again_under_the_admin_mutex(
         for t in threads:
             t.join(60)
     assert not errors, errors
-    assert len(tokens) == 2 and len(set(tokens)) == 2 and min(tokens) > 0
+    assert len(tokens) == 2 and len(set(tokens)) == 2 and min(tokens) > first.fencing_token
     assert fence_messages(broker, name) == 1  # one fence, not one per racing holder

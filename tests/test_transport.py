@@ -19,7 +19,7 @@ from amqp_locks import (
     PersistentSemaphore,
     SemaphoreAdmin,
 )
-from amqp_locks.names import fence_queue, slot_queue
+from amqp_locks.names import fence_shard, slot_queue
 from amqp_locks_dev import devbroker
 
 from .conftest import fence_messages
@@ -108,8 +108,8 @@ def test_fence_queue_is_quorum_and_holds_one_message(
     SemaphoreAdmin(broker, name).create(1)
     SemaphoreAdmin(broker, name).create(1)  # idempotent: still one fence message
     out = devbroker.rabbitmqctl(node, "list_queues", "name", "type", "--no-table-headers")
-    row = [line.split() for line in out.splitlines() if line.startswith(fence_queue(name))]
-    assert row == [[fence_queue(name), "quorum"]]
+    row = [line.split() for line in out.splitlines() if line.startswith(fence_shard(name))]
+    assert row == [[fence_shard(name), "quorum"]]
     assert fence_messages(broker, name) == 1
 
 
@@ -122,15 +122,18 @@ def test_repair_fence_keeps_tokens_rising(
     with sem.acquire() as lease:  # type: ignore[union-attr]
         last = lease.fencing_token
     assert admin.repair_fence(base=1000) is False  # nothing missing: nothing done
-    devbroker.rabbitmqctl(node, "purge_queue", fence_queue(name))
+    devbroker.rabbitmqctl(node, "purge_queue", fence_shard(name))
     assert admin.repair_fence(base=1000) is True
     with sem.acquire() as lease:  # type: ignore[union-attr]
-        assert lease.fencing_token > 1000 > last
+        assert lease.fencing_token > last > 1000  # the shard's base: the clock
 
 
 def test_documented_permissions_are_enough(node: devbroker.NodeInfo) -> None:
     """docs/operations.md's set_permissions example, for locks `images` and `reindex`."""
-    names = r"^(images|reindex)(-[0-9]+-[AB]|-fence|-(sem|mutex)-(wakeups|watch))?$"
+    names = (
+        r"^((images|reindex)(-[0-9]+-[AB]|-(sem|mutex)-(wakeups|watch))?"
+        r"|amqp-locks-shard-[0-9]+-fence)$"
+    )
     with (
         restricted_url(node, names, r"^amq\.default$", names) as url,
         Broker(url) as b,

@@ -16,8 +16,8 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, QueueNotFound, ResourceLocked
-from .fencing import ensure_fence, take_token
-from .names import fence_queue, sentinel_queue, wakeup_queue
+from .fencing import take_token
+from .names import sentinel_queue, wakeup_queue
 from .queue_lease import LeaseState, grant
 from .transport.broker import BrokerCore
 from .transport.session import Session
@@ -40,14 +40,8 @@ async def mutex_held(session: Session, name: str) -> bool | None:
 
 
 async def mutex_fence(state: LeaseState) -> int:
-    """The mutex's fencing token, creating its fence queue on first use: holding mutex N
-    is holding the lock's administration mutex, so no other creator can race us and the
-    fence gets exactly one message."""
-    session, name = state.session, state.name
-    if fence_queue(name) not in session.fences_known:
-        await ensure_fence(session, name)
-        session.fences_known.add(fence_queue(name))
-    return await take_token(session, name)
+    """The mutex's fencing token: the next value of its shared fence shard (fencing.py)."""
+    return await take_token(state.session, state.name)
 
 
 async def try_mutex(

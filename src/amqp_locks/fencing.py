@@ -1,16 +1,35 @@
-"""Monotonic fencing tokens from one fence message in a quorum queue.
+"""Monotonic fencing tokens from a few shared counters: one fence message per quorum queue.
 
-Every lock `N` has a durable quorum queue `N-fence` holding exactly one message. A grant
-takes the message with `basic.get` (manual ack), reads its return count and returns it with
-`basic.reject(requeue=True)`. A quorum queue raises that count on every return — reject,
-nack, or the channel closing with it unacked — and keeps it in its replicated log, so the
-count is strictly increasing across grants, processes and broker restarts. While one client
-holds the message nobody else can read it, so reading and raising are one atomic step.
+Every lock `N` counts on one of :data:`~amqp_locks.names.FENCE_SHARDS` (16) shared durable
+quorum queues, ``amqp-locks-shard-KK-fence`` (KK a stable hash of `N`), each holding exactly
+one message. A grant takes the message with `basic.get` (manual ack), reads its return count
+and returns it with `basic.reject(requeue=True)`. A quorum queue raises that count on every
+return — reject, nack, or the channel closing with it unacked — and keeps it in its
+replicated log, so the count is strictly increasing across grants, processes and broker
+restarts. While one client holds the message nobody else can read it, so reading and
+raising are one atomic step.
 
-The token handed to the holder is ``base + count + 1`` (never 0); the message's body holds
-``base`` and the counting rule it was minted under. A protected resource keeps the highest
-token it has accepted per lock and rejects any request carrying a lower one: a holder whose
-lock was re-granted to someone else is fenced off as soon as the new holder has written once.
+Why one counter may serve many names. A fencing token must rise strictly per lock: the
+holder granted after another must get a larger token. Every grant reads the counter after
+it holds its lock, and the earlier holder read it before it was granted, so the later read
+is later in the counter's own (linearisable) order: it is larger, whichever other names
+moved the counter in between. Sharing only makes tokens skip values. What a shared counter
+buys: a lock's name leaves no fence behind once released, so per-entity names
+(``order-{id}``) cost the broker nothing, where the earlier release left a quorum queue
+(3 file handles on 3.10) per name for ever.
+
+A shard is created by the first fenced grant that finds it missing, with a test-and-set:
+its declaration carries a random ``x-max-length`` stamp, RabbitMQ refuses (406) a second
+declaration with another one, so exactly one creator publishes the message. Its base is the
+wall clock in microseconds (about 1.8e15 in 2026): above every token of an earlier
+release's per-name fence (below 2**42: a count never reaches 2**40, and a re-base adds
+2**40 per broker upgrade), and above everything a shard deleted by hand and made again
+could have counted (a shard counts far fewer than a million grants a second).
+
+The token handed to the holder is ``base + count + 1``; the message's body holds ``base``
+and the counting rule it was minted under. A protected resource keeps the highest token it
+has accepted per lock and rejects any request carrying a lower one: a holder whose lock was
+re-granted to someone else is fenced off as soon as the new holder has written once.
 
 Which header holds the count depends on the broker (`transport.features`): up to 4.2 it is
 ``x-delivery-count``; from 4.3 ``x-delivery-count`` counts only failed deliveries (not a
@@ -33,14 +52,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import time
 from typing import Any
 
 import aiormq.exceptions
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from .errors import FenceMissing, LockError, QueueNotFound
-from .names import fence_queue
+from .errors import FenceMissing, LockError, PreconditionFailed, QueueNotFound
+from .names import fence_shard
 from .transport.errors import channel_error
 from .transport.features import (
     acquired_count_header,
@@ -54,8 +75,12 @@ log = logging.getLogger("amqp_locks.fencing")
 
 #: How far a re-base lifts the base: above any count a message can reach.
 REBASE_STEP = 2**40
+_stamps = random.SystemRandom()
 
 
+def clock_base() -> int:
+    """A new fence message's lowest base: the wall clock in microseconds (module docstring)."""
+    return time.time_ns() // 1000
 
 
 def fence_arguments(session: Session) -> dict[str, Any]:
@@ -82,31 +107,43 @@ def rule_matches(rule: str | None, current: str) -> bool:
 
 
 async def ensure_fence(session: Session, name: str) -> bool:
-    """Create `N-fence` with its one message unless it exists. Call under the admin mutex
-    (two creators could otherwise publish two fence messages). True if created now."""
-    queue = fence_queue(name)
-    if await session.exists_passive(queue):
+    """Make the fence shard lock `name` counts on, with its one message, unless it exists.
+    Safe to race (the module docstring's test-and-set); True if this call made it."""
+    queue = fence_shard(name)
+    if queue in session.fences_known:
         return False
-    await session.declare(queue, durable=True, arguments=fence_arguments(session))
-    rule = counting_rule(broker_version(session))
-    await session.publish("", queue, fence_body(0, rule), persistent=True)
-    log.info("created fence queue %r", queue)
-    return True
+    created = False
+    if not await session.exists_passive(queue):
+        stamp = _stamps.randrange(2**40, 2**62)
+        try:
+            await session.declare(
+                queue, durable=True, arguments={**fence_arguments(session), "x-max-length": stamp}
+            )
+        except PreconditionFailed:
+            pass  # another creator's stamp: its message is on the way
+        else:
+            rule = counting_rule(broker_version(session))
+            await session.publish("", queue, fence_body(clock_base(), rule), persistent=True)
+            log.info("created fence shard %r", queue)
+            created = True
+    session.fences_known.add(queue)
+    return created
 
 
 async def repair_fence(session: Session, name: str, base: int) -> bool:
-    """Put a fence message with `base` back if the fence queue lost its message (someone
-    purged it). `base` must exceed every token already handed out (read it from the
-    protected resource): the old count died with the old message. Call under the admin
-    mutex. True if a message was missing and was replaced."""
-    queue = fence_queue(name)
-    await session.declare(queue, durable=True, arguments=fence_arguments(session))
+    """Put a fence message back into the shard of `name` if it lost its message (someone
+    purged it). Its base is the larger of `base` and the clock (:func:`clock_base`): it
+    must exceed every token already handed out by every lock of that shard. Call under the
+    shard's lock (names.fence_shard_lock). True if a message was missing and was replaced."""
+    await ensure_fence(session, name)
+    queue = fence_shard(name)
     try:
         await _take_pushed(session, queue, 2.0)
     except FenceMissing:
         rule = counting_rule(broker_version(session))
+        base = max(base, clock_base())
         await session.publish("", queue, fence_body(base, rule), persistent=True)
-        log.warning("fence queue %r had no message: replaced with base %d", queue, base)
+        log.warning("fence shard %r had no message: replaced with base %d", queue, base)
         return True
     return False
 
@@ -138,16 +175,23 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
     client holds the fence message at that instant, we consume with prefetch 1 and get it
     pushed the moment it is returned — no polling. Brokers in cluster mode always consume.
     """
-    for _ in range(3):
+    queue = fence_shard(name)
+    for attempt in range(3):
         try:
-            return await _take(session, fence_queue(name), timeout) + 1
+            return await _take(session, queue, timeout) + 1
         except _RuleChanged:
-            await _rebase(session, fence_queue(name), timeout)
-        except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+            await _rebase(session, queue, timeout)
+        except (QueueNotFound, aiormq.exceptions.AMQPError, ConnectionError) as exc:
             # Typed, so a waiter's reconnect logic sees a ConnectionLost: e.g. a consume
             # on a fence queue with no majority on this side, 541 "nodedown" (measured on
             # 4.3.6 in a 5-node split).
-            raise channel_error(exc, fence_queue(name)) from exc
+            err = exc if isinstance(exc, QueueNotFound) else channel_error(exc, queue)
+            if not isinstance(err, QueueNotFound) or attempt:
+                if err is exc:
+                    raise
+                raise err from exc
+            session.fences_known.discard(queue)
+            await ensure_fence(session, name)  # the first fenced grant of its shard
     raise LockError(f"the fence of {name!r} keeps changing counting rules (mixed brokers?)")
 
 

@@ -15,6 +15,7 @@ lock's queue, so it is refused.
 from __future__ import annotations
 
 import re
+import zlib
 
 from .errors import ConfigurationError, InvalidName
 
@@ -66,8 +67,25 @@ def holder_queue(name: str, k: int) -> str:
 
 
 def fence_queue(name: str) -> str:
-    """The quorum queue holding the one fence message of lock `name`."""
+    """The quorum queue holding the one fence message of lock `name`: a shard's (below), or
+    an earlier release's per-name fence, which fencing.py no longer reads."""
     return f"{name}-fence"
+
+
+#: How many fencing counters every lock shares (fencing.py): a fixed set of quorum queues,
+#: so a released name leaves no fence behind. Never change it: a name's shard must not move.
+FENCE_SHARDS = 16
+
+
+def fence_shard_lock(name: str) -> str:
+    """The lock that guards the repair of the fence shard lock `name` counts on (its queue
+    is :func:`fence_shard`); a stable hash of the name picks one of :data:`FENCE_SHARDS`."""
+    return f"amqp-locks-shard-{zlib.crc32(name.encode('utf-8')) % FENCE_SHARDS:02d}"
+
+
+def fence_shard(name: str) -> str:
+    """The shared quorum queue whose one fence message counts lock `name`'s grants."""
+    return fence_queue(fence_shard_lock(name))
 
 
 def slots_name(name: str) -> str:

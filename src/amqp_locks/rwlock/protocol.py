@@ -15,15 +15,13 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp.commands import Basic
 
-from ..admin_mutex import held_mutex
-from ..errors import ConnectionLost, LeaseReleased, LockError, QueueNotFound
-from ..fencing import ensure_fence, take_token
+from ..errors import ConnectionLost, LeaseReleased, LockError
+from ..fencing import take_token
 from ..held import HeldState
 from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
-from ..waiting import Backoff
 from .admin import readers_queue, writer_queue
 
 log = logging.getLogger("amqp_locks.rwlock")
@@ -33,19 +31,12 @@ READER_PRIORITY = 0
 WRITER_PRIORITY = 1
 #: How long a non-blocking acquire waits for tokens the broker reported free.
 NONBLOCKING_GRACE = 1.0
-#: How long a grant whose fence queue was deleted waits for the administration mutex.
-FENCE_CREATE_TIMEOUT = 10.0
 
 
 async def _fence(core: BrokerCore, session: Session, fence: str) -> int:
-    """The next value of the counter `fence`-fence; creates a missing fence queue under
-    the mutex `fence` (the lock's admin mutex, or the lock whose counter we share)."""
-    try:
-        return await take_token(session, fence)
-    except QueueNotFound:
-        async with held_mutex(core, fence, FENCE_CREATE_TIMEOUT, Backoff()) as admin:
-            await ensure_fence(admin.session, fence)
-        return await take_token(session, fence)
+    """The next value of the counter lock `fence` counts on (its shared fence shard,
+    fencing.py; a missing shard is made on the way)."""
+    return await take_token(session, fence)
 
 
 # --- one consumer and its deliveries ------------------------------------------------------

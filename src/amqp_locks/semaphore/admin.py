@@ -31,6 +31,7 @@ from ..names import (
     MAX_SLOT_DIGITS,
     check_slot_number,
     fence_queue,
+    fence_shard_lock,
     slot_queue,
     validate_name,
     wakeup_queue,
@@ -167,7 +168,6 @@ class SemaphoreAdminCore:
             await self._declare_slots(session, range(1, slots + 1))
             await self._overshoot(session, slots, self.overshoot)
             await ensure_fence(session, self.name)
-            session.fences_known.add(fence_queue(self.name))
             self._notify(session, range(1, slots + 1))
             log.info("created semaphore %r with %d slots", self.name, slots)
             return slots
@@ -277,8 +277,11 @@ class SemaphoreAdminCore:
             raise ConfigurationError(f"base must be an int >= 0, got {base!r}")
         if self._cluster is not None:
             raise self._cluster.no_fence()
-        async with self._mutex() as session:
-            return await repair_fence(session, self.name, base)
+        # The shard is shared by many locks: its own lock keeps two repairs from both
+        # putting a message back.
+        shard = fence_shard_lock(self.name)
+        async with held_mutex(self._core, shard, self.mutex_timeout, self.backoff) as m:
+            return await repair_fence(m.session, self.name, base)
 
 
 class SemaphoreAdmin:

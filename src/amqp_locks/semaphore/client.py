@@ -22,17 +22,15 @@ import contextlib
 import logging
 import random
 
-from ..admin_mutex import held_mutex
 from ..errors import (
     AccessRefused,
     AcquireRacesExceeded,
     ConfigurationError,
     ModeMismatch,
-    QueueNotFound,
     ResourceLocked,
     SemaphoreNotFound,
 )
-from ..fencing import ensure_fence, take_token
+from ..fencing import take_token
 from ..held import HeldState
 from ..holders import HolderQueries, Reading
 from ..lease import Lease
@@ -59,19 +57,9 @@ log = logging.getLogger("amqp_locks.semaphore")
 HOLDER_ARGS = {"x-max-length": 0}
 
 
-#: How long a holder waits for the admin mutex to create a missing fence queue.
-FENCE_CREATE_TIMEOUT = 10.0
-
-
 async def semaphore_fence(state: LeaseState) -> int:
-    """The semaphore's fencing token. A fence queue that is missing (a semaphore made by
-    another tool, or a fence purged by hand) is created under the admin mutex first."""
-    try:
-        return await take_token(state.session, state.name)
-    except QueueNotFound:
-        pass
-    async with held_mutex(state.core, state.name, FENCE_CREATE_TIMEOUT, Backoff()):
-        await ensure_fence(state.session, state.name)
+    """The semaphore's fencing token: the next value of its shared fence shard
+    (fencing.py; a missing shard is made on the way)."""
     return await take_token(state.session, state.name)
 
 

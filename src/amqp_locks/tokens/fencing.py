@@ -34,13 +34,15 @@ Carry = tuple[int, int] | None
 
 async def mint_headers(session: Session, name: str, quorum: bool) -> dict[str, Any]:
     """Headers for newly published tokens. A quorum token's counter is its return count,
-    which restarts at 0 for a new message; its base (one fresh `N-fence` token, shifted by
-    32 bits, rising for ever) keeps a re-published id's tokens above its earlier ones. A
-    classic token carries (that fresh epoch, count 0)."""
+    which restarts at 0 for a new message; its base (its epoch, one fresh fence-shard
+    token, shifted by 32 bits, rising for ever) keeps a re-published id's tokens above its
+    earlier ones. A classic token carries (that fresh epoch, count 0)."""
     epoch = await take_token(session, name)
     if quorum:
         rule = counting_rule(broker_version(session))
-        return {FENCING_HEADER: rule, BASE_HEADER: epoch << 32}
+        # The epoch, not its shifted base: a shard's epoch is near 2**51 (fencing.py), and
+        # an AMQP header holds at most a signed 64-bit integer.
+        return {FENCING_HEADER: rule, EPOCH_HEADER: epoch}
     return {FENCING_HEADER: CARRIED, EPOCH_HEADER: epoch, COUNT_HEADER: 0}
 
 
@@ -63,8 +65,9 @@ async def _quorum_fencing(session: Session, name: str, message: DeliveredMessage
     if source in (None, FENCE, CARRIED):
         return None
     version = broker_version(session)
-    base = headers.get(BASE_HEADER, 0)
-    base = base if isinstance(base, int) else 0
+    epoch = int_header(headers, EPOCH_HEADER)
+    # A token minted by an earlier amqp-locks carries the shifted base itself.
+    base = epoch << 32 if epoch is not None else int_header(headers, BASE_HEADER) or 0
     rule = None if source == DELIVERY_COUNT else source
     if not rule_matches(rule, counting_rule(version)):
         # Minted under another counting rule: its count may have restarted. A fresh fence

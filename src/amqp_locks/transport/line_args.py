@@ -75,6 +75,11 @@ def parse_version(raw: object) -> tuple[int, int]:
         return 3, 0
 
 
+#: Per-name queues expire when unused (features.NAME_EXPIRES_MS); an earlier amqp-locks gave
+#: its helper queues 10 minutes. Either value is safe: the queue is used as it was made.
+EXPIRES = "x-expires"
+
+
 def other_line(
     error: str,
     arguments: Mapping[str, Any] | None,
@@ -91,9 +96,18 @@ def other_line(
     one (an earlier amqp-locks gave 1 s) could grant a cut-off holder's lock before it
     is told, so it stays refused (:func:`short_delay`)."""
     m = _INEQUIVALENT.search(error)
-    if m is None or m["arg"] not in LINE_VALUES:
+    if m is None or (m["arg"] not in LINE_VALUES and m["arg"] != EXPIRES):
         return None
     arg, args = m["arg"], dict(arguments or {})
+    if arg == EXPIRES and arg in args:  # an earlier release's expiry (or none): its own
+        if m["none"]:
+            del args[arg]
+            return args
+        held = _int(m["value"])
+        if held is None:
+            return None
+        args[arg] = held
+        return args
     if m["none"]:
         if arg not in args:
             return None
@@ -165,6 +179,14 @@ def note_other_line(queue: str, sent: Mapping[str, Any], kept: Mapping[str, Any]
     _noted.add(queue)
     if text := other_line_warning(queue, sent, kept):
         log.warning("%s", text)
+    elif EXPIRES in sent and kept.get(EXPIRES) != sent[EXPIRES]:
+        log.info(
+            "queue %r was made by an earlier amqp-locks with x-expires %s, not %s ms: used "
+            "as it is; it goes after its own expiry once unused",
+            queue,
+            kept.get(EXPIRES),
+            sent[EXPIRES],
+        )
     elif DISCONNECTED in sent and kept.get(DISCONNECTED) != sent[DISCONNECTED]:
         log.info(
             "queue %r has a lock delay of %s ms (another client's lock_delay), not %s ms: "

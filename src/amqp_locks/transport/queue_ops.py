@@ -49,7 +49,7 @@ class QueueOps(ChannelPools):
         `min_delay_ms`: the shortest lock delay a queue whose tokens are locks may already
         have (``ClusterTiming.min_delay_ms``); a shorter one is refused, naming the fix."""
         args = arguments
-        for attempt in range(len(LINE_VALUES) + 1):
+        for attempt in range(len(LINE_VALUES) + 2):
 
             async def declare(ch: AbstractChannel, a: dict[str, Any] | None = args) -> Any:
                 return await ch.queue_declare(
@@ -69,7 +69,7 @@ class QueueOps(ChannelPools):
                         short_delay_message(queue, held, min_delay_ms)
                     ) from exc
                 args = other_line(str(exc), args, self.version, min_delay_ms)
-                if args is None or attempt == len(LINE_VALUES):
+                if args is None or attempt == len(LINE_VALUES) + 1:
                     raise
                 continue
             if args != arguments:

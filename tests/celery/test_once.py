@@ -184,7 +184,7 @@ def test_what_a_key_leaves_on_the_broker(
     queues = json.loads(out)
 
     def left(name: str) -> dict[str, str]:
-        """Suffix -> "expires" (a helper queue RabbitMQ deletes after 10 min unused, by its
+        """Suffix -> "expires" (a helper queue RabbitMQ deletes after 60 s unused, by its
         x-expires) or "stays" (a durable queue nothing deletes)."""
         return {
             str(q["name"])[len(name) :]: "expires"
@@ -194,7 +194,7 @@ def test_what_a_key_leaves_on_the_broker(
             if str(q["name"]).startswith(name) and q["durable"]
         }
 
-    mutex = {"-fence": "stays", "-mutex-watch": "expires"}
+    mutex = {"-mutex-watch": "expires"}  # its fence is a shared shard
     assert left(hold.lock_name((k, 0.0))) == mutex
     semaphore = {**mutex, ".semaphore": "stays", ".semaphore-ledger": "stays"}
     assert left(limited.lock_name((k, 0.0))) == semaphore

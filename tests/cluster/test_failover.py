@@ -83,7 +83,7 @@ def _regranted_after_killing_node_1(
 def test_mutex_survives_killing_the_holders_node(nodes: Nodes, name: str) -> None:
     resource = FencedResource(permits=1)
     b1, b2 = nodes.broker(1), nodes.broker(2)
-    held = Mutex(b1, name).acquire(timeout=10)  # also creates N-fence, led by node 1
+    held = Mutex(b1, name).acquire(timeout=10)  # its token's epoch from a fence shard
     assert held is not None
     assert resource.write(name, held.fencing_token)
     t, box = _background(lambda: Mutex(b2, name).acquire(timeout=60))

@@ -76,7 +76,10 @@ def test_cluster_mode_permissions(nodes: Nodes, name: str) -> None:
     node = nodes.info.node(1)
     user, vhost = f"u{uuid.uuid4().hex[:8]}", f"v{uuid.uuid4().hex[:8]}"
     locks = r"(images|reindex)(\.(mutex|slots))?(\.semaphore(-ledger)?|-fence)?"
-    extra = r"|amqp-locks\.quorum-guard\..*|amqp-locks\.holder(s|\.[0-9a-f]{32})"
+    extra = (
+        r"|amqp-locks\.quorum-guard\..*|amqp-locks\.holder(s|\.[0-9a-f]{32})"
+        r"|amqp-locks-shard-[0-9]+-fence"
+    )
     full = f"^({locks}{extra})$"
     write = r"^(amq\.default|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
     devbroker.rabbitmqctl(node, "add_vhost", vhost)

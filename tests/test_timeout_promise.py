@@ -24,6 +24,7 @@ from amqp_locks import (
     TokenAdmin,
     TokenSemaphore,
     aio,
+    lock_status,
 )
 from amqp_locks.names import token_queue
 from amqp_locks_dev import devbroker
@@ -282,3 +283,54 @@ def test_aio_admin_call_keeps_its_timeout_through_a_mute_broker(
     took = asyncio.run(main())
     assert took < T + 1.0 + 1.0, f"audit took {took:.2f}s"
     assert_free("token", direct, name)
+
+
+@pytest.mark.parametrize("read", ["holders", "holder", "lock_status", "aio_holders", "aio_status"])
+def test_status_reads_keep_their_timeout_through_a_mute_broker(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str, read: str
+) -> None:
+    """`holders(timeout)`, `holder(timeout)` and `lock_status(timeout)`, sync and asyncio,
+    answer within timeout + 1 s (BrokerTimeout) when the broker stops answering."""
+    direct = brokers(amqp_url)
+    held = Mutex(direct, name).acquire(timeout=5)
+    assert held is not None
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    assert Mutex(through, name).locked()  # connected, and the reads work before the mute
+
+    took = 0.0
+
+    async def aio_read() -> Any:
+        nonlocal took
+        b = aio.Broker(amqp_proxy.url(), heartbeat=30.0)
+        try:
+            await aio.Mutex(b, name).locked()
+            amqp_proxy.mute()
+            start = time.monotonic()
+            try:
+                if read == "aio_holders":
+                    return await aio.Mutex(b, name).holders(timeout=T)
+                return await aio.lock_status(b, name, records=True, timeout=T)
+            finally:
+                took = time.monotonic() - start
+        finally:
+            amqp_proxy.reset()
+            await b.close(timeout=1.0)
+
+    def sync_read() -> Any:
+        nonlocal took
+        amqp_proxy.mute()
+        start = time.monotonic()
+        try:
+            if read == "holders":
+                return Mutex(through, name).holders(timeout=T)
+            if read == "holder":
+                return Mutex(through, name).holder(timeout=T)
+            return lock_status(through, name, records=True, timeout=T)
+        finally:
+            took = time.monotonic() - start
+
+    outcome = _call(lambda: asyncio.run(aio_read())) if read.startswith("aio") else _call(sync_read)
+    amqp_proxy.reset()
+    assert isinstance(outcome, BrokerTimeout), outcome
+    assert took < BOUND, f"{read} took {took:.2f}s"
+    held.release()

@@ -12,15 +12,17 @@ record with ``holder_id=None``: known to be held, holder unknown. Nothing is inv
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
+from .errors import BrokerTimeout
 from .records import HOLDER_TIMEOUT, HolderRecord, LockStatus
 from .transport.broker import BrokerCore, BrokerLike
 from .transport.holders import QueryResult
 from .transport.session import Session
+from .transport.shield import within
 
 __all__ = [
     "HOLDER_TIMEOUT",
@@ -203,6 +205,21 @@ async def read_holders(
     return list(st.records)
 
 
+T = TypeVar("T")
+
+
+async def bounded(coro: Coroutine[Any, Any, T], timeout: float, what: str) -> T:
+    """`coro` (a read that waits `timeout` for holders' answers), answered within
+    `timeout` + 1 s even when the broker stops answering: else :class:`BrokerTimeout`."""
+
+    def late() -> BaseException:
+        return BrokerTimeout(f"{what}: the broker answered nothing in time")
+
+    result = await within(coro, timeout, cut=late)
+    assert result is not None  # within raises late() rather than answer None
+    return result
+
+
 class HolderQueries:
     """``locked()`` and ``holders()`` of the lock kinds (sync; aio has twins). A kind
     gives its own read as :meth:`_own_status`."""
@@ -229,6 +246,9 @@ class HolderQueries:
     def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[HolderRecord]:
         """A record per held slot, permit or mutex (empty when none is held), waiting up to
         `timeout` seconds for the holders' answers; a holder that did not answer is a
-        record with ``holder_id=None`` (see :class:`HolderRecord`)."""
+        record with ``holder_id=None`` (see :class:`HolderRecord`). Answers within
+        `timeout` + 1 s whatever the broker does, or raises :class:`BrokerTimeout`."""
         core = self.broker._core
-        return core.run(read_holders(core, self._own_status, self.name, timeout))
+        what = f"holders of {self.name!r}"
+        read = read_holders(core, self._own_status, self.name, timeout)
+        return core.run(bounded(read, timeout, what))

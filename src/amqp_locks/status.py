@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import ConfigurationError
-from .holders import Reading, StatusReader, with_records
+from .holders import Reading, StatusReader, bounded, with_records
 from .mutex import read_mutex
 from .names import validate_name
 from .records import ALL_KINDS, HOLDER_TIMEOUT, Kind, LockStatus
@@ -76,10 +76,10 @@ def lock_status(
 
     ``records=True`` adds who holds each lock (:attr:`LockStatus.records`): the holders
     answer themselves, and one that has not answered within `timeout` seconds is listed
-    with ``holder_id=None`` rather than guessed."""
-    return broker._core.run(
-        read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
-    )
+    with ``holder_id=None`` rather than guessed. Answers within `timeout` + 1 s whatever
+    the broker does, or raises :class:`~amqp_locks.errors.BrokerTimeout`."""
+    read = read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
+    return broker._core.run(bounded(read, timeout, f"status of {name!r}"))
 
 
 def of_kind(found: Sequence[LockStatus], kind: Kind) -> LockStatus | None:

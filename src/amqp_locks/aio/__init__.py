@@ -237,9 +237,8 @@ class _HolderQueries:
     ) -> list[_holders.HolderRecord]:
         """See :meth:`amqp_locks.Mutex.holders`."""
         core = self._broker._core
-        return await self._broker._run(
-            _holders.read_holders(core, self._sync._own_status, self.name, timeout)
-        )
+        read = _holders.read_holders(core, self._sync._own_status, self.name, timeout)
+        return await self._broker._run(_holders.bounded(read, timeout, f"holders of {self.name!r}"))
 
     @property
     def name(self) -> str:
@@ -381,9 +380,8 @@ async def lock_status(
     timeout: float = _holders.HOLDER_TIMEOUT,
 ) -> list[_status.LockStatus]:
     """asyncio twin of :func:`amqp_locks.lock_status`."""
-    return await broker._run(
-        _status.read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
-    )
+    read = _status.read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
+    return await broker._run(_holders.bounded(read, timeout, f"status of {name!r}"))
 
 
 class SemaphoreAdmin:

@@ -212,8 +212,9 @@ class SemaphoreAdminCore:
         wait = check_timeout(wait) if wait is not None else None
         if self._cluster is not None:
             return Removal(await self._cluster.remove_slots(count, wait), (), ())
-        # wait=0 waits for nothing: bounded by the admin mutex's wait alone, as before.
-        bound = wait or None
+        # wait=0 waits for nothing: the body then has what is left of the admin mutex's
+        # bound (none when mutex_timeout is None).
+        bound = wait if self.mutex_timeout is not None else (wait or None)
         deadline = admin_deadline(self.mutex_timeout, bound)
         async with self._mutex() as session:
             what = f"remove_slots of {self.name!r}"

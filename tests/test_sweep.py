@@ -1,0 +1,118 @@
+"""A released name costs the broker nothing (issue 30): on one node a mutex's per-name
+queues go once unused, its fencing token comes from a shared shard and keeps rising across
+that, and a helper queue an earlier release made with a 10-minute expiry is used as it is."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from amqp_locks import Broker, Lease, Mutex
+from amqp_locks.names import FENCE_SHARDS, fence_shard, sentinel_queue
+from amqp_locks.transport import features
+from amqp_locks_dev import devbroker
+
+from .waiting import wait_until
+
+#: The expiry the tests give per-name queues (the library's is 60 s).
+EXPIRES_MS = 2_000
+
+
+@pytest.fixture
+def short_expiry(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    monkeypatch.setattr(features, "HELPER_EXPIRES_MS", EXPIRES_MS)
+    yield EXPIRES_MS
+
+
+def _queues(node: devbroker.NodeInfo) -> set[str]:
+    out = devbroker.rabbitmqctl(node, "list_queues", "name", "--no-table-headers", "--quiet")
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+def test_released_mutex_names_leave_no_queue_and_tokens_keep_rising(
+    short_expiry: int, broker: Broker, amqp_url: str, name: str, node: devbroker.NodeInfo
+) -> None:
+    names = [f"{name}-order-{i}" for i in range(60)]
+    first = Mutex(broker, names[0]).acquire(timeout=5)
+    assert first is not None
+    first_token = first.fencing_token
+    first.release()
+    tokens: dict[str, list[int]] = {}
+    with Broker(amqp_url) as other:
+        # Every fourth name contended: a waiter makes its wake-up and sentinel queues.
+        for i, n in enumerate(names[1:], 1):
+            lease = Mutex(broker, n).acquire(timeout=5)
+            assert lease is not None
+            tokens[n] = [lease.fencing_token]
+            if i % 4 == 0:
+                got: list[Lease | None] = []
+                waiter = threading.Thread(
+                    target=lambda n=n, got=got: got.append(Mutex(other, n).acquire(timeout=10))
+                )
+                waiter.start()
+                wait_until(lambda n=n: sentinel_queue(n, "mutex") in _queues(node), 10, "waiter")
+                lease.release()
+                waiter.join(15)
+                granted = got[0] if got else None
+                assert granted is not None, "the waiter was not granted"
+                tokens[n].append(granted.fencing_token)
+                granted.release()
+            else:
+                lease.release()
+    for n, seen in tokens.items():
+        assert seen == sorted(set(seen)), f"{n}: tokens {seen} did not rise"
+
+    def leftovers() -> set[str]:
+        return {q for q in _queues(node) if q.startswith(name)}
+
+    # Event: the broker deleted them (polled with a deadline of several expiry periods).
+    wait_until(lambda: not leftovers(), 10 * EXPIRES_MS / 1000, "per-name queues to expire")
+    shards = {q for q in _queues(node) if q.startswith("amqp-locks-shard-")}
+    assert fence_shard(names[0]) in shards and len(shards) <= FENCE_SHARDS
+    again = Mutex(broker, names[0]).acquire(timeout=5)
+    assert again is not None
+    assert again.fencing_token > first_token  # across its queues coming and going
+    again.release()
+
+
+def test_a_helper_queue_made_with_the_old_expiry_is_used_as_it_is(
+    broker: Broker, amqp_url: str, name: str, node: devbroker.NodeInfo
+) -> None:
+    """An earlier release declared the sentinel queue with a 10-minute x-expires: our
+    declaration (60 s) would get 406; the library declares it as it was made."""
+    watch = sentinel_queue(name, "mutex")
+
+    async def make_old() -> None:
+        session = await broker._core.session()
+        old = features.OLD_HELPER_EXPIRES_MS
+        await session.call(
+            watch,
+            lambda ch: ch.queue_declare(watch, durable=True, arguments={"x-expires": old}),
+        )
+
+    broker._core.run(make_old())
+    try:
+        with Broker(amqp_url) as other:
+            lease = Mutex(broker, name).acquire(timeout=5)
+            assert lease is not None
+
+            async def watchers() -> int:
+                session = await other._core.session()
+                return (await session.declare_passive_counts(watch))[1]
+
+            # The holder's sentinel consumer: its declaration adapted to the old queue.
+            wait_until(lambda: other._core.run(watchers()) >= 1, 10, "the holder's sentinel")
+            box: list[Lease | None] = []
+            waiter = threading.Thread(
+                target=lambda: box.append(Mutex(other, name).acquire(timeout=10))
+            )
+            waiter.start()
+            lease.release()
+            waiter.join(15)
+            granted = box[0] if box else None
+            assert granted is not None and granted.fencing_token > lease.fencing_token
+            granted.release()
+    finally:
+        devbroker.rabbitmqctl(node, "delete_queue", watch)

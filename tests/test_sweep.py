@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from amqp_locks import Broker, Lease, Mutex
+from amqp_locks import Broker, Lease, LockError, Mutex, ReadWriteLock
 from amqp_locks.names import FENCE_SHARDS, fence_shard, sentinel_queue
 from amqp_locks.transport import features
 from amqp_locks_dev import devbroker
@@ -116,3 +116,79 @@ def test_a_helper_queue_made_with_the_old_expiry_is_used_as_it_is(
             granted.release()
     finally:
         devbroker.rabbitmqctl(node, "delete_queue", watch)
+
+
+@pytest.fixture
+def short_lock_expiry(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    monkeypatch.setattr(features, "NAME_EXPIRES_MS", EXPIRES_MS)
+    monkeypatch.setattr(features, "HELPER_EXPIRES_MS", EXPIRES_MS)
+    yield EXPIRES_MS
+
+
+def test_an_unused_read_write_lock_leaves_no_queue_and_is_made_again(
+    short_lock_expiry: int, broker: Broker, name: str, node: devbroker.NodeInfo
+) -> None:
+    rw = ReadWriteLock(broker, name, readers=2)
+    with rw.write_lock.acquire(timeout=5) as w:  # type: ignore[union-attr]
+        first = w.fencing_token
+    with rw.read_lock.acquire(timeout=5) as r:  # type: ignore[union-attr]
+        assert r.fencing_token > first
+
+    def leftovers() -> set[str]:
+        return {q for q in _queues(node) if q.startswith(name)}
+
+    wait_until(lambda: not leftovers(), 10 * EXPIRES_MS / 1000, "the lock's queues to expire")
+    assert rw.status() is None
+    with rw.write_lock.acquire(timeout=5) as w:  # type: ignore[union-attr]
+        assert w.fencing_token > r.fencing_token
+        assert rw.read_lock.acquire(blocking=False) is None
+    st = rw.status()
+    assert st is not None and (st.readers, st.free, st.writer) == (2, 2, False)
+
+
+def test_a_read_write_lock_whose_writer_queue_expired_still_excludes(
+    short_lock_expiry: int, broker: Broker, amqp_url: str, name: str, node: devbroker.NodeInfo
+) -> None:
+    """Only read for longer than the expiry: the writer queue goes, the readers queue (in
+    use) stays. A writer then makes the turn again, exactly one, and waits for the
+    reader; R comes from the readers queue (another R is refused, naming it)."""
+    rw = ReadWriteLock(broker, name, readers=2)
+    held = rw.read_lock.acquire(timeout=5)
+    assert held is not None
+    wait_until(
+        lambda: f"{name}.rwlock-writer" not in _queues(node),
+        10 * EXPIRES_MS / 1000,
+        "the unused writer queue to expire",
+    )
+    assert f"{name}.rwlock-readers" in _queues(node)
+    with Broker(amqp_url) as other:
+        with pytest.raises(LockError, match="has 2 reader tokens, not 3"):
+            ReadWriteLock(other, name, readers=3).write_lock.acquire(timeout=5)
+        writer = ReadWriteLock(other, name)  # no R given: the lock's
+        assert writer.write_lock.acquire(blocking=False) is None  # the reader holds
+        box: list[Lease | None] = []
+        t = threading.Thread(target=lambda: box.append(writer.write_lock.acquire(timeout=20)))
+        t.start()
+        wait_until(lambda: (rw.status() or _NoStatus()).writer, 10, "the writer's turn")
+        st = rw.status()
+        assert st is not None and st.readers == 2
+        held.release()
+        t.join(25)
+        lease = box[0] if box else None
+        assert lease is not None and lease.fencing_token > held.fencing_token
+        assert rw.read_lock.acquire(blocking=False) is None  # the writer excludes readers
+        lease.release()
+    with rw.read_lock.acquire(timeout=5):  # type: ignore[union-attr]
+        pass
+    # one turn, not two: a second writer waits while the first holds
+    ready, _ = broker._core.run(_counts(broker, f"{name}.rwlock-writer"))
+    assert ready == 1
+
+
+class _NoStatus:
+    writer = False
+
+
+async def _counts(broker: Broker, queue: str) -> tuple[int, int]:
+    session = await broker._core.session()
+    return await session.declare_passive_counts(queue)

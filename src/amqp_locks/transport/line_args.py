@@ -127,6 +127,15 @@ def other_line(
     return args
 
 
+def held_value(error: str, arg: str) -> int | None:
+    """The integer value of `arg` that the 406 text `error` says the queue holds (None:
+    the error names another argument, or the queue has none)."""
+    m = _INEQUIVALENT.search(error)
+    if m is None or m["arg"] != arg or m["none"]:
+        return None
+    return _int(m["value"])
+
+
 def short_delay(error: str, min_delay_ms: int) -> int | None:
     """The lock delay (ms) of a queue the 406 text `error` says is shorter than
     `min_delay_ms`, else None."""

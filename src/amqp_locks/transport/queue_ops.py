@@ -48,6 +48,28 @@ class QueueOps(ChannelPools):
         declared with other line-dependent arguments is declared as it is (line_args.py).
         `min_delay_ms`: the shortest lock delay a queue whose tokens are locks may already
         have (``ClusterTiming.min_delay_ms``); a shorter one is refused, naming the fix."""
+        ready, _ = await self.declare_counts(
+            queue,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=arguments,
+            min_delay_ms=min_delay_ms,
+        )
+        return ready
+
+    async def declare_counts(
+        self,
+        queue: str,
+        *,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        min_delay_ms: int = 0,
+    ) -> tuple[int, int]:
+        """:meth:`declare`, returning (ready messages, consumers) as the declaration found
+        them: one snapshot, taken when the queue was made or found."""
         args = arguments
         for attempt in range(len(LINE_VALUES) + 2):
 
@@ -74,7 +96,7 @@ class QueueOps(ChannelPools):
                 continue
             if args != arguments:
                 note_other_line(queue, arguments or {}, args or {})
-            return int(ok.message_count or 0)
+            return int(ok.message_count or 0), int(ok.consumer_count or 0)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def delete(self, queue: str) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from amqp_locks import Broker, Lease, LockError, Mutex, ReadWriteLock
+from amqp_locks import Broker, Lease, LockError, Mutex, ReadWriteLock, prepare_fences
 from amqp_locks.names import FENCE_SHARDS, fence_shard, sentinel_queue
 from amqp_locks.transport import features
 from amqp_locks_dev import devbroker
@@ -69,7 +69,9 @@ def test_released_mutex_names_leave_no_queue_and_tokens_keep_rising(
 
     # Event: the broker deleted them (polled with a deadline of several expiry periods).
     wait_until(lambda: not leftovers(), 10 * EXPIRES_MS / 1000, "per-name queues to expire")
-    shards = {q for q in _queues(node) if q.startswith("amqp-locks-shard-")}
+    shards = {
+        q for q in _queues(node) if q.startswith("amqp-locks-shard-") and q.endswith("-fence")
+    }
     assert fence_shard(names[0]) in shards and len(shards) <= FENCE_SHARDS
     again = Mutex(broker, names[0]).acquire(timeout=5)
     assert again is not None
@@ -192,3 +194,20 @@ class _NoStatus:
 async def _counts(broker: Broker, queue: str) -> tuple[int, int]:
     session = await broker._core.session()
     return await session.declare_passive_counts(queue)
+
+
+def test_prepare_fences_makes_the_sixteen_shards_once(
+    broker: Broker, node: devbroker.NodeInfo
+) -> None:
+    prepare_fences(broker)  # whatever earlier tests made, all 16 exist now
+    shards = {
+        q for q in _queues(node) if q.startswith("amqp-locks-shard-") and q.endswith("-fence")
+    }
+    assert shards == {f"amqp-locks-shard-{k:02d}-fence" for k in range(FENCE_SHARDS)}
+    assert prepare_fences(broker) == []  # idempotent: nothing made twice
+
+    async def one_message_each() -> list[int]:
+        session = await broker._core.session()
+        return [(await session.declare_passive_counts(q))[0] for q in sorted(shards)]
+
+    assert broker._core.run(one_message_each()) == [1] * FENCE_SHARDS

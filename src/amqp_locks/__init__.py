@@ -42,6 +42,7 @@ from .errors import (
     TokenSemaphoreNotFound,
     WrongProcess,
 )
+from .fencing import prepare_fences
 from .holders import HolderRecord
 from .lease import Lease
 from .lockers import AmqpLocker, Locker
@@ -129,4 +130,5 @@ __all__ = [
     "events",
     "lock_status",
     "metrics",
+    "prepare_fences",
 ]

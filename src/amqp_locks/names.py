@@ -80,7 +80,12 @@ FENCE_SHARDS = 16
 def fence_shard_lock(name: str) -> str:
     """The lock that guards the repair of the fence shard lock `name` counts on (its queue
     is :func:`fence_shard`); a stable hash of the name picks one of :data:`FENCE_SHARDS`."""
-    return f"amqp-locks-shard-{zlib.crc32(name.encode('utf-8')) % FENCE_SHARDS:02d}"
+    return shard_lock(zlib.crc32(name.encode("utf-8")) % FENCE_SHARDS)
+
+
+def shard_lock(k: int) -> str:
+    """Fence shard number `k`'s lock name (its queue: that name + ``-fence``)."""
+    return f"amqp-locks-shard-{k:02d}"
 
 
 def fence_shard(name: str) -> str:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from .. import fencing as _fencing
 from .. import holders as _holders
 from .. import mutex as _mutex
 from .. import rwlock as _rwlock
@@ -40,6 +41,7 @@ __all__ = [
     "TokenAdmin",
     "TokenSemaphore",
     "lock_status",
+    "prepare_fences",
 ]
 
 
@@ -382,6 +384,11 @@ async def lock_status(
     """asyncio twin of :func:`amqp_locks.lock_status`."""
     read = _status.read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
     return await broker._run(_holders.bounded(read, timeout, f"status of {name!r}"))
+
+
+async def prepare_fences(broker: Broker) -> list[str]:
+    """asyncio twin of :func:`amqp_locks.prepare_fences`."""
+    return await broker._run(_fencing._prepare(broker._core))
 
 
 class SemaphoreAdmin:

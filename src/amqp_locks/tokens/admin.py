@@ -17,7 +17,7 @@ from aiormq.abc import AbstractChannel
 
 from ..admin_mutex import held_mutex
 from ..errors import ConfigurationError, LockError
-from ..fencing import ensure_fence, fence_arguments
+from ..fencing import ensure_name_fence, fence_arguments
 from ..names import token_queue, validate_name
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
@@ -81,7 +81,7 @@ async def declare_queues(session: Session, name: str, quorum: bool) -> None:
 async def publish_tokens(session: Session, name: str, ids: list[int], quorum: bool) -> None:
     """Publish tokens `ids` (persistent, mandatory, confirmed, all in flight at once)."""
     queue = token_queue(name)
-    await ensure_fence(session, name)
+    await ensure_name_fence(session, name)
     headers = await mint_headers(session, name, quorum)
 
     async def publish(ch: AbstractChannel) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiormq.abc import DeliveredMessage
 
-from ..fencing import rule_matches, take_token
+from ..fencing import rule_matches, take_epoch
 from ..transport.features import acquired_count_header, broker_version, counting_rule
 from ..transport.session import Session
 from .message import (
@@ -34,14 +34,14 @@ Carry = tuple[int, int] | None
 
 async def mint_headers(session: Session, name: str, quorum: bool) -> dict[str, Any]:
     """Headers for newly published tokens. A quorum token's counter is its return count,
-    which restarts at 0 for a new message; its base (its epoch, one fresh fence-shard
+    which restarts at 0 for a new message; its base (its epoch, one fresh `N-fence`
     token, shifted by 32 bits, rising for ever) keeps a re-published id's tokens above its
     earlier ones. A classic token carries (that fresh epoch, count 0)."""
-    epoch = await take_token(session, name)
+    epoch = await take_epoch(session, name)
     if quorum:
         rule = counting_rule(broker_version(session))
-        # The epoch, not its shifted base: a shard's epoch is near 2**51 (fencing.py), and
-        # an AMQP header holds at most a signed 64-bit integer.
+        # The epoch, not its shifted base: an epoch re-based by a broker upgrade is above
+        # 2**40 (fencing.py), and an AMQP header holds a signed 64-bit integer at most.
         return {FENCING_HEADER: rule, EPOCH_HEADER: epoch}
     return {FENCING_HEADER: CARRIED, EPOCH_HEADER: epoch, COUNT_HEADER: 0}
 
@@ -72,7 +72,7 @@ async def _quorum_fencing(session: Session, name: str, message: DeliveredMessage
     if not rule_matches(rule, counting_rule(version)):
         # Minted under another counting rule: its count may have restarted. A fresh fence
         # value shifted like a base is above every token this permit produced so far.
-        return (await take_token(session, name) << 32) + 1
+        return (await take_epoch(session, name) << 32) + 1
     value = headers.get(acquired_count_header(version), 0)
     return base + (int(value) if isinstance(value, int) else 0) + 1
 
@@ -101,5 +101,5 @@ async def _classic_fencing(
         return known
     if not fencing:
         return 0, None  # returned as it came: the next fenced holder mints an epoch
-    epoch = await take_token(session, name)
+    epoch = await take_epoch(session, name)
     return epoch << 32, (epoch, 0)

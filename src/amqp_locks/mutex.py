@@ -47,8 +47,8 @@ class Mutex(LockObject, HolderQueries):
     cluster mode (see the module docstring).
 
     ``fencing=True`` (default) gives every grant a fencing token that rises strictly (one
-    node: from the quorum queue `name-fence`, created on first use; cluster mode: the
-    token's own counter). ``backoff`` bounds the fallback polling for crashed holders on
+    node: from the lock's shared fence shard, fencing.py; cluster mode: the token's own
+    counter). ``backoff`` bounds the fallback polling for crashed holders on
     one node; clean releases wake waiters at once. ``timeout`` / ``blocking`` are what
     ``with mutex as lease:`` waits (default: for ever); it raises
     :class:`~amqp_locks.errors.LockTimeout` when the mutex was not obtained.

@@ -165,8 +165,8 @@ class ReadWriteLock(HolderQueries):
             await m.session.delete(writer_queue(self.name))
 
     def destroy(self) -> None:
-        """Delete the lock's queues (holders are told: lost). The fence queue stays, so a
-        lock set up again under this name keeps its fencing tokens rising."""
+        """Delete the lock's queues (holders are told: lost). Its fence is a shared shard,
+        so a lock set up again under this name keeps its fencing tokens rising."""
         self._core.run(self._destroy())
 
     def __repr__(self) -> str:

@@ -326,7 +326,7 @@ class SemaphoreAdmin:
         return self._core.run(self._ops.max_slots())
 
     def create(self, slots: int) -> int:
-        """Create `A[1..slots]` (and the fence queue). Idempotent for the same count;
+        """Create `A[1..slots]` (and its fence shard if missing). Idempotent for the same count;
         a semaphore that exists with another count is refused. Returns the count."""
         return self._core.run(self._ops.create(slots))
 
@@ -334,8 +334,8 @@ class SemaphoreAdmin:
         """Delete every slot queue (descending unless ``ascending``); holders keep their
         `B` queues until they release (their ``verify()`` fails and ``lost`` is set).
 
-        The fence queue is kept so tokens stay monotonic if the name is reused, unless
-        ``purge_fence``."""
+        Its fence is a shared shard, kept, so tokens stay monotonic if the name is reused;
+        ``purge_fence`` deletes a per-name `N-fence` an earlier release left."""
         return self._core.run(self._ops.destroy(purge_fence=purge_fence))
 
     def add_slots(self, count: int) -> int:

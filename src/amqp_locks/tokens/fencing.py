@@ -11,7 +11,7 @@ from typing import Any
 
 from aiormq.abc import DeliveredMessage
 
-from ..fencing import rule_matches, take_epoch
+from ..fencing import rule_matches, take_epoch, take_token
 from ..transport.features import acquired_count_header, broker_version, counting_rule
 from ..transport.session import Session
 from .message import (
@@ -22,6 +22,7 @@ from .message import (
     EPOCH_HEADER,
     FENCE,
     FENCING_HEADER,
+    SHARD,
     headers_of,
     int_header,
     text,
@@ -46,11 +47,20 @@ async def mint_headers(session: Session, name: str, quorum: bool) -> dict[str, A
     return {FENCING_HEADER: CARRIED, EPOCH_HEADER: epoch, COUNT_HEADER: 0}
 
 
+def shard_headers() -> dict[str, Any]:
+    """Headers of a token whose queue is made on first use and expires when unused: its
+    grants take their fencing tokens from the lock's fence shard, one per grant (a value
+    near 2**51, which fits a BIGINT; an epoch << 32 from a shard would not)."""
+    return {FENCING_HEADER: SHARD}
+
+
 async def fencing_for(
     session: Session, name: str, message: DeliveredMessage, fencing: bool
 ) -> tuple[int, Carry, bool]:
     """(fencing token, carry, quorum) of a token just delivered to us. Costs a round trip
     only when the token cannot tell its own value (see the module docstring)."""
+    if text(headers_of(message).get(FENCING_HEADER)) == SHARD:
+        return (await take_token(session, name) if fencing else 0), None, True
     own = await _quorum_fencing(session, name, message)
     if own is not None:
         return own, None, True

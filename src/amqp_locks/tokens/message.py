@@ -20,6 +20,9 @@ EPOCH_HEADER = "amqp-locks-epoch"
 COUNT_HEADER = "amqp-locks-count"
 #: Quorum tokens: added to the delivery count (see `fencing.mint_headers`).
 BASE_HEADER = "amqp-locks-fence-base"
+#: A token of a queue made on first use, which leaves nothing behind (no `N-fence`): each
+#: grant takes its fencing token from the lock's fence shard (`fencing.take_token`).
+SHARD = "shard"
 
 
 def token_id(message: DeliveredMessage) -> int:

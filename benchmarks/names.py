@@ -182,7 +182,8 @@ def table(results: dict[str, Any]) -> str:
     stall = results.get("stalled")
     lines = [
         f"Names benchmark: {plan['names']:,} names by {plan['procs']} processes on "
-        f"{env.get('broker', 'n/a')} (library {env.get('amqp_locks_git', 'n/a')}, "
+        f"{env.get('broker', 'n/a')} (library "
+        f"{env.get('amqp_locks_src_commit') or env.get('amqp_locks_git', 'n/a')}, "
         f"{env.get('date', '')})",
         "",
         "| figure | amqp-locks | Redis (redis-py Lock) |",
@@ -238,6 +239,8 @@ def table(results: dict[str, Any]) -> str:
             )
     if stall:
         lines += ["", f"STALLED: {stall}"]
+    if results.get("note"):
+        lines += ["", f"Note: {results['note']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -702,6 +705,8 @@ def _library() -> dict[str, Any]:
     return {
         "amqp_locks_path": str(here),
         "amqp_locks_git": out("rev-parse", "--short", "HEAD"),
+        # The last commit that changed the library itself (HEAD may only add benchmarks).
+        "amqp_locks_src_commit": out("log", "-1", "--format=%h", "--", str(here)),
         "amqp_locks_dirty": bool(out("status", "--porcelain", "--", str(here))),
     }
 
@@ -900,7 +905,11 @@ def main(argv: list[str] | None = None) -> int:
     add("--no-redis", action="store_true", help="skip the Redis comparison")
     add("--out", type=Path, help="results JSON (default benchmarks/results/names-LINE.json)")
     add("--quick", action="store_true", help="smoke run: 200 names, 2 procs, hold 100")
+    add("--render", type=Path, metavar="JSON", help="only re-write JSON's markdown table")
     args = parser.parse_args(argv)
+    if args.render:
+        print(write(json.loads(args.render.read_text()), args.render))
+        return 0
     line = args.rabbitmq
     if args.cluster and "--rabbitmq" not in (argv if argv is not None else sys.argv):
         line = "4.3"

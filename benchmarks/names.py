@@ -237,6 +237,8 @@ def table(results: dict[str, Any]) -> str:
                 f"{_fmt(r['queues'])} queues, {_fmt(r['fds'])} fds, "
                 f"{_fmt(r['handles'])} file handles | |"
             )
+    if plan.get("cluster"):
+        lines += ["", "Cluster: queues counted once; fds, memory and processes summed over nodes."]
     if stall:
         lines += ["", f"STALLED: {stall}"]
     if results.get("note"):
@@ -885,6 +887,8 @@ def write(results: dict[str, Any], out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from amqp_locks_dev import devbroker
+
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.names",
         description=__doc__,
@@ -893,7 +897,11 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--names", type=int, default=2000, help="distinct names (%(default)s)")
     add("--procs", type=int, default=8, help="processes, one Broker each (%(default)s)")
-    add("--rabbitmq", choices=("3.10", "4.3"), default="3.10", help="private node's line")
+    add(
+        "--rabbitmq",
+        choices=devbroker.VERSIONS,
+        help="private node's line (default: $AMQP_LOCKS_RABBITMQ, else 3.10; --cluster: 4.3)",
+    )
     add("--cluster", action="store_true", help="a private 3-node cluster (4.3 unless given)")
     add("--url", help="an existing broker (no broker state, no status polls)")
     add("--hold", type=int, default=1000, help="names held at once for memory per name")
@@ -910,9 +918,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         print(write(json.loads(args.render.read_text()), args.render))
         return 0
-    line = args.rabbitmq
-    if args.cluster and "--rabbitmq" not in (argv if argv is not None else sys.argv):
-        line = "4.3"
+    line = args.rabbitmq or ("4.3" if args.cluster else devbroker.default_version())
     plan = Plan(
         names=args.names,
         procs=args.procs,

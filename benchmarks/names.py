@@ -589,6 +589,8 @@ class _StatusPoll(threading.Thread):
                 self.stalled.set()
 
     def summary(self) -> dict[str, Any]:
+        if not self.nodes:  # --url: no node of ours to ask
+            return {"polls": None, "worst_s": None, "failures": None}
         return {
             "every_s": self.plan.status_every,
             "timeout_s": self.plan.status_timeout,

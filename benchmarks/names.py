@@ -739,6 +739,8 @@ def run(
     env: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": os.cpu_count(),
+        # Other work on the machine shares the CPUs with clients and broker: say how much.
+        "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         **_library(),
     }
     results["environment"] = env
@@ -774,6 +776,7 @@ def run(
             plan.prefix = f"{plan.prefix}-{uuid.uuid4().hex[:6]}"  # new names on a used broker
         env["broker"] = _broker_version(url, line, plan.cluster)
         results.update(_measure(plan, url, nodes, log))
+        env["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         if any(n.pid for n in nodes) and results.get("stalled"):
             from amqp_locks_dev.localserver import signal_and_wait

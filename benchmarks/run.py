@@ -4,7 +4,8 @@ servers on loopback (scenarios, options and outputs: benchmarks/README.md).
 ``report`` (the default; ``scripts/bench``) measures every figure of docs/benchmarks.md
 into a results JSON, then renders the report from it; ``--render-only JSON`` only renders.
 The others feed docs/celery.md (``celery-overhead``), docs/cluster.md (``cluster``) and
-docs/benchmarks.md's profiles (``profile-acquire``, ``profile-handoff``).
+docs/benchmarks.md's profiles (``profile-acquire``, ``profile-handoff``); ``names`` runs
+benchmarks/names.py (per-entity lock names, issue 30) with its defaults.
 """
 
 from __future__ import annotations
@@ -346,6 +347,14 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
 
         _with_broker(args, celery)
         return 0
+    if args.scenario == "names":  # its own private node(s) and Redis (benchmarks/names.py)
+        from benchmarks import names
+
+        forward = ["--quick"] if args.quick else []
+        forward += ["--url", args.url] if args.url else []
+        forward += ["--rabbitmq", args.rabbitmq_given] if args.rabbitmq_given else []
+        forward += ["--out", str(args.json)] if args.json else []
+        return names.main(forward)
     if args.scenario == "cluster":  # private nodes of --rabbitmq (default 4.3)
         from benchmarks import cluster
 
@@ -371,7 +380,7 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
     return 0
 
 
-SCENARIOS = ("report", "celery-overhead", "cluster", "profile-acquire", "profile-handoff")
+SCENARIOS = ("report", "celery-overhead", "cluster", "names", "profile-acquire", "profile-handoff")
 
 
 def main(argv: list[str] | None = None) -> int:

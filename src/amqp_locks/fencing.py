@@ -157,8 +157,8 @@ async def _ensure_shard(session: Session, queue: str) -> bool:
             rule = counting_rule(broker_version(session))
             await session.publish("", queue, fence_body(clock_base(), rule), persistent=True)
             log.info("created fence shard %r", queue)
+            session.fences_known.add(queue)
             created = True
-    session.fences_known.add(queue)
     return created
 
 
@@ -262,6 +262,15 @@ async def _take(session: Session, queue: str, timeout: float) -> int:
         # INTERNAL_ERROR "nodedown", which closes the whole connection and loses every
         # lease on it. A consumer just waits for the new leader.
         return await _take_pushed(session, queue, timeout)
+    if queue not in session.fences_known:
+        # A connection's first take on a fence consumes too: RabbitMQ 3.10.8 can bring a
+        # quorum queue made just before its node was killed back without a leader, and a
+        # basic.get on it ends in 541 after 60 s, closing the whole connection with every
+        # lease on it; a consumer times out alone (FenceMissing says what to do). A fence
+        # that answered once was made long before any later crash.
+        first = await _take_pushed(session, queue, timeout)
+        session.fences_known.add(queue)
+        return first
 
     async def get_and_return(ch: AbstractChannel) -> int | None:
         message = await ch.basic_get(queue, no_ack=False)
@@ -337,8 +346,11 @@ async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
             raise FenceMissing(
                 f"no fence message arrived from {queue!r} within {timeout:.0f}s: it was purged, "
                 "or dropped by a delivery limit (an operator policy 'delivery-limit' overrides "
-                "x-delivery-limit: -1; docs/compatibility.md); run "
-                "SemaphoreAdmin.repair_fence(base)"
+                "x-delivery-limit: -1; docs/compatibility.md): run "
+                "SemaphoreAdmin.repair_fence(base); or the queue has no leader (RabbitMQ 3.10 "
+                "can lose a quorum queue made just before its node was killed): delete a fence "
+                "shard (amqp-locks-shard-KK-fence) and the next grant makes it again, above "
+                "every earlier token"
             ) from None
         try:
             return _count(message, broker_version(session))

@@ -78,8 +78,9 @@ class Session(QueueOps):
         self.conn: aiormq.Connection | None = None
         self.lost_reason: str | None = None
         self.held: set[str] = set()
-        #: Fence queues known to exist. This and every per-name map below remember the
-        #: names used last only (recent.py): a process may use names without end.
+        #: Fence queues that answered a take on this connection. This and every per-name
+        #: map below remember the names used last only (recent.py): a process may use
+        #: names without end.
         self.fences_known: RecentSet[str] = RecentSet()
         #: Locks this session checked are not also used in the other mode (mutex.py).
         self.modes_checked: RecentSet[str] = RecentSet()

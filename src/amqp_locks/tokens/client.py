@@ -93,6 +93,14 @@ async def _ready_tokens(session: Session, name: str) -> int:
         raise _not_set_up(name) from None
 
 
+async def _spare_holder(session: Session, transactional: bool) -> None:
+    """Make sure the session's pool has a ready holder channel (opened if none is idle)."""
+    ch = session.idle_holder_channel(transactional)
+    if ch is None:
+        ch = await shielded(session.holder_channel(transactional), close_quietly)
+    session.return_holder_channel(ch, transactional)
+
+
 class _Waiter:
     """One waiting consumer on its own holder channel. The broker pushes it a token,
     cancels it (the queue was deleted) or closes its channel: whichever comes first
@@ -309,7 +317,11 @@ class TokenSemaphore(LockObject, HolderQueries):
             try:
                 if create:
                     create = False
-                    await fresh.create(await self._core.session(), self.name)
+                    session = await self._core.session()
+                    # The 404 cost us our holder channel: open the next one meanwhile.
+                    await asyncio.gather(
+                        fresh.create(session, self.name), _spare_holder(session, self.fencing)
+                    )
                 return await acquire_permit(
                     self._core,
                     self.name,

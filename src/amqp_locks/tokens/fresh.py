@@ -31,12 +31,13 @@ administration mutex and no ledger, and the broker deletes it once nobody uses i
   epoch from the fence counter (`fencing.take_token`), *before* the declaration: every
   earlier incarnation of the queue was deleted before ours was declared, and its token was
   minted before its own declaration. An incarnation minted after our epoch must have been
-  declared, used and left unused for :data:`EXPIRES_MS` before our declaration is handled,
-  so an epoch older than :data:`MAX_MINT_AGE` (a quarter of the expiry) is not used: we
-  take a new one. The broker handles our write within its heartbeat timeout of sending it
-  (or closes the connection, and nothing of it happens), so with heartbeats below a quarter
-  of the expiry (15 s; the default is 10 s) every token of a re-created queue is above
-  every token of its earlier incarnations.
+  declared, used and left unused for :data:`EXPIRES_MS` before our declaration is handled.
+  Nothing but (at most) a channel open comes between our epoch and our write, and an epoch
+  older than :func:`max_mint_age` (a quarter of the expiry: a stalled event loop) is not
+  used, we take a new one; the broker handles our write within its heartbeat timeout of
+  our sending it (or drops the connection, and nothing of it happens). So with heartbeats
+  under 15 s (the default is 10 s) every token of a re-created queue is above every token
+  of its earlier incarnations.
 - **A missing fence.** `take_token` needs the fence to exist, and `fencing.ensure_fence`
   may be run by one client at a time only. When the fence is missing, the declaration goes
   first and alone (the creator is then the only client of this name that ensures the
@@ -67,7 +68,6 @@ from ..transport.session import Session
 from ..transport.shield import shielded
 from .admin import token_arguments
 from .fencing import mint_headers
-from .ledger import Ledger
 from .message import token_properties
 
 #: How long a first-use token queue lives once nobody uses it (ms). Read at each
@@ -93,11 +93,6 @@ def new_stamp() -> int:
 def fresh_arguments(session: Session, stamp: int) -> dict[str, Any]:
     """A first-use token queue's arguments: the token queue's, expiring, stamped."""
     return {**token_arguments(session, True), "x-expires": EXPIRES_MS, "x-max-length": stamp}
-
-
-def fresh_ledger() -> Ledger:
-    """What a first-use queue's missing ledger would say: one quorum permit, id 1."""
-    return Ledger(1, [TOKEN_ID], True, TOKEN_ID + 1)
 
 
 async def create(session: Session, name: str) -> bool:

@@ -317,11 +317,8 @@ class TokenSemaphore(LockObject, HolderQueries):
             try:
                 if create:
                     create = False
-                    session = await self._core.session()
-                    # The 404 cost us our holder channel: open the next one meanwhile.
-                    await asyncio.gather(
-                        fresh.create(session, self.name), _spare_holder(session, self.fencing)
-                    )
+                    await self._create()
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 return await acquire_permit(
                     self._core,
                     self.name,
@@ -346,6 +343,19 @@ class TokenSemaphore(LockObject, HolderQueries):
                 if not blocking:
                     raise
                 await pause_for_a_node(exc, deadline)
+
+    async def _create(self) -> None:
+        """First use: make the queue (tokens/fresh.py). The 404 cost us our holder
+        channel, so the next one is opened meanwhile (if that fails, the acquire opens its
+        own and meets the error there)."""
+        session = await self._core.session()
+        made, _ = await asyncio.gather(
+            fresh.create(session, self.name),
+            _spare_holder(session, self.fencing),
+            return_exceptions=True,
+        )
+        if isinstance(made, BaseException):
+            raise made
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""

@@ -25,8 +25,8 @@ administration mutex and no ledger, and the broker deletes it once nobody uses i
   publish of the one token (id 1, persistent, mandatory, confirmed) together
   (`Session.declare_and_publish`): the broker routes the publish right behind an accepted
   declaration and drops it behind a refused one (the channel is closed by the 406, and a
-  closing channel discards what follows). So a creator cannot die *between* the two on the
-  client's side, and a loser's token never lands anywhere.
+  closing channel discards what follows). So no client-side step separates the two, and a
+  loser's token never lands anywhere.
 - **Fencing.** The token's headers come from `tokens.fencing.mint_headers`, which takes an
   epoch from the fence counter (`fencing.take_token`), *before* the declaration: every
   earlier incarnation of the queue was deleted before ours was declared, and its token was
@@ -45,9 +45,10 @@ administration mutex and no ledger, and the broker deletes it once nobody uses i
   one write with the token: accepted only by the queue it created (or, if that queue has
   expired meanwhile, by a new one it creates), refused with 406 by anyone else's.
 
-Residual window (documented in docs/cluster.md, "First use"): the token is lost if the
-node that serves the creator's connection crashes after handling the declaration and
-before routing the publish it read in the same packet; or, when the fence was missing,
+Residual window (docs/cluster.md, "First use and expiry of a mutex"): the token is lost if
+the node that serves the creator's connection crashes after handling the declaration and
+before routing the publish it read in the same packet (or, not ruled out though not
+observed, the connection breaks in that instant); or, when the fence was missing,
 if the creator dies between its first declaration and the second write (a few round trips:
 the fence is ensured and read). Its queue then has no token: waiters wait until their
 timeout, and the queue expires :data:`EXPIRES_MS` after the last one left; the next user

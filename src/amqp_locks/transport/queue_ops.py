@@ -93,9 +93,11 @@ class QueueOps(ChannelPools):
         The broker handles a channel's methods in order, and after a channel error it
         discards every method until the close handshake (AMQP 0-9-1, ``channel.close``):
         the publish is routed right behind an accepted declaration, and dropped behind a
-        refused one. Checked on 3.10.8 and 4.3.6: 30 connections racing this on one
-        fresh quorum queue, each with its own ``x-max-length``, got one confirm and 29
-        refusals, and the queue held exactly one message."""
+        refused one. Checked on 3.10.8 and 4.3.6: 30 connections racing this on one fresh
+        quorum queue, each with its own ``x-max-length``, got one confirm and 29 refusals,
+        and the queue held exactly one message. Not atomic: a connection that ends while
+        the broker handles the declaration loses the publish (tokens/fresh.py, "Residual
+        window")."""
 
         async def op(ch: AbstractChannel) -> None:
             await _declare_and_publish(ch, queue, arguments, body, properties)

@@ -213,3 +213,21 @@ def test_first_use_token_semaphore_needs_quorum(amqp_url: str) -> None:
 
     with Broker(amqp_url) as b, pytest.raises(ConfigurationError, match="quorum"):
         TokenSemaphore(b, "n", first_use=True)
+
+
+def test_aio_first_use_token_semaphore(amqp_url: str, name: str) -> None:
+    """The asyncio twin: `first_use=True` makes the queue; status reads one permit."""
+    import asyncio
+
+    from amqp_locks import aio
+
+    async def go() -> tuple[int, int]:
+        async with aio.Broker(amqp_url, cluster=True, heartbeat=5.0) as b:
+            sem = aio.TokenSemaphore(b, name, first_use=True)
+            lease = await sem.acquire(timeout=10)
+            assert lease is not None and lease.number == 1
+            st = await sem.status()
+            await lease.release(wait=True)
+            return st.permits, st.held
+
+    assert asyncio.run(go()) == (1, 1)

@@ -11,7 +11,10 @@ held. There the mutex is a binary token semaphore on the quorum queue ``N.mutex.
 releases, dies or its node is lost, and pushed to the next waiter. Nobody sets it up: the
 acquire that finds the queue missing makes it, with its one token, by a test-and-set
 declaration (no administration mutex, no ledger), and the broker deletes it a minute after
-its last holder or waiter left (tokens/fresh.py). Its fencing token is the token's own
+its last holder or waiter left (tokens/fresh.py). A creator whose connection ends while the
+broker makes the queue leaves it without its token: waiters then wait until their timeout,
+and `TokenAdmin(broker, "N.mutex").repair()` gives it back (tokens/fresh.py, "Residual
+window"). Its fencing token is the token's own
 counter above an epoch of the fence counter, so it keeps rising when the queue is made
 again. A queue set up by the earlier release (``TokenAdmin.setup``, with a ledger) is used
 as it is. Every connection's quorum guard (transport/quorum_guard.py) tells a holder cut

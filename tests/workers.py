@@ -85,3 +85,53 @@ def contend_in_processes(
         p.join(240)
     assert [p.exitcode for p in procs] == [0] * procs_n
     return list(counters)
+
+
+def first_use_contend(
+    urls: list[str], name: str, lock: Any, counters: Any, ready: Any, go: Any
+) -> None:
+    """Connect in cluster mode, say so (`ready`), wait for `go`, then take the mutex
+    `name` once (all racers hit its first use together) and count overlaps.
+
+    counters: [current holders, max seen, violations, grants]
+    """
+    with Broker(urls, cluster=True, heartbeat=5.0) as broker:
+        broker.connect()
+        ready.release()
+        go.wait()
+        lease = Mutex(broker, name).acquire(timeout=120)
+        assert lease is not None, "acquire timed out"
+        with lock:
+            counters[0] += 1
+            counters[3] += 1
+            counters[1] = max(counters[1], counters[0])
+            if counters[0] > 1:
+                counters[2] += 1
+        time.sleep(0.02)  # the "work" done while holding
+        with lock:
+            counters[0] -= 1
+        lease.release(wait=True)
+
+
+def race_first_use(urls_per_proc: list[list[str]], name: str) -> list[int]:
+    """One spawned `first_use_contend` process per URL list, all released at once on the
+    fresh name; returns [current holders, max seen, violations, grants] after all exited."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    lock = ctx.Lock()
+    counters = ctx.Array("i", 4, lock=False)
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    procs = [
+        ctx.Process(target=first_use_contend, args=(urls, name, lock, counters, ready, go))
+        for urls in urls_per_proc
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:  # every racer connected: the race is on the first use, not on connects
+        assert ready.acquire(timeout=120), "a racer did not connect"
+    go.set()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    return list(counters)

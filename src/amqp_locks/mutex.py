@@ -8,34 +8,40 @@ In cluster mode an exclusive queue cannot carry the lock: on a Khepri cluster (R
 4.2+) a dead node's exclusive queues stay until the node returns, so the lock would stay
 held. There the mutex is a binary token semaphore on the quorum queue ``N.mutex.semaphore``
 (tokens/): one token, held unacked by its holder, returned by the broker when the holder
-releases, dies or its node is lost, and pushed to the next waiter. It is set up on first
-use (one permit, under the administration mutex ``N.mutex``), and its fencing token is the
-token's own counter. Every connection's quorum guard (transport/quorum_guard.py) tells a
-holder cut off from the majority before the majority can grant the token again.
+releases, dies or its node is lost, and pushed to the next waiter. Nobody sets it up: the
+acquire that finds the queue missing makes it, with its one token, by a test-and-set
+declaration (no administration mutex, no ledger), and the broker deletes it a minute after
+its last holder or waiter left (tokens/fresh.py). A creator whose connection ends while the
+broker makes the queue leaves it without its token: waiters then wait until their timeout,
+and `TokenAdmin(broker, "N.mutex").repair()` gives it back (tokens/fresh.py, "Residual
+window"). Its fencing token is the token's own
+counter above an epoch of the fence counter, so it keeps rising when the queue is made
+again. A queue set up by the earlier release (``TokenAdmin.setup``, with a ledger) is used
+as it is. Every connection's quorum guard (transport/quorum_guard.py) tells a holder cut
+off from the majority before the majority can grant the token again.
 """
 
 from __future__ import annotations
 
 from .admin_mutex import acquire_mutex, mutex_held
-from .errors import AccessRefused, ModeMismatch, TokenSemaphoreNotFound
+from .errors import AccessRefused, ModeMismatch
 from .held import HeldState
 from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, Reading, pick_holder
 from .lockobject import LockObject
 from .names import quorum_mutex_name, token_queue, validate_name
 from .records import LockStatus
-from .tokens.admin import TokenAdminCore
 from .tokens.client import TokenSemaphore
-from .tokens.ledger import read_token_as
+from .tokens.ledger import first_use_ledger, read_token_as
 from .transport.broker import BrokerCore, BrokerLike
-from .transport.shield import shielded
 from .waiting import Backoff
 
 
 async def read_mutex(core: BrokerCore, name: str) -> Reading | None:
     """Mutex `name` as a lock status (None: no such queue, a free mutex). On one node an
     existing but unheld queue `name` reads as a free mutex: it is not one."""
-    if core.cluster:
-        return await read_token_as(core, name, "mutex", quorum_mutex_name(name))
+    if core.cluster:  # a first-use queue has no ledger: one permit
+        wire = quorum_mutex_name(name)
+        return await read_token_as(core, name, "mutex", wire, first_use_ledger())
     held = await mutex_held(await core.session(), name)
     if held is None:
         return None
@@ -80,7 +86,7 @@ class Mutex(LockObject, HolderQueries):
         self._token: TokenSemaphore | None = None
         if broker._core.cluster:
             self._token = TokenSemaphore(
-                broker, quorum_mutex_name(self.name), quorum=True, fencing=fencing
+                broker, quorum_mutex_name(self.name), quorum=True, fencing=fencing, first_use=True
             )
 
     async def _wait(self, blocking: bool, timeout: float | None) -> HeldState | None:
@@ -94,15 +100,8 @@ class Mutex(LockObject, HolderQueries):
                 fencing=self.fencing,
                 backoff=self.backoff,
             )
-        try:
-            return await self._token._wait(blocking, timeout)
-        except TokenSemaphoreNotFound:
-            # First use: one permit, set up under the administration mutex (idempotent,
-            # so a racing first user changes nothing), then wait as everyone does. Run to
-            # its end even when the caller's timeout cuts the wait (shielded): a set-up
-            # left half-way would leave tokens without their ledger.
-            await shielded(TokenAdminCore(self.broker, self._token.name, quorum=True).setup(1))
-            return await self._token._wait(blocking, timeout)
+        # A missing queue is made on first use (tokens/fresh.py).
+        return await self._token._wait(blocking, timeout)
 
     async def _check_mode(self) -> None:
         """Once per connection: refuse a mutex that cluster-mode clients hold as a token

@@ -196,7 +196,7 @@ def test_what_a_key_leaves_on_the_broker(
 
     mutex = {"-mutex-watch": "expires"}  # its fence is a shared shard
     assert left(hold.lock_name((k, 0.0))) == mutex
-    semaphore = {**mutex, ".semaphore": "stays", ".semaphore-ledger": "stays"}
+    semaphore = {**mutex, ".semaphore": "stays", ".semaphore-ledger": "stays", "-fence": "stays"}
     assert left(limited.lock_name((k, 0.0))) == semaphore
     # A once key: its run mutex's, and nothing of its claim once free (an exchange).
     assert left(once.lock_name((k, 0.0))) == mutex

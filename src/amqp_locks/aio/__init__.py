@@ -281,7 +281,13 @@ class TokenSemaphore(_HolderQueries, _Acquirable):
         **options: Any,
     ) -> None:
         super().__init__(broker, name, quorum=quorum, mutex_timeout=mutex_timeout, **options)
-        self.admin = TokenAdmin(broker, name, quorum=self._sync.quorum, mutex_timeout=mutex_timeout)
+        self.admin = TokenAdmin(
+            broker,
+            name,
+            quorum=self._sync.quorum,
+            mutex_timeout=mutex_timeout,
+            first_use=True if self._sync.first_use else None,
+        )
 
     async def setup(self, permits: int) -> int:
         return await self.admin.setup(permits)

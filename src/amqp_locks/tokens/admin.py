@@ -18,7 +18,7 @@ from aiormq.abc import AbstractChannel
 from ..admin_mutex import held_mutex
 from ..errors import ConfigurationError, LockError
 from ..fencing import ensure_name_fence, fence_arguments
-from ..names import token_queue, validate_name
+from ..names import quorum_mutex_name, token_queue, validate_name
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.features import (
@@ -37,6 +37,7 @@ from .ledger import (
     Ledger,
     TokenStatus,
     audit_of,
+    first_use_ledger,
     ledger_queue,
     read_ledger,
     read_status,
@@ -120,11 +121,17 @@ class TokenAdminCore:
         *,
         quorum: bool | None = None,
         mutex_timeout: float | None = MUTEX_TIMEOUT,
+        first_use: bool | None = None,
     ) -> None:
         self.broker = broker
         self.name = validate_name(name)
         self.quorum = choose_quorum(broker, quorum, f"token semaphore {name!r}")
         self.mutex_timeout = check_timeout(mutex_timeout)
+        if first_use is None:  # cluster mode's mutexes are made on first use (mutex.py)
+            first_use = self.name.endswith(quorum_mutex_name(""))
+        #: What status/audit/repair take for the ledger of a first-use queue, which has
+        #: none (tokens/fresh.py); None: a semaphore without a ledger is not set up.
+        self.default_ledger = first_use_ledger() if first_use else None
 
     @property
     def _core(self) -> BrokerCore:
@@ -215,7 +222,7 @@ class TokenAdminCore:
     async def status(self) -> TokenStatus:
         """See :meth:`TokenAdmin.status`."""
         # Read-only: no admin mutex, so status works while an admin drains or audits.
-        return await read_status(await self._core.session(), self.name)
+        return await read_status(await self._core.session(), self.name, self.default_ledger)
 
     async def audit(self, timeout: float = 5.0) -> Audit:
         """See :meth:`TokenAdmin.audit`."""
@@ -226,7 +233,7 @@ class TokenAdminCore:
             return await answered(self._audit(session, wait), wait, deadline, what)
 
     async def _audit(self, session: Session, wait: float) -> Audit:
-        ledger = await require_ledger(session, self.name)
+        ledger = await require_ledger(session, self.name, self.default_ledger)
         return audit_of(ledger, await collect(session, self.name, ledger, wait))
 
     async def repair(self, timeout: float = 5.0) -> Audit:
@@ -238,7 +245,7 @@ class TokenAdminCore:
             return await answered(self._repair(session, wait), wait, deadline, what)
 
     async def _repair(self, session: Session, wait: float) -> Audit:
-        ledger = await require_ledger(session, self.name)
+        ledger = await require_ledger(session, self.name, self.default_ledger)
         seen = await collect(session, self.name, ledger, wait, drop_surplus=True)
         result = audit_of(ledger, seen)
         if result.missing:
@@ -259,7 +266,9 @@ class TokenAdmin:
     ``quorum`` makes the token queue (and ledger) quorum queues, decided at `setup`;
     ``mutex_timeout`` bounds the wait for the administration mutex
     (:class:`~amqp_locks.errors.AdminLockTimeout` after it). `acquire`, `release` and
-    `status` never take that mutex.
+    `status` never take that mutex. ``first_use``: the semaphore is a first-use queue
+    (tokens/fresh.py), whose status, audit and repair take one permit (id 1) for the
+    ledger it does not have; default: names of cluster mode's mutexes (``M.mutex``).
     """
 
     def __init__(
@@ -269,8 +278,11 @@ class TokenAdmin:
         *,
         quorum: bool | None = None,
         mutex_timeout: float | None = MUTEX_TIMEOUT,
+        first_use: bool | None = None,
     ) -> None:
-        self._ops = TokenAdminCore(broker, name, quorum=quorum, mutex_timeout=mutex_timeout)
+        self._ops = TokenAdminCore(
+            broker, name, quorum=quorum, mutex_timeout=mutex_timeout, first_use=first_use
+        )
         self.broker = broker
         self.name = self._ops.name
 

@@ -32,6 +32,7 @@ from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
 from ..waiting import check_timeout, pause_for_a_node
+from . import fresh
 from .admin import MUTEX_TIMEOUT, TokenAdmin
 from .drain import MAX_PRIORITY
 from .fencing import carried_fencing, fencing_for
@@ -41,6 +42,8 @@ from .permit import PermitState
 
 #: How long a non-blocking acquire waits for a token the broker reported ready.
 NONBLOCKING_GRACE = 1.0
+#: How many times one acquire of a first-use semaphore makes (or finds made) its queue.
+FIRST_USE_ROUNDS = 8
 
 
 def _not_set_up(name: str) -> TokenSemaphoreNotFound:
@@ -88,6 +91,14 @@ async def _ready_tokens(session: Session, name: str) -> int:
         return await session.declare_passive_count(token_queue(name))
     except QueueNotFound:
         raise _not_set_up(name) from None
+
+
+async def _spare_holder(session: Session, transactional: bool) -> None:
+    """Make sure the session's pool has a ready holder channel (opened if none is idle)."""
+    ch = session.idle_holder_channel(transactional)
+    if ch is None:
+        ch = await shielded(session.holder_channel(transactional), close_quietly)
+    session.return_holder_channel(ch, transactional)
 
 
 class _Waiter:
@@ -228,8 +239,12 @@ class TokenSemaphore(LockObject, HolderQueries):
     ``priority`` is this client's consumer priority: the broker gives a freed token to the
     waiting consumer with the highest priority. ``fencing=False`` skips the fence round
     trip on classic token queues (``fencing_token`` is then 0); quorum token queues carry
-    their fencing counter for free. The admin methods (`setup`, `add_permits`,
-    `remove_permits`, `status`, `audit`, `repair`, `destroy`) are those of
+    their fencing counter for free. ``first_use=True`` (quorum only) makes a binary
+    semaphore nobody sets up: the acquire that finds its queue missing makes it with one
+    token, without the administration mutex, and the broker deletes it a minute after its
+    last user left (tokens/fresh.py; cluster mode's :class:`~amqp_locks.Mutex` is one).
+    The admin methods (`setup`, `add_permits`, `remove_permits`, `status`, `audit`,
+    `repair`, `destroy`) are those of
     :attr:`admin`, a :class:`TokenAdmin` with this object's ``quorum`` and
     ``mutex_timeout``. ``timeout`` / ``blocking`` are what ``with sem as permit:`` waits
     (default: for ever); it raises :class:`~amqp_locks.errors.LockTimeout` when no permit
@@ -256,6 +271,7 @@ class TokenSemaphore(LockObject, HolderQueries):
         quorum: bool | None = None,
         fencing: bool = True,
         mutex_timeout: float | None = MUTEX_TIMEOUT,
+        first_use: bool = False,
     ) -> None:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigurationError(f"priority must be an int, got {type(priority).__name__}")
@@ -267,9 +283,19 @@ class TokenSemaphore(LockObject, HolderQueries):
         self.quorum = choose_quorum(broker, quorum, f"token semaphore {name!r}")
         self.fencing = fencing
         self.mutex_timeout = check_timeout(mutex_timeout)
+        if first_use and not self.quorum:
+            raise ConfigurationError("first_use token semaphores are quorum queues: quorum=True")
+        #: A missing queue is made by the acquire that finds it (tokens/fresh.py).
+        self.first_use = first_use
         self._init_wait(blocking, timeout)
         #: The administration of this semaphore (what `setup` & co. delegate to).
-        self.admin = TokenAdmin(broker, self.name, quorum=self.quorum, mutex_timeout=mutex_timeout)
+        self.admin = TokenAdmin(
+            broker,
+            self.name,
+            quorum=self.quorum,
+            mutex_timeout=mutex_timeout,
+            first_use=True if first_use else None,
+        )
 
     @property
     def _core(self) -> BrokerCore:
@@ -279,13 +305,20 @@ class TokenSemaphore(LockObject, HolderQueries):
 
     async def _wait(self, blocking: bool, timeout: float | None) -> PermitState | None:
         """Wait for a token; when the connection dies meanwhile (its node died), wait on a
-        new one (the next node of a cluster) for the time that is left."""
+        new one (the next node of a cluster) for the time that is left. A first-use
+        semaphore whose queue is missing makes it first (tokens/fresh.py)."""
         timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         retried = False
+        creations = 0
+        create = False
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
+                if create:
+                    create = False
+                    await self._create()
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 return await acquire_permit(
                     self._core,
                     self.name,
@@ -294,6 +327,14 @@ class TokenSemaphore(LockObject, HolderQueries):
                     timeout=left,
                     fencing=self.fencing,
                 )
+            except TokenSemaphoreNotFound:
+                # Missing (404), or gone again after we found it made: expired or deleted
+                # in between. Each round makes progress; a name that keeps vanishing is
+                # being deleted by someone, which is worth an error.
+                if not self.first_use or creations >= FIRST_USE_ROUNDS:
+                    raise
+                creations += 1
+                create = True
             except ConnectionLost:
                 if (not blocking and retried) or (left is not None and left <= 0):
                     raise
@@ -302,6 +343,19 @@ class TokenSemaphore(LockObject, HolderQueries):
                 if not blocking:
                     raise
                 await pause_for_a_node(exc, deadline)
+
+    async def _create(self) -> None:
+        """First use: make the queue (tokens/fresh.py). The 404 cost us our holder
+        channel, so the next one is opened meanwhile (if that fails, the acquire opens its
+        own and meets the error there)."""
+        session = await self._core.session()
+        made, _ = await asyncio.gather(
+            fresh.create(session, self.name),
+            _spare_holder(session, self.fencing),
+            return_exceptions=True,
+        )
+        if isinstance(made, BaseException):
+            raise made
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""

@@ -73,12 +73,22 @@ async def read_ledger(session: Session, name: str) -> Ledger | None:
         await close_quietly(ch)  # every record goes back (unacked)
 
 
-async def require_ledger(session: Session, name: str) -> Ledger:
-    """The ledger, or TokenSemaphoreNotFound: every admin call but setup needs one."""
+def first_use_ledger() -> Ledger:
+    """What a first-use token queue (tokens/fresh.py) has instead of a ledger: one quorum
+    permit, id 1."""
+    return Ledger(1, [1], True, 2)
+
+
+async def require_ledger(session: Session, name: str, default: Ledger | None = None) -> Ledger:
+    """The ledger, or TokenSemaphoreNotFound: every admin call but setup needs one.
+    `default`: what a semaphore without a ledger has (a first-use queue's
+    :func:`first_use_ledger`), provided its token queue exists."""
     try:
         ledger = await read_ledger(session, name)
     except QueueNotFound:
         ledger = None
+    if ledger is None and default is not None and await session.exists_passive(token_queue(name)):
+        return default
     if ledger is None:
         raise TokenSemaphoreNotFound(
             f"token semaphore {name!r} is not set up: run TokenSemaphore.setup(permits)"
@@ -124,31 +134,35 @@ class TokenStatus:
     waiting: int
 
 
-async def read_status(session: Session, name: str) -> TokenStatus:
-    """Permits (the ledger), ready tokens and consumers (one passive declare)."""
-    ledger = await require_ledger(session, name)
+async def read_status(session: Session, name: str, default: Ledger | None = None) -> TokenStatus:
+    """Permits (the ledger, else `default`), ready tokens and consumers (one passive
+    declare)."""
+    ledger = await require_ledger(session, name, default)
     ready, consumers = await session.declare_passive_counts(token_queue(name))
     held = max(0, ledger.permits - ready)
     return TokenStatus(ledger.permits, ready, held, consumers, max(0, consumers - held))
 
 
-async def read_token(core: BrokerCore, name: str) -> Reading | None:
-    """The token semaphore `name` as a lock status (None: not set up)."""
+async def read_token(core: BrokerCore, name: str, default: Ledger | None = None) -> Reading | None:
+    """The token semaphore `name` as a lock status (None: not set up). `default`: what
+    it has without a ledger (a first-use queue: :func:`first_use_ledger`)."""
     session = await core.session()
     if not await session.exists_passive(token_queue(name)):
         return None
     try:
-        st = await read_status(session, name)
+        st = await read_status(session, name, default)
     except TokenSemaphoreNotFound:
         return None
     status = LockStatus(name, "token", st.permits, st.held, st.ready, (), st.consumers, st.waiting)
     return Reading(status)
 
 
-async def read_token_as(core: BrokerCore, name: str, kind: Kind, wire: str) -> Reading | None:
+async def read_token_as(
+    core: BrokerCore, name: str, kind: Kind, wire: str, default: Ledger | None = None
+) -> Reading | None:
     """Cluster mode: the mutex or semaphore `name` of `kind`, which is the token semaphore
-    `wire` on the broker (docs/protocol.md section 11)."""
-    reading = await read_token(core, wire)
+    `wire` on the broker (docs/protocol.md section 11); `default` as for `read_token`."""
+    reading = await read_token(core, wire, default)
     if reading is None:
         return None
     return Reading(replace(reading.status, name=name, kind=kind), wire)

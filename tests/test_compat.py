@@ -14,7 +14,7 @@ import pytest
 from pamqp.commands import Basic
 
 from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
-from amqp_locks.fencing import REBASE_STEP, fence_body, parse_fence_body, take_token
+from amqp_locks.fencing import REBASE_STEP, clock_base, fence_body, parse_fence_body, take_token
 from amqp_locks.names import fence_shard, token_queue
 from amqp_locks.transport.features import (
     acquired_count_header,
@@ -202,16 +202,18 @@ def test_a_fence_minted_under_another_rule_is_rebased_once_and_keeps_rising(
     assert first is not None
     first.release()
     # As if the broker had been upgraded across a change of counting rule since.
-    _replace_fence(amqp_url, fence_shard(name), fence_body(1000, _foreign_rule(broker)))
+    # A base above the shard's (the clock): other locks of the shard keep rising too.
+    old = clock_base()
+    _replace_fence(amqp_url, fence_shard(name), fence_body(old, _foreign_rule(broker)))
     with caplog.at_level(logging.WARNING, logger="amqp_locks.fencing"):
         tokens = _fencing_tokens(mutex, 3)
-    assert tokens[0] > 1000 + REBASE_STEP - 1
+    assert tokens[0] > old + REBASE_STEP - 1
     assert tokens == sorted(set(tokens))  # strictly rising after the re-base
     assert sum("re-based" in r.getMessage() for r in caplog.records) == 1
     messages = _get_fence(amqp_url, fence_shard(name))
     assert len(messages) == 1  # never doubled nor lost
     base, rule = parse_fence_body(messages[0][0])
-    assert (base, rule) == (1000 + REBASE_STEP, _current_rule(broker))
+    assert (base, rule) == (old + REBASE_STEP, _current_rule(broker))
 
 
 def _current_rule(broker: Broker) -> str:
@@ -227,7 +229,8 @@ def test_concurrent_readers_of_a_foreign_fence_rebase_it_once(
     """Many grants race into the re-base: one replaces the message, the others find it
     replaced; every token is distinct and above the old rule's range."""
     Mutex(broker, name).acquire(timeout=5).release()  # type: ignore[union-attr]
-    _replace_fence(amqp_url, fence_shard(name), fence_body(5, _foreign_rule(broker)))
+    old = clock_base()
+    _replace_fence(amqp_url, fence_shard(name), fence_body(old, _foreign_rule(broker)))
     brokers = [Broker(amqp_url) for _ in range(3)]
     try:
 
@@ -249,7 +252,7 @@ def test_concurrent_readers_of_a_foreign_fence_rebase_it_once(
             b.close()
     tokens = [t for r in results for t in r]
     assert len(tokens) == 12 and len(set(tokens)) == 12
-    assert min(tokens) > 5 + REBASE_STEP - 1
+    assert min(tokens) > old + REBASE_STEP - 1
     for r in results:
         assert r == sorted(r)
     assert len(_get_fence(amqp_url, fence_shard(name))) == 1

@@ -264,10 +264,10 @@ def test_fencing_can_be_skipped_on_classic_queues(broker: Broker, name: str) -> 
 
 
 def _take_fence(broker: Broker, name: str) -> int:
-    from amqp_locks.fencing import take_token
+    from amqp_locks.fencing import take_epoch
 
-    async def take() -> int:
-        return await take_token(await broker._core.session(), name)
+    async def take() -> int:  # the token semaphore's own fence: its epochs
+        return await take_epoch(await broker._core.session(), name)
 
     return broker._core.run(take())
 

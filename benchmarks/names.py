@@ -813,6 +813,21 @@ def _broker_version(url: str, line: str, cluster: bool) -> str:
     return f"RabbitMQ {version}" + (" (3-node cluster)" if cluster else " (one node)")
 
 
+def _prepare_fences(url: str, plan: Plan, log: Callable[[str], None]) -> int | None:
+    """The fixed set of shared fence shards, made before the start state is read, so that
+    the start already holds what no number of names adds to (a library with per-name
+    fences has no ``prepare_fences``: None)."""
+    import amqp_locks
+
+    prepare = getattr(amqp_locks, "prepare_fences", None)
+    if prepare is None:
+        return None
+    with amqp_locks.Broker(url) as b:
+        made = len(prepare(b))
+    log(f"  fence shards prepared ({made} made now)")
+    return made
+
+
 def _measure(
     plan: Plan, url: str, nodes: list[_Node], log: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -821,6 +836,7 @@ def _measure(
     poll = _StatusPoll(nodes, plan)
     states: dict[str, Any] = {}
     out["states"] = states
+    out["fences_prepared"] = _prepare_fences(url, plan, log)
     if nodes:
         states["start"] = _state(nodes)
         log(f"  start: {states['start']}")

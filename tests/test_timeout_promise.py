@@ -334,3 +334,43 @@ def test_status_reads_keep_their_timeout_through_a_mute_broker(
     assert isinstance(outcome, BrokerTimeout), outcome
     assert took < BOUND, f"{read} took {took:.2f}s"
     held.release()
+
+
+@pytest.mark.parametrize("api", ["sync", "aio"])
+def test_release_does_not_hold_its_caller_when_the_broker_stops_answering(
+    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str, api: str
+) -> None:
+    """A one-node mutex's release waits for the queue's delete-ok; a broker that passes
+    heartbeats but answers nothing else holds the caller RELEASE_HANDOFF at most, and the
+    lock is free once the connection is dropped."""
+    from amqp_locks.transport.core import RELEASE_HANDOFF
+
+    took = 0.0
+    if api == "sync":
+        through = brokers(amqp_proxy.url(), heartbeat=30.0)
+        lease = Mutex(through, name).acquire(timeout=5)
+        assert lease is not None
+        amqp_proxy.mute()
+        start = time.monotonic()
+        lease.release()
+        took = time.monotonic() - start
+        amqp_proxy.reset()
+    else:
+
+        async def main() -> None:
+            nonlocal took
+            b = aio.Broker(amqp_proxy.url(), heartbeat=30.0)
+            try:
+                lease = await aio.Mutex(b, name).acquire(timeout=5)
+                assert lease is not None
+                amqp_proxy.mute()
+                start = time.monotonic()
+                await lease.release()
+                took = time.monotonic() - start
+            finally:
+                amqp_proxy.reset()
+                await b.close(timeout=1.0)
+
+        asyncio.run(main())
+    assert took < RELEASE_HANDOFF + 0.5, f"release held its caller {took:.2f}s"
+    assert_free("mutex", brokers(amqp_url), name)

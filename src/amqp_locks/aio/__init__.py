@@ -28,6 +28,7 @@ from ..lockobject import LockObject, timeout_error
 from ..semaphore import admin as _admin
 from ..semaphore import client as _client
 from ..transport.broker import CLOSE_TIMEOUT, BrokerBase
+from ..transport.core import RELEASE_HANDOFF
 
 T = TypeVar("T")
 
@@ -136,7 +137,12 @@ class Lease:
         if core.closed:
             core.release(self._state, wait)  # nothing to do but report (no I/O)
             return
-        await self._broker._await(core.submit_release(self._state, wait))
+        fut = core.submit_release(self._state, wait)
+        if not wait:  # as the sync release: a silent broker holds us RELEASE_HANDOFF at most
+            done, _ = await asyncio.wait({asyncio.wrap_future(fut)}, timeout=RELEASE_HANDOFF)
+            if not done:
+                return
+        await self._broker._await(fut)
 
     async def __aenter__(self) -> Lease:
         return self

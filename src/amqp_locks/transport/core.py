@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import ssl
@@ -45,6 +46,9 @@ T = TypeVar("T")
 #: Seconds ``Broker.close()`` gives releases in flight and held leases before it closes the
 #: connection anyway (which frees whatever is still held).
 CLOSE_TIMEOUT = 5.0
+#: How long a release (without ``wait``) may hold its caller when the broker stops
+#: answering; a healthy broker answers in milliseconds.
+RELEASE_HANDOFF = 2.0
 #: What the session's own close may take after that (its bounded waits: background tasks,
 #: connection.close-ok).
 SESSION_CLOSE_BOUND = 10.0
@@ -313,7 +317,20 @@ class BrokerCore:
                     f"confirmed: {state.release_failure}"
                 )
             return
-        self._wait(self.submit_release(state, wait))
+        fut = self.submit_release(state, wait)
+        if not wait:
+            # Handed to the connection: a broker that stopped answering does not hold the
+            # caller (the release goes on, tracked; close() waits for it, and the loss
+            # watchdog frees the lock with a connection that stays silent).
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                fut.result(timeout=RELEASE_HANDOFF)
+            if not fut.done():
+                log.warning(
+                    "release of %s %s of %r not answered within %.0f s: it goes on in the "
+                    "background", state.kind, state.number, state.name, RELEASE_HANDOFF,
+                )
+                return
+        self._wait(fut)
 
     # --- closing ------------------------------------------------------------------------
 

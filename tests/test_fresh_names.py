@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from amqp_locks import Broker, Mutex, TokenAdmin, TokenSemaphore
-from amqp_locks.names import quorum_mutex_name, token_queue
+from amqp_locks.names import fence_queue, fence_shard, quorum_mutex_name, token_queue
 from amqp_locks.tokens import fresh
 from amqp_locks.tokens.ledger import ledger_queue
 from amqp_locks.tokens.message import token_properties
@@ -98,6 +98,8 @@ def test_first_use_leaves_no_admin_mutex_and_no_ledger(cluster_broker: Broker, n
     settles_at(cluster_broker, wire(name), (1, 0))  # exactly one token, back
     assert not exists(cluster_broker, ledger_queue(quorum_mutex_name(name)))
     assert not exists(cluster_broker, quorum_mutex_name(name))  # no admin mutex queue
+    assert not exists(cluster_broker, fence_queue(quorum_mutex_name(name)))  # a shard's
+    assert exists(cluster_broker, fence_shard(quorum_mutex_name(name)))
 
 
 def test_non_blocking_first_use_gets_the_lock(

@@ -534,6 +534,14 @@ class _Node:
         return st
 
 
+def _breakdown(node: _Node) -> str:
+    """``rabbit_vm:memory()`` of one node, as the node prints it (or the error)."""
+    try:
+        return node.ctl("eval", "rabbit_vm:memory().", timeout=60.0).strip()
+    except Exception as exc:
+        return f"error: {_what(exc)}"
+
+
 def _state(nodes: list[_Node], t0: float | None = None) -> dict[str, Any]:
     """The cluster's state: queues from the first node that answers (the count is
     cluster-wide), fds, memory and processes summed over nodes (each node's kept too)."""
@@ -866,6 +874,9 @@ def _measure(
                 log(f"  +{watch[-1]['t_s']} s: {watch[-1]}")
             last = watch[-1] if watch else states["after_release"]
             out["settled"] = settled(states["start"], last)
+            # Where the memory is at the end of the watch (rabbit_vm's categories, bytes):
+            # what did not come back, if anything.
+            out["memory_breakdown"] = [_breakdown(n) for n in nodes]
             if plan.hold and not stalled():
                 log(f"holding {plan.hold:,} names at once")
                 out["hold"] = _hold(url, nodes, plan, stalled, log)

@@ -322,7 +322,11 @@ async def grant(
         jobs: list[Any] = [state.watch(watch_channel)]
         if fence is not None:
             jobs.append(fence(state))
-        results = await asyncio.gather(*jobs, state.hold_sentinel(), return_exceptions=True)
+        # The sentinel is not waited for (hold_sentinel: best effort; it only has to be
+        # there by the time we might die): a name's first grant would otherwise wait for
+        # its sentinel queue's declaration, a durable queue made on the broker's disk.
+        session.spawn(state.hold_sentinel())
+        results = await asyncio.gather(*jobs, return_exceptions=True)
         if isinstance(results[0], QueueNotFound):
             await state.abandon()
             return False

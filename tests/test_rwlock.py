@@ -115,6 +115,7 @@ def test_readers_share_and_a_writer_excludes(broker: Broker, amqp_url: str, name
 
 def test_with_blocks_and_lock_timeout(broker: Broker, name: str) -> None:
     rw = ReadWriteLock(broker, name, readers=2, timeout=0.2)
+    rw.setup()  # the 0.2 s are for the waits below, not for a first use on a busy machine
     with rw.write_lock as lease:
         assert lease.held
         with pytest.raises(LockTimeout), ReadWriteLock(broker, name, blocking=False).read_lock:

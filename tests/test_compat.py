@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from pamqp.commands import Basic
@@ -84,8 +85,16 @@ def test_the_broker_is_the_line_under_test(broker: Broker) -> None:
 
 def _queues(node: devbroker.NodeInfo, prefix: str) -> list[dict[str, object]]:
     out = devbroker.rabbitmqctl(
-        node, "list_queues", "-q", "--formatter", "json", "name", "durable", "exclusive",
-        "auto_delete", "arguments",
+        node,
+        "list_queues",
+        "-q",
+        "--formatter",
+        "json",
+        "name",
+        "durable",
+        "exclusive",
+        "auto_delete",
+        "arguments",
     )
     return [q for q in json.loads(out) if str(q["name"]).startswith(prefix)]
 
@@ -159,6 +168,25 @@ def _get_fence(url: str, queue: str) -> list[tuple[bytes, dict[str, object]]]:
     return asyncio.run(go())
 
 
+@pytest.fixture
+def shard_dropped(amqp_url: str, name: str) -> Iterator[None]:
+    """The test re-bases its name's fence shard by 2**40 (about 12.7 days of the clock the
+    shards start from): delete the shard afterwards, so that later tests on the same node
+    find it made again from the clock, as a fresh broker has it."""
+    yield
+    import aiormq
+
+    async def go() -> None:
+        conn = await aiormq.connect(amqp_url)
+        try:
+            ch = await conn.channel()
+            await ch.queue_delete(fence_shard(name))
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
 def _replace_fence(url: str, queue: str, body: bytes) -> None:
     import aiormq
 
@@ -195,7 +223,7 @@ def _fencing_tokens(lock: Mutex | TokenSemaphore, times: int) -> list[int]:
 
 
 def test_a_fence_minted_under_another_rule_is_rebased_once_and_keeps_rising(
-    broker: Broker, amqp_url: str, name: str, caplog: pytest.LogCaptureFixture
+    broker: Broker, amqp_url: str, name: str, caplog: pytest.LogCaptureFixture, shard_dropped: None
 ) -> None:
     mutex = Mutex(broker, name)
     first = mutex.acquire(timeout=5)
@@ -224,7 +252,7 @@ def _current_rule(broker: Broker) -> str:
 
 
 def test_concurrent_readers_of_a_foreign_fence_rebase_it_once(
-    broker: Broker, amqp_url: str, name: str
+    broker: Broker, amqp_url: str, name: str, shard_dropped: None
 ) -> None:
     """Many grants race into the re-base: one replaces the message, the others find it
     replaced; every token is distinct and above the old rule's range."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from amqp_locks import Broker, Lease, LockError, Mutex, ReadWriteLock, prepare_fences
+from amqp_locks import Broker, Lease, LockError, Mutex, ReadWriteLock, fencing, prepare_fences
 from amqp_locks.names import FENCE_SHARDS, fence_shard, sentinel_queue
 from amqp_locks.transport import features
 from amqp_locks_dev import devbroker
@@ -211,3 +212,46 @@ def test_prepare_fences_makes_the_sixteen_shards_once(
         return [(await session.declare_passive_counts(q))[0] for q in sorted(shards)]
 
     assert broker._core.run(one_message_each()) == [1] * FENCE_SHARDS
+
+
+def test_a_fence_message_is_renewed_and_tokens_keep_rising(
+    monkeypatch: pytest.MonkeyPatch, broker: Broker, amqp_url: str, name: str
+) -> None:
+    """Every RENEW_AFTER returns a take replaces the shard's message by one whose base is
+    the token it hands out (so the quorum queue's log can be truncated): tokens keep
+    rising across it, taken from two connections, and the shard keeps one message."""
+    monkeypatch.setattr(fencing, "RENEW_AFTER", 5)
+    shard = fence_shard(name)
+
+    async def take(b: Broker) -> int:
+        return await fencing.take_token(await b._core.session(), name)
+
+    async def message() -> tuple[int, int, int]:
+        """(ready messages, base in the body, returns so far) of the shard."""
+        session = await broker._core.session()
+        ready, _ = await session.declare_passive_counts(shard)
+
+        async def peek(ch: Any) -> tuple[int, int]:
+            got = await ch.basic_get(shard, no_ack=False)
+            try:
+                base, _ = fencing.parse_fence_body(got.body)
+                headers = got.header.properties.headers or {}
+                returns = headers.get("x-acquired-count", headers.get("x-delivery-count", 0))
+                return base, int(returns)
+            finally:
+                await ch.basic_reject(got.delivery.delivery_tag, requeue=True)
+
+        base, returns = await session.call(shard, peek)
+        return ready, base, returns
+
+    tokens: list[int] = []
+    with Broker(amqp_url) as other:
+        for i in range(40):
+            b = other if i % 2 else broker
+            tokens.append(b._core.run(take(b)))
+    assert tokens == sorted(set(tokens)), tokens
+    ready, base, returns = broker._core.run(message())
+    assert ready == 1  # never doubled nor lost
+    assert returns < 40, "the message was never replaced"
+    assert base >= tokens[0]  # a renewed message's base is a token it handed out
+    assert broker._core.run(take(broker)) > tokens[-1]

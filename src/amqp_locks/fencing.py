@@ -24,7 +24,11 @@ declaration with another one, so exactly one creator publishes the message. Its 
 wall clock in microseconds (about 1.8e15 in 2026): above every token of an earlier
 release's per-name fence (below 2**42: a count never reaches 2**40, and a re-base adds
 2**40 per broker upgrade), and above everything a shard deleted by hand and made again
-could have counted (a shard counts far fewer than a million grants a second).
+could have counted (a shard counts far fewer than a million grants a second), unless that
+shard was re-based (+2**40, about 12.7 days of the clock) in the 12.7 days before: then
+put its message back with ``SemaphoreAdmin.repair_fence(base)`` instead of deleting it.
+Each fence message is replaced now and then (:func:`_renew`), so that its quorum queue's
+log can be truncated.
 
 The token handed to the holder is ``base + count + 1``; the message's body holds ``base``
 and the counting rule it was minted under. A protected resource keeps the highest token it
@@ -76,6 +80,10 @@ log = logging.getLogger("amqp_locks.fencing")
 
 #: How far a re-base lifts the base: above any count a message can reach.
 REBASE_STEP = 2**40
+#: After how many returns a fence message is replaced by a fresh one (:func:`_renew`).
+RENEW_AFTER = 1024
+#: How long a renewal waits for the message (another client may hold it).
+RENEW_WAIT = 5.0
 _stamps = random.SystemRandom()
 
 
@@ -133,7 +141,7 @@ def prepare_fences(broker: BrokerLike) -> list[str]:
     came back without a leader and every get timed out, also after a further restart).
     A shard lost that way is deleted by hand (``rabbitmqctl delete_queue
     amqp-locks-shard-KK-fence``) and the next fenced grant makes it again, above every
-    earlier token (its base is the clock)."""
+    earlier token (its base is the clock; the module docstring says when not)."""
     return broker._core.run(_prepare(broker._core))
 
 
@@ -199,14 +207,19 @@ class _RuleChanged(Exception):
     """The fence message was minted under another counting rule: re-base it first."""
 
 
-def _count(message: DeliveredMessage, version: tuple[int, int]) -> int:
-    """The message's base plus its return count under this broker's rule."""
+#: (the message's base plus its return count, the return count) of one take.
+Taken = tuple[int, int]
+
+
+def _count(message: DeliveredMessage, version: tuple[int, int]) -> Taken:
+    """The message's base plus its return count under this broker's rule, and that count."""
     base, rule = parse_fence_body(message.body)
     if not rule_matches(rule, counting_rule(version)):
         raise _RuleChanged(rule)
     headers = (message.header.properties.headers or {}) if message.header else {}
     value = headers.get(acquired_count_header(version), 0)
-    return base + (int(value) if isinstance(value, int) else 0)
+    returns = int(value) if isinstance(value, int) else 0
+    return base + returns, returns
 
 
 def _tag(message: DeliveredMessage) -> int:
@@ -237,7 +250,12 @@ async def take_epoch(session: Session, name: str, timeout: float = 30.0) -> int:
 async def _take_from(session: Session, name: str, queue: str, timeout: float, shard: bool) -> int:
     for attempt in range(3):
         try:
-            return await _take(session, queue, timeout) + 1
+            count, returns = await _take(session, queue, timeout)
+            if returns >= RENEW_AFTER:
+                renewed = await _renew(session, queue, timeout)
+                if renewed is not None:
+                    return renewed
+            return count + 1
         except _RuleChanged:
             await _rebase(session, queue, timeout)
         except (QueueNotFound, aiormq.exceptions.AMQPError, ConnectionError) as exc:
@@ -254,7 +272,7 @@ async def _take_from(session: Session, name: str, queue: str, timeout: float, sh
     raise LockError(f"the fence of {name!r} keeps changing counting rules (mixed brokers?)")
 
 
-async def _take(session: Session, queue: str, timeout: float) -> int:
+async def _take(session: Session, queue: str, timeout: float) -> Taken:
     version = broker_version(session)
     if session.cluster:
         # In a cluster, never basic.get: while the fence's leader is being re-elected
@@ -272,7 +290,7 @@ async def _take(session: Session, queue: str, timeout: float) -> int:
         session.fences_known.add(queue)
         return first
 
-    async def get_and_return(ch: AbstractChannel) -> int | None:
+    async def get_and_return(ch: AbstractChannel) -> Taken | None:
         message = await ch.basic_get(queue, no_ack=False)
         if not isinstance(message.delivery, Basic.GetOk):
             return None
@@ -281,10 +299,48 @@ async def _take(session: Session, queue: str, timeout: float) -> int:
         finally:
             await ch.basic_reject(_tag(message), requeue=True)
 
-    count: int | None = await session.call(queue, get_and_return)
-    if count is None:
-        count = await _take_pushed(session, queue, timeout)
-    return count
+    taken: Taken | None = await session.call(queue, get_and_return)
+    if taken is None:
+        taken = await _take_pushed(session, queue, timeout)
+    return taken
+
+
+async def _renew(session: Session, queue: str, timeout: float) -> int | None:
+    """Take the fence message once more and replace it, in one transaction, by one whose
+    base is the token this take hands out: the next take gets that plus one, as it would
+    have from the old message. Why: a quorum queue keeps its Raft log from the oldest
+    message it holds, and a fence message is never acknowledged, so without a new message
+    now and then its log (every take appends a checkout and a return) is never truncated,
+    and its memory tables grow until the write-ahead log rolls over (docs/scaling.md).
+    None when it did not happen (the message was not ours in time, or minted under
+    another rule): the caller's own token stands. A failure after the commit was sent
+    leaves a base above the caller's token, which is still unique."""
+    assert session.conn is not None
+    version = broker_version(session)
+    ch = await session.conn.channel(publisher_confirms=False)  # tx and confirms exclude
+    try:
+        await ch.tx_select()
+        try:
+            message = await _first_pushed(ch, queue, min(timeout, RENEW_WAIT))
+            count, _ = _count(message, version)
+        except (TimeoutError, _RuleChanged):
+            return None  # closing the channel returns the message as it came
+        token = count + 1
+        await ch.basic_ack(_tag(message))
+        await ch.basic_publish(
+            fence_body(token, counting_rule(version)),
+            routing_key=queue,
+            properties=Basic.Properties(delivery_mode=2),
+        )
+        await ch.tx_commit()
+        log.debug("fence %r renewed at base %d", queue, token)
+        return token
+    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        log.debug("fence %r not renewed (%s): the earlier take's token stands", queue, exc)
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await ch.close()
 
 
 async def _rebase(session: Session, queue: str, timeout: float) -> None:
@@ -337,7 +393,7 @@ async def _first_pushed(ch: AbstractChannel, queue: str, timeout: float) -> Deli
     return await asyncio.wait_for(got, timeout)
 
 
-async def _take_pushed(session: Session, queue: str, timeout: float) -> int:
+async def _take_pushed(session: Session, queue: str, timeout: float) -> Taken:
     ch = await session.open_channel()
     try:
         try:

@@ -11,7 +11,7 @@ one link per pair of nodes) of RabbitMQ 4.3.6 nodes with ``net_ticktime = 10``:
   the token away after the lock delay. Measured before that check (issue 29): two
   holders in 2 of 19 runs, the holder never told in any.
 - **5-node split** {1, 4, 5} | {2, 3}: every queue of the lock (token, turn, ledger,
-  fence) gets exactly nodes 1, 2 and 3 as members (``rabbitmq-queues add_member`` /
+  fence, and the fence shards it counts on) gets exactly nodes 1, 2 and 3 as members (``rabbitmq-queues add_member`` /
   ``delete_member``), leader on 2, so the lock's majority is on the small side, while
   node 1's probe queue gets nodes 1, 4 and 5 and keeps its majority on the large side:
   the failing placement measured in issue 29 (two holders in 4 of 4 runs). The waiter
@@ -41,6 +41,7 @@ import pytest
 from yarl import URL
 
 from amqp_locks import Broker
+from amqp_locks.names import fence_shard
 from amqp_locks.transport.quorum_guard import probe_queue
 from amqp_locks_dev import devbroker
 from amqp_locks_dev.mesh import MeshCluster
@@ -73,6 +74,15 @@ def family(mc: MeshCluster, name: str) -> list[str]:
     out = mc.rabbitmqctl(2, "list_queues", "-q", "name", "--formatter", "json")
     names = [row["name"] for row in json.loads(out)]
     return [q for q in names if q.startswith((f"{name}.", f"{name}-"))]
+
+
+def shards(mc: MeshCluster, name: str) -> list[str]:
+    """The fence shards lock `name` counts on (fencing.py), those made so far: a grant's
+    fencing token needs its shard's majority too, so the split puts them with the lock."""
+    out = mc.rabbitmqctl(2, "list_queues", "-q", "name", "--formatter", "json")
+    made = {row["name"] for row in json.loads(out)}
+    wanted = {fence_shard(n) for n in (name, f"{name}.rwlock", f"{name}.mutex", f"{name}.slots")}
+    return sorted(wanted & made)
 
 
 def members(mc: MeshCluster, queue: str) -> set[int]:
@@ -144,7 +154,7 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
             # waiter's probe queue on {1, 2, 3}: their majority is on the small side of
             # the split, where the waiter is; the holder's probe queue keeps its majority
             # on the holder's (large) side.
-            for queue in [*family(mc, name), guard_queue(mc, 3)]:
+            for queue in [*family(mc, name), *shards(mc, name), guard_queue(mc, 3)]:
                 place(mc, queue, {1, 2, 3})
             place(mc, guard_queue(mc, 1), {1, 4, 5})
         box: dict[str, Any] = {}

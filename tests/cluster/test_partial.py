@@ -13,7 +13,8 @@ one link per pair of nodes) of RabbitMQ 4.3.6 nodes with ``net_ticktime = 10``:
 - **5-node split** {1, 4, 5} | {2, 3}: every queue of the lock (token, turn, ledger,
   fence, the fence shards it counts on) gets exactly nodes 1, 2 and 3 as members
   (``rabbitmq-queues add_member`` / ``delete_member``), leader on 2, so the lock's
-  majority is on the small side, while node 1's probe queue gets nodes 1, 4 and 5 and keeps its majority on the large side:
+  majority is on the small side, while node 1's probe queue gets nodes 1, 4 and 5 and
+  keeps its majority on the large side:
   the failing placement measured in issue 29 (two holders in 4 of 4 runs). The waiter
   is connected to node 3, whose probe queue gets nodes 1, 2 and 3 (so the small side
   can prove itself).

@@ -63,6 +63,17 @@ def fence_messages(broker: Broker, name: str) -> int:
     return broker._core.run(count())
 
 
+def drop_fence_shard(broker: Broker, name: str) -> None:
+    """Delete the lock's fence shard if it exists (queue.delete is idempotent)."""
+    from amqp_locks.names import fence_shard
+
+    async def drop() -> None:
+        session = await broker._core.session()
+        await session.call(None, lambda ch: ch.queue_delete(fence_shard(name)))
+
+    broker._core.run(drop())
+
+
 @pytest.fixture
 def name() -> str:
     """A lock name unique to the test, so tests never see each other's queues."""

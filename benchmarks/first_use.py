@@ -22,7 +22,7 @@ import uuid
 from amqp_locks import Broker, Mutex, TokenSemaphore
 from amqp_locks.fencing import ensure_fence
 from amqp_locks.names import quorum_mutex_name
-from amqp_locks.tokens.admin import token_arguments
+from amqp_locks.tokens.arguments import token_arguments
 
 
 def measure(urls: list[str], samples: int) -> dict[str, float]:

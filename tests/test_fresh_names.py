@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from amqp_locks import Broker, Mutex, TokenAdmin, TokenSemaphore
+from amqp_locks import Broker, LockError, Mutex, TokenAdmin, TokenSemaphore
+from amqp_locks.errors import PreconditionFailed, QueueNotFound
 from amqp_locks.names import fence_queue, fence_shard, quorum_mutex_name, token_queue
 from amqp_locks.tokens import fresh
 from amqp_locks.tokens.ledger import ledger_queue
@@ -71,14 +72,16 @@ def test_the_broker_refuses_a_second_stamp(cluster_broker: Broker, name: str) ->
         stamps = [fresh.new_stamp(), fresh.new_stamp()]
         made = []
         for stamp in [stamps[0], stamps[1], stamps[0]]:
-            made.append(
+            try:
                 await session.declare_and_publish(
                     queue,
                     fresh.fresh_arguments(session, stamp),
-                    b"1",
-                    token_properties(quorum_mutex_name(name), 1, {}),
+                    [(b"1", token_properties(quorum_mutex_name(name), 1, {}))],
                 )
-            )
+                made.append(True)
+            except PreconditionFailed as exc:
+                assert "inequivalent arg 'x-max-length'" in str(exc)
+                made.append(False)
         return made
 
     assert cluster_broker._core.run(go()) == [True, False, True]
@@ -175,10 +178,10 @@ def test_a_queue_set_up_the_old_way_is_used_as_it_is(cluster_broker: Broker, nam
     wire_name = quorum_mutex_name(name)
     TokenAdmin(cluster_broker, wire_name, quorum=True).setup(1)
 
-    async def create() -> bool:
+    async def create() -> str:
         return await fresh.create(await cluster_broker._core.session(), wire_name)
 
-    assert cluster_broker._core.run(create()) is False
+    assert cluster_broker._core.run(create()) == "other"
     settles_at(cluster_broker, wire(name), (1, 0))
     with Mutex(cluster_broker, name, timeout=10) as lease:
         assert lease.number == 1
@@ -210,11 +213,105 @@ def test_repair_gives_a_tokenless_first_use_queue_its_token(
     settles_at(cluster_broker, wire(name), (1, 0))
 
 
-def test_first_use_token_semaphore_needs_quorum(amqp_url: str) -> None:
+def test_a_first_use_token_semaphore_checks_its_permits(amqp_url: str) -> None:
     from amqp_locks import ConfigurationError
 
-    with Broker(amqp_url) as b, pytest.raises(ConfigurationError, match="quorum"):
-        TokenSemaphore(b, "n", first_use=True)
+    with Broker(amqp_url) as b:
+        for bad in (0, -1, fresh.MAX_PERMITS + 1, True, 2.0):
+            with pytest.raises(ConfigurationError, match="permits"):
+                TokenSemaphore(b, "n", first_use=True, permits=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="first_use"):
+            TokenSemaphore(b, "n", permits=2)
+
+
+def test_the_stamp_holds_the_count() -> None:
+    for permits in (1, 3, fresh.MAX_PERMITS):
+        stamps = {fresh.new_stamp(permits) for _ in range(50)}
+        assert len(stamps) == 50  # random: racers never share one
+        for stamp in stamps:
+            assert fresh.STAMP_RANGE[0] <= stamp < fresh.STAMP_RANGE[1]
+            assert fresh.permits_of(stamp) == permits
+
+
+@pytest.mark.parametrize("cluster", [True, False], ids=["quorum", "classic"])
+def test_processes_racing_on_a_fresh_counting_semaphore_make_exactly_its_permits(
+    amqp_url: str, name: str, cluster: bool
+) -> None:
+    """8 processes, one fresh name, 3 permits: never more than 3 holders (counted), every
+    racer granted, and exactly 3 tokens left: one creator's, none of the others'."""
+    current, most, violations, grants = race_first_use(
+        [[amqp_url]] * 8, name, permits=3, cluster=cluster
+    )
+    assert (current, violations, grants) == (0, 0, 8)
+    assert 1 <= most <= 3
+    with Broker(amqp_url, cluster=cluster) as b:
+        settles_at(b, token_queue(name), (3, 0))
+        st = TokenAdmin(b, name).status()  # no ledger: the count is read from the stamp
+        assert (st.permits, st.ready, st.held) == (3, 3, 0)
+        assert not exists(b, ledger_queue(name)) and not exists(b, fence_queue(name))
+        b._core.run(_delete(b, token_queue(name)))
+
+
+def test_another_count_is_refused_by_name(
+    amqp_url: str, cluster_broker: Broker, name: str
+) -> None:
+    """A first-use semaphore made with 2 permits refuses a user giving 3, and the error
+    names both; a user giving 2 is served, and a resize is refused (the stamp fixes it)."""
+    sem2 = TokenSemaphore(cluster_broker, name, first_use=True, permits=2)
+    with sem2.acquire(timeout=10) as lease:
+        assert lease.number in (1, 2)
+    with Broker(amqp_url, cluster=True) as other:
+        with pytest.raises(LockError, match=r"with 2 permit\(s\), not 3"):
+            TokenSemaphore(other, name, first_use=True, permits=3).acquire(timeout=10)
+        again = TokenSemaphore(other, name, first_use=True, permits=2)
+        leases = [again.acquire(timeout=10), again.acquire(timeout=10)]
+        assert sorted(x.number for x in leases if x is not None) == [1, 2]
+        assert again.acquire(blocking=False) is None  # exactly 2
+        for x in leases:
+            assert x is not None
+            x.release(wait=True)
+    with pytest.raises(LockError, match="made on first use with 2"):
+        TokenAdmin(cluster_broker, name).add_permits(1)
+    audit = TokenAdmin(cluster_broker, name).audit(timeout=2)
+    assert audit.ok and audit.seen == (1, 2)
+    cluster_broker._core.run(_delete(cluster_broker, token_queue(name)))
+
+
+def test_repair_of_a_counting_first_use_queue_fences_by_shard(
+    cluster_broker: Broker, name: str
+) -> None:
+    """A creator lost after its declaration leaves no tokens: repair reads the count from
+    the stamp and publishes them, with no per-name fence; grants take shard tokens."""
+
+    async def declare_empty() -> None:
+        session = await cluster_broker._core.session()
+        args = fresh.fresh_arguments(session, fresh.new_stamp(3))
+        await session.declare(token_queue(name), durable=True, arguments=args)
+
+    cluster_broker._core.run(declare_empty())
+    audit = TokenAdmin(cluster_broker, name).repair(timeout=1)
+    assert audit.missing == (1, 2, 3)
+    settles_at(cluster_broker, token_queue(name), (3, 0))
+    sem = TokenSemaphore(cluster_broker, name, first_use=True, permits=3)
+    tokens = []
+    for _ in range(2):
+        with sem.acquire(timeout=10) as lease:
+            tokens.append(lease.fencing_token)
+    assert tokens[0] < tokens[1] and tokens[0] > 2**50  # shard values (the clock's scale)
+    assert not exists(cluster_broker, fence_queue(name))
+    cluster_broker._core.run(_delete(cluster_broker, token_queue(name)))
+
+
+def test_held_max_length_reads_without_making(cluster_broker: Broker, name: str) -> None:
+    """The read-only stamp probe: a missing queue stays missing."""
+
+    async def probe() -> int | None:
+        session = await cluster_broker._core.session()
+        return await session.held_max_length(token_queue(name), fresh.fresh_arguments(session, 0))
+
+    with pytest.raises(QueueNotFound):
+        cluster_broker._core.run(probe())
+    assert not exists(cluster_broker, token_queue(name))
 
 
 def test_aio_first_use_token_semaphore(amqp_url: str, name: str) -> None:

@@ -88,24 +88,38 @@ def contend_in_processes(
 
 
 def first_use_contend(
-    urls: list[str], name: str, lock: Any, counters: Any, ready: Any, go: Any
+    urls: list[str],
+    name: str,
+    lock: Any,
+    counters: Any,
+    ready: Any,
+    go: Any,
+    permits: int = 0,
+    cluster: bool = True,
 ) -> None:
-    """Connect in cluster mode, say so (`ready`), wait for `go`, then take the mutex
-    `name` once (all racers hit its first use together) and count overlaps.
+    """Connect (in cluster mode unless `cluster` is false), say so (`ready`), wait for
+    `go`, then take `name` once (all racers hit its first use together) and count
+    overlaps: the mutex `name` (`permits` 0), else the first-use token semaphore `name`
+    with `permits` permits (classic on one node when not `cluster`).
 
     counters: [current holders, max seen, violations, grants]
     """
-    with Broker(urls, cluster=True, heartbeat=5.0) as broker:
+    limit = permits or 1
+    with Broker(urls, cluster=cluster, heartbeat=5.0) as broker:
         broker.connect()
         ready.release()
         go.wait()
-        lease = Mutex(broker, name).acquire(timeout=120)
+        if permits:
+            sem = TokenSemaphore(broker, name, first_use=True, permits=permits, quorum=cluster)
+            lease = sem.acquire(timeout=120)
+        else:
+            lease = Mutex(broker, name).acquire(timeout=120)
         assert lease is not None, "acquire timed out"
         with lock:
             counters[0] += 1
             counters[3] += 1
             counters[1] = max(counters[1], counters[0])
-            if counters[0] > 1:
+            if counters[0] > limit:
                 counters[2] += 1
         time.sleep(0.02)  # the "work" done while holding
         with lock:
@@ -113,7 +127,9 @@ def first_use_contend(
         lease.release(wait=True)
 
 
-def race_first_use(urls_per_proc: list[list[str]], name: str) -> list[int]:
+def race_first_use(
+    urls_per_proc: list[list[str]], name: str, permits: int = 0, cluster: bool = True
+) -> list[int]:
     """One spawned `first_use_contend` process per URL list, all released at once on the
     fresh name; returns [current holders, max seen, violations, grants] after all exited."""
     import multiprocessing
@@ -123,7 +139,10 @@ def race_first_use(urls_per_proc: list[list[str]], name: str) -> list[int]:
     counters = ctx.Array("i", 4, lock=False)
     ready, go = ctx.Semaphore(0), ctx.Event()
     procs = [
-        ctx.Process(target=first_use_contend, args=(urls, name, lock, counters, ready, go))
+        ctx.Process(
+            target=first_use_contend,
+            args=(urls, name, lock, counters, ready, go, permits, cluster),
+        )
         for urls in urls_per_proc
     ]
     for p in procs:

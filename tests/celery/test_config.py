@@ -81,12 +81,21 @@ def test_bad_options_fail_where_the_task_is_defined(options: dict[str, Any], mes
 
 
 def test_lock_limit_other_than_the_semaphore_is_refused(celery_app: Any, broker: Broker) -> None:
+    """A key's semaphore made on first use with 2 permits (another worker's lock_limit)
+    refuses a call with lock_limit 3, naming both; so does one an administrator set up
+    with 2 (an earlier release's key, with a ledger)."""
     from .app import limited
 
-    k = key()
-    TokenSemaphore(broker, limited.lock_name((k, 0.0))).setup(2)
-    with pytest.raises(ConfigurationError, match=r"lock_limit is 3, but .*already has 2 permits"):
-        limited(k, 0.0)
+    made, set_up = key(), key()
+    first = TokenSemaphore(broker, limited.lock_name((made, 0.0)), first_use=True, permits=2)
+    lease = first.acquire(timeout=10)
+    assert lease is not None
+    lease.release(wait=True)
+    with pytest.raises(ConfigurationError, match=r"lock_limit is 3, but .*with 2 permit"):
+        limited(made, 0.0)
+    TokenSemaphore(broker, limited.lock_name((set_up, 0.0))).setup(2)
+    with pytest.raises(ConfigurationError, match=r"lock_limit is 3, but .*set up with 2 permit"):
+        limited(set_up, 0.0)
 
 
 def test_without_celery_the_error_names_the_extra() -> None:

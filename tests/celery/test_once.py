@@ -196,8 +196,8 @@ def test_what_a_key_leaves_on_the_broker(
 
     mutex = {"-mutex-watch": "expires"}  # its fence is a shared shard
     assert left(hold.lock_name((k, 0.0))) == mutex
-    semaphore = {**mutex, ".semaphore": "stays", ".semaphore-ledger": "stays", "-fence": "stays"}
-    assert left(limited.lock_name((k, 0.0))) == semaphore
+    # A lock_limit key: its token queue, made on first use, expiring (no ledger, no fence).
+    assert left(limited.lock_name((k, 0.0))) == {".semaphore": "expires"}
     # A once key: its run mutex's, and nothing of its claim once free (an exchange).
     assert left(once.lock_name((k, 0.0))) == mutex
     assert not busy(broker, once.lock_name((k, 0.0)))

@@ -69,13 +69,12 @@ class _Run:
 
 
 class _Locks:
-    """Lock objects per (Broker, kind, name): a semaphore's setup is checked once."""
+    """Lock objects per (Broker, kind, name): a semaphore's count is checked once."""
 
     def __init__(self, size: int = 1024) -> None:
         self._size = size
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[int, str, int, bool], LockObject] = OrderedDict()
-        self._set_up: set[int] = set()
 
     def get(self, broker: Broker, name: str, limit: int, fencing: bool, quorum: Any) -> LockObject:
         key = (id(broker), name, limit, fencing)
@@ -84,20 +83,15 @@ class _Locks:
             if lock is None or lock.broker is not broker:
                 if limit == 1:
                     lock = Mutex(broker, name, fencing=fencing)
-                else:
-                    lock = TokenSemaphore(broker, name, fencing=fencing, quorum=quorum)
+                else:  # made on first use with `limit` permits, gone once unused
+                    lock = TokenSemaphore(
+                        broker, name, fencing=fencing, quorum=quorum, first_use=True, permits=limit
+                    )
                 self._items[key] = lock
             self._items.move_to_end(key)
             while len(self._items) > self._size:
-                self._set_up.discard(id(self._items.popitem(last=False)[1]))
+                self._items.popitem(last=False)
             return lock
-
-    def first_use(self, lock: LockObject) -> bool:
-        """Whether this process has not set `lock` up yet."""
-        return id(lock) not in self._set_up
-
-    def set_up(self, lock: LockObject) -> None:
-        self._set_up.add(id(lock))
 
 
 _locks = _Locks()
@@ -315,22 +309,20 @@ class Singleton(Task[..., Any]):
         return mark
 
     def _acquire(self, lock: LockObject, wait: bool) -> Lease | None:
-        """Acquire the run lock. A semaphore is set up with ``lock_limit`` permits once per
-        process and key (idempotent under its admin mutex, so concurrent first users are
-        safe), which also refuses a limit other workers set up differently."""
-        if isinstance(lock, TokenSemaphore) and _locks.first_use(lock):
-            try:
-                lock.setup(self.lock_limit)
-            except LockError as exc:
-                if type(exc) is not LockError:  # AdminLockTimeout & co.
-                    raise
-                # Set up with another count (its message says which).
-                raise ConfigurationError(
-                    f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker "
-                    f"must agree (`amqp-locks token add|remove {lock.name} N` changes it)"
-                ) from exc
-            _locks.set_up(lock)
-        return self._wait_or_try(lock, wait)
+        """Acquire the run lock. A semaphore (``lock_limit > 1``) is a first-use token
+        semaphore: the first acquire makes its queue with ``lock_limit`` permits, and each
+        process's first acquire of a key checks the count, refusing a limit other workers
+        gave differently."""
+        try:
+            return self._wait_or_try(lock, wait)
+        except LockError as exc:
+            if type(exc) is not LockError or not isinstance(lock, TokenSemaphore):
+                raise  # LockTimeout & co.
+            # Made with another count (its message says which).
+            raise ConfigurationError(
+                f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker must "
+                "agree"
+            ) from exc
 
     def _wait_or_try(self, lock: LockObject, wait: bool) -> Lease | None:
         """Wait up to ``lock_timeout`` ("wait"), or try once (skip, retry)."""

@@ -43,7 +43,8 @@ the configured count and ids; `drain.py` the top-priority consumers of remove/au
 """
 
 from ..errors import TokenSemaphoreNotFound
-from .admin import MUTEX_TIMEOUT, TokenAdmin, TokenAdminCore, token_arguments
+from .admin import MUTEX_TIMEOUT, TokenAdmin, TokenAdminCore
+from .arguments import token_arguments
 from .client import NONBLOCKING_GRACE, TokenSemaphore, acquire_permit
 from .drain import DRAIN_PRIORITY, MAX_PRIORITY
 from .ledger import Audit, Ledger, TokenStatus, ledger_queue, read_status

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiormq.abc import AbstractChannel
 
@@ -21,17 +20,13 @@ from ..fencing import ensure_name_fence, fence_arguments
 from ..names import quorum_mutex_name, token_queue, validate_name
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
-from ..transport.features import (
-    broker_version,
-    consumer_timeout_arguments,
-    lock_queue_arguments,
-    min_lock_delay_ms,
-)
+from ..transport.features import min_lock_delay_ms
 from ..transport.session import Session
 from ..transport.shield import admin_deadline, answered
 from ..waiting import Backoff, check_timeout
+from .arguments import token_arguments
 from .drain import collect, drain
-from .fencing import mint_headers
+from .fencing import mint_headers, shard_headers
 from .ledger import (
     Audit,
     Ledger,
@@ -54,15 +49,6 @@ MUTEX_TIMEOUT = 30.0
 LEDGER_WAIT = 5.0
 
 
-def token_arguments(session: Session, quorum: bool) -> dict[str, Any]:
-    """The token queue's arguments for this broker (see the package docstring)."""
-    version = broker_version(session)
-    args: dict[str, Any] = lock_queue_arguments(session) if quorum else {}
-    # 3.12 added the per-queue timeout; 4.3 stopped timing out classic-queue consumers
-    # and refuses the argument there (rabbitmq-server#17144), so it goes to quorum only.
-    return {**args, **consumer_timeout_arguments(version, quorum)}
-
-
 async def declare_queues(session: Session, name: str, quorum: bool) -> None:
     """Declare the token queue and, if missing, the ledger."""
     await session.declare(
@@ -79,11 +65,29 @@ async def declare_queues(session: Session, name: str, quorum: bool) -> None:
         await session.declare(ledger, durable=True, arguments=args)
 
 
-async def publish_tokens(session: Session, name: str, ids: list[int], quorum: bool) -> None:
-    """Publish tokens `ids` (persistent, mandatory, confirmed, all in flight at once)."""
+def _resizable(ledger: Ledger, name: str) -> Ledger:
+    """A first-use queue's count is fixed by its stamp (tokens/fresh.py): refuse to change it."""
+    if ledger.first_use:
+        raise LockError(
+            f"token semaphore {name!r} was made on first use with {ledger.permits} "
+            "permit(s), a count its users give and its queue's stamp fixes: give the new "
+            "count under a new name (the old queue expires once unused)"
+        )
+    return ledger
+
+
+async def publish_tokens(
+    session: Session, name: str, ids: list[int], quorum: bool, first_use: bool = False
+) -> None:
+    """Publish tokens `ids` (persistent, mandatory, confirmed, all in flight at once).
+    A first-use queue's tokens take their fencing tokens from the shard (tokens/fresh.py):
+    no per-name fence is made for them."""
     queue = token_queue(name)
-    await ensure_name_fence(session, name)
-    headers = await mint_headers(session, name, quorum)
+    if first_use:
+        headers = shard_headers()
+    else:
+        await ensure_name_fence(session, name)
+        headers = await mint_headers(session, name, quorum)
 
     async def publish(ch: AbstractChannel) -> None:
         await asyncio.gather(
@@ -193,7 +197,7 @@ class TokenAdminCore:
         """See :meth:`TokenAdmin.add_permits`."""
         count = _positive(count, "count")
         async with self._mutex() as session:
-            ledger = await require_ledger(session, self.name)
+            ledger = _resizable(await require_ledger(session, self.name), self.name)
             start = max(ledger.next_id, 1)
             new = list(range(start, start + count))
             await publish_tokens(session, self.name, new, ledger.quorum)
@@ -211,7 +215,7 @@ class TokenAdminCore:
             return await answered(self._remove(session, count, timeout), timeout, deadline, what)
 
     async def _remove(self, session: Session, count: int, timeout: float | None) -> list[int]:
-        ledger = await require_ledger(session, self.name)
+        ledger = _resizable(await require_ledger(session, self.name), self.name)
         want = min(count, ledger.permits)
         removed = await drain(session, self.name, want, timeout, ack=True)
         kept = [i for i in ledger.ids if i not in removed]
@@ -249,7 +253,9 @@ class TokenAdminCore:
         seen = await collect(session, self.name, ledger, wait, drop_surplus=True)
         result = audit_of(ledger, seen)
         if result.missing:
-            await publish_tokens(session, self.name, list(result.missing), ledger.quorum)
+            await publish_tokens(
+                session, self.name, list(result.missing), ledger.quorum, ledger.first_use
+            )
             log.warning("re-published missing permits %s of %r", result.missing, self.name)
         return result
 

@@ -36,7 +36,7 @@ from . import fresh
 from .admin import MUTEX_TIMEOUT, TokenAdmin
 from .drain import MAX_PRIORITY
 from .fencing import carried_fencing, fencing_for
-from .ledger import Audit, TokenStatus, read_token
+from .ledger import Audit, TokenStatus, read_ledger, read_token
 from .message import delivery_tag, token_id
 from .permit import PermitState
 
@@ -239,10 +239,13 @@ class TokenSemaphore(LockObject, HolderQueries):
     ``priority`` is this client's consumer priority: the broker gives a freed token to the
     waiting consumer with the highest priority. ``fencing=False`` skips the fence round
     trip on classic token queues (``fencing_token`` is then 0); quorum token queues carry
-    their fencing counter for free. ``first_use=True`` (quorum only) makes a binary
-    semaphore nobody sets up: the acquire that finds its queue missing makes it with one
-    token, without the administration mutex, and the broker deletes it a minute after its
-    last user left (tokens/fresh.py; cluster mode's :class:`~amqp_locks.Mutex` is one).
+    their fencing counter for free. ``first_use=True`` makes a semaphore nobody sets up:
+    the acquire that finds its queue missing makes it with ``permits`` tokens (default 1),
+    without the administration mutex, and the broker deletes it a minute after its last
+    user left (tokens/fresh.py; cluster mode's :class:`~amqp_locks.Mutex` is one, a Celery
+    key with ``lock_limit > 1`` another). Given ``permits``, the object's first acquire
+    also checks that the queue, if it exists, was made with that count (LockError naming
+    both otherwise).
     The admin methods (`setup`, `add_permits`, `remove_permits`, `status`, `audit`,
     `repair`, `destroy`) are those of
     :attr:`admin`, a :class:`TokenAdmin` with this object's ``quorum`` and
@@ -272,6 +275,7 @@ class TokenSemaphore(LockObject, HolderQueries):
         fencing: bool = True,
         mutex_timeout: float | None = MUTEX_TIMEOUT,
         first_use: bool = False,
+        permits: int | None = None,
     ) -> None:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ConfigurationError(f"priority must be an int, got {type(priority).__name__}")
@@ -283,10 +287,24 @@ class TokenSemaphore(LockObject, HolderQueries):
         self.quorum = choose_quorum(broker, quorum, f"token semaphore {name!r}")
         self.fencing = fencing
         self.mutex_timeout = check_timeout(mutex_timeout)
-        if first_use and not self.quorum:
-            raise ConfigurationError("first_use token semaphores are quorum queues: quorum=True")
+        if permits is not None:
+            if not first_use:
+                raise ConfigurationError(
+                    "permits is the count of a first_use semaphore; any other is set up "
+                    "by setup(permits)"
+                )
+            if isinstance(permits, bool) or not isinstance(permits, int):
+                raise ConfigurationError(f"permits must be an int, got {type(permits).__name__}")
+            if not 1 <= permits <= fresh.MAX_PERMITS:
+                raise ConfigurationError(
+                    f"a first-use semaphore has 1 to {fresh.MAX_PERMITS} permits, got {permits}"
+                )
         #: A missing queue is made by the acquire that finds it (tokens/fresh.py).
         self.first_use = first_use
+        #: How many tokens a first use makes.
+        self.permits = permits or 1
+        #: Whether the queue's count still needs checking (``permits`` was given).
+        self._check_count = permits is not None
         self._init_wait(blocking, timeout)
         #: The administration of this semaphore (what `setup` & co. delegate to).
         self.admin = TokenAdmin(
@@ -294,7 +312,8 @@ class TokenSemaphore(LockObject, HolderQueries):
             self.name,
             quorum=self.quorum,
             mutex_timeout=mutex_timeout,
-            first_use=True if first_use else None,
+            # A mutex's one permit is known; a count given here is read from the stamp.
+            first_use=True if first_use and permits is None else None,
         )
 
     @property
@@ -311,7 +330,7 @@ class TokenSemaphore(LockObject, HolderQueries):
         deadline = None if timeout is None else time.monotonic() + timeout
         retried = False
         creations = 0
-        create = False
+        create = self.first_use and self._check_count  # make, or check the count of, it
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -350,12 +369,18 @@ class TokenSemaphore(LockObject, HolderQueries):
         own and meets the error there)."""
         session = await self._core.session()
         made, _ = await asyncio.gather(
-            fresh.create(session, self.name),
+            fresh.create(session, self.name, self.permits, self.quorum),
             _spare_holder(session, self.fencing),
             return_exceptions=True,
         )
         if isinstance(made, BaseException):
             raise made
+        if made == "other" and self._check_count:
+            # An administrator's semaphore (TokenAdmin.setup): its ledger has the count.
+            ledger = await read_ledger(session, self.name)
+            if ledger is not None and ledger.permits != self.permits:
+                raise fresh.mismatch(self.name, self.permits, ledger.permits, "set up")
+        self._check_count = False
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
         """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""

@@ -22,6 +22,7 @@ from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly
+from . import fresh
 from .message import delivery_tag
 
 
@@ -38,6 +39,8 @@ class Ledger:
     ids: list[int]
     quorum: bool = False
     next_id: int = 0
+    #: A first-use queue's (tokens/fresh.py): no ledger queue, tokens fenced by shard.
+    first_use: bool = False
 
     def with_ids(self, ids: list[int]) -> Ledger:
         return Ledger(len(ids), ids, self.quorum, max([self.next_id, *(i + 1 for i in ids)]))
@@ -73,16 +76,17 @@ async def read_ledger(session: Session, name: str) -> Ledger | None:
         await close_quietly(ch)  # every record goes back (unacked)
 
 
-def first_use_ledger() -> Ledger:
-    """What a first-use token queue (tokens/fresh.py) has instead of a ledger: one quorum
-    permit, id 1."""
-    return Ledger(1, [1], True, 2)
+def first_use_ledger(permits: int = 1, quorum: bool = True) -> Ledger:
+    """What a first-use token queue (tokens/fresh.py) has instead of a ledger: `permits`
+    permits, ids 1..permits (a mutex's: one quorum permit, id 1)."""
+    return Ledger(permits, list(range(1, permits + 1)), quorum, permits + 1, first_use=True)
 
 
 async def require_ledger(session: Session, name: str, default: Ledger | None = None) -> Ledger:
     """The ledger, or TokenSemaphoreNotFound: every admin call but setup needs one.
-    `default`: what a semaphore without a ledger has (a first-use queue's
-    :func:`first_use_ledger`), provided its token queue exists."""
+    `default`: what a semaphore without a ledger has (a mutex's first-use queue:
+    :func:`first_use_ledger`), provided its token queue exists. Without one, a first-use
+    queue's count is read from its stamp (tokens/fresh.py)."""
     try:
         ledger = await read_ledger(session, name)
     except QueueNotFound:
@@ -90,6 +94,9 @@ async def require_ledger(session: Session, name: str, default: Ledger | None = N
     if ledger is None and default is not None and await session.exists_passive(token_queue(name)):
         return default
     if ledger is None:
+        held = await fresh.held_permits(session, name)
+        if held is not None:
+            return first_use_ledger(*held)
         raise TokenSemaphoreNotFound(
             f"token semaphore {name!r} is not set up: run TokenSemaphore.setup(permits)"
         )

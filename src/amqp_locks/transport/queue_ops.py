@@ -18,6 +18,7 @@ from ..errors import AmqpLocksError, PreconditionFailed, QueueNotFound, Resource
 from .channel_pools import ChannelPools
 from .line_args import (
     LINE_VALUES,
+    held_value,
     note_other_line,
     other_line,
     parse_version,
@@ -104,33 +105,49 @@ class QueueOps(ChannelPools):
         self,
         queue: str,
         arguments: dict[str, Any],
-        body: bytes,
-        properties: Basic.Properties,
-    ) -> bool:
-        """Declare the durable `queue` and publish `body` to it (mandatory, confirmed) in
-        one write, as a test-and-set: True when the declaration was accepted and the
-        message confirmed; False when the broker refused the declaration with 406
-        PRECONDITION_FAILED "inequivalent arg" (the queue exists with other arguments).
+        messages: Sequence[tuple[bytes, Basic.Properties]],
+    ) -> None:
+        """Declare the durable `queue` and publish `messages` to it (mandatory, confirmed)
+        in one write, as a test-and-set: returns once the declaration was accepted and
+        every message confirmed; raises :class:`PreconditionFailed` when the broker
+        refused the declaration with 406 "inequivalent arg" (the queue exists with other
+        arguments; its text names the one that differs and the queue's value of it).
 
         The broker handles a channel's methods in order, and after a channel error it
         discards every method until the close handshake (AMQP 0-9-1, ``channel.close``):
-        the publish is routed right behind an accepted declaration, and dropped behind a
-        refused one. Checked on 3.10.8 and 4.3.6: 30 connections racing this on one fresh
-        quorum queue, each with its own ``x-max-length``, got one confirm and 29 refusals,
-        and the queue held exactly one message. Not atomic: a connection that ends while
-        the broker handles the declaration loses the publish (tokens/fresh.py, "Residual
-        window")."""
+        the publishes are routed right behind an accepted declaration, and dropped behind
+        a refused one. Checked on 3.10.8 and 4.3.6: 30 connections racing this on one
+        fresh quorum queue, each with its own ``x-max-length``, got one confirm and 29
+        refusals, and the queue held exactly the creator's messages. Not atomic: a
+        connection that ends while the broker handles the declaration loses the publishes
+        (tokens/fresh.py, "Residual window")."""
 
         async def op(ch: AbstractChannel) -> None:
-            await _declare_and_publish(ch, queue, arguments, body, properties)
+            await _declare_and_publish(ch, queue, arguments, messages)
 
+        await self.call(queue, op)
+
+    async def held_max_length(self, queue: str, arguments: dict[str, Any]) -> int | None:
+        """The ``x-max-length`` the existing `queue` was declared with, read without
+        changing anything: a declaration with `arguments` and ``x-max-length: -1``, which
+        the broker refuses either way. A queue that exists answers 406 "inequivalent arg"
+        naming its value (when every argument compared before it matches ours); a missing
+        one answers 406 "invalid arg" and is not made (both checked on 3.10.8 and 4.3.6).
+        Raises QueueNotFound when missing; None when the queue differs from `arguments` in
+        another argument, or has no ``x-max-length``."""
         try:
-            await self.call(queue, op)
+            await self.call(
+                queue,
+                lambda ch: ch.queue_declare(
+                    queue, durable=True, arguments={**arguments, "x-max-length": -1}
+                ),
+            )
         except PreconditionFailed as exc:
-            if "inequivalent arg" in str(exc):
-                return False
-            raise
-        return True
+            text = str(exc)
+            if "invalid arg 'x-max-length'" in text:
+                raise QueueNotFound(f"queue {queue!r} does not exist") from exc
+            return held_value(text, "x-max-length")
+        raise AssertionError(f"the broker accepted x-max-length -1 for {queue!r}")
 
     async def delete(self, queue: str) -> None:
         """Delete `queue` and wait for delete-ok (deleting a missing queue is not an error)."""
@@ -287,31 +304,36 @@ async def _declare_and_publish(
     ch: AbstractChannel,
     queue: str,
     arguments: dict[str, Any],
-    body: bytes,
-    properties: Basic.Properties,
+    messages: Sequence[tuple[bytes, Basic.Properties]],
 ) -> None:
-    """`queue.declare` (no-wait) and a mandatory publish as one write on a confirm
-    channel; returns once the publish is confirmed, raises the channel's error (the
-    declaration's 406) or `PublishError` (returned). The publish is registered in
+    """`queue.declare` (no-wait) and mandatory publishes as one write on a confirm
+    channel; returns once every publish is confirmed, raises the channel's error (the
+    declaration's 406) or `PublishError` (returned). The publishes are registered in
     aiormq's confirm bookkeeping as `basic_publish` does it (see `_bulk_probe`)."""
     chan: Any = ch
-    props = properties
-    if not props.message_id:  # returns are matched to publishes by it
-        raise ValueError("declare_and_publish needs a message_id")
-    frames: list[Any] = [
-        Queue.Declare(queue=queue, durable=True, nowait=True, arguments=arguments),
-        Basic.Publish(exchange="", routing_key=queue, mandatory=True),
-        ContentHeader(properties=props, body_size=len(body)),
-        ContentBody(body),
-    ]
+    frames: list[Any] = [Queue.Declare(queue=queue, durable=True, nowait=True, arguments=arguments)]
+    for body, props in messages:
+        if not props.message_id:  # returns are matched to publishes by it
+            raise ValueError("declare_and_publish needs a message_id on every message")
+        frames += [
+            Basic.Publish(exchange="", routing_key=queue, mandatory=True),
+            ContentHeader(properties=props, body_size=len(body)),
+            ContentBody(body),
+        ]
+    confirms: list[asyncio.Future[Any]] = []
     async with chan.lock:
-        chan.delivery_tag += 1
-        tag = chan.delivery_tag
-        confirm: asyncio.Future[Any] = chan.create_future()
-        chan.confirmations[tag] = confirm
-        chan.message_id_delivery_tag[props.message_id] = tag
+        for _, props in messages:
+            chan.delivery_tag += 1
+            confirm: asyncio.Future[Any] = chan.create_future()
+            chan.confirmations[chan.delivery_tag] = confirm
+            chan.message_id_delivery_tag[props.message_id] = chan.delivery_tag
+            confirms.append(confirm)
         await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
     try:
-        await confirm
+        # Every future is awaited (a closed channel fails them all), the first error raised.
+        for outcome in await asyncio.gather(*confirms, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
     finally:
-        chan.message_id_delivery_tag.pop(props.message_id, None)
+        for _, props in messages:
+            chan.message_id_delivery_tag.pop(props.message_id, None)

@@ -194,13 +194,20 @@ async def _declare_readers(
 
 
 async def lock_readers(session: Session, name: str) -> int:
-    """R of a lock whose readers queue exists: the ledger's, else the one its declaration
-    names (a declaration with the default R: idempotent when that is R, else a 406 that
-    names R)."""
+    """R of a lock whose readers queue exists: the ledger's, else its ``x-max-length``,
+    read by a declaration the broker refuses whether the queue exists or not
+    (`Session.held_max_length`): a read never makes a readers queue that expired
+    meanwhile (raises QueueNotFound then). A queue declared with other arguments (another
+    line's) is read by a declaration with the default R, adapted to its arguments."""
     legacy = await read_ledger(session, name)
     if legacy is not None:
         return legacy
     for quorum in (session.cluster, not session.cluster):  # a lock of either type
+        args = {**_queue_arguments(session, quorum), "x-expires": features.NAME_EXPIRES_MS}
+        held = await session.held_max_length(readers_queue(name), args)
+        if held is not None and held >= 1:
+            return held
+    for quorum in (session.cluster, not session.cluster):
         args = {**_queue_arguments(session, quorum), "x-expires": features.NAME_EXPIRES_MS}
         try:
             count, _ = await _declare_readers(session, name, None, args)

@@ -58,6 +58,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiormq.exceptions
@@ -306,73 +307,90 @@ async def _take(session: Session, queue: str, timeout: float) -> Taken:
 
 
 async def _renew(session: Session, queue: str, timeout: float) -> int | None:
-    """Take the fence message once more and replace it, in one transaction, by one whose
-    base is the token this take hands out: the next take gets that plus one, as it would
-    have from the old message. Why: a quorum queue keeps its Raft log from the oldest
-    message it holds, and a fence message is never acknowledged, so without a new message
-    now and then its log (every take appends a checkout and a return) is never truncated,
-    and its memory tables grow until the write-ahead log rolls over (docs/scaling.md).
-    None when it did not happen (the message was not ours in time, or minted under
-    another rule): the caller's own token stands. A failure after the commit was sent
-    leaves a base above the caller's token, which is still unique."""
-    assert session.conn is not None
+    """Take the fence message once more and replace it by one whose base is the token this
+    take hands out: the next take gets that plus one, as it would have from the old
+    message. Why: a quorum queue keeps its Raft log from the oldest message it holds, and
+    a fence message is never acknowledged, so without a new message now and then its log
+    (every take appends a checkout and a return) is never truncated, and its memory
+    tables grow until the write-ahead log rolls over (docs/scaling.md). None when it did
+    not happen (the message was not ours in time, or minted under another rule): the
+    caller's own token stands. A failure after the commit was sent leaves a base above
+    the caller's token, which is still unique."""
     version = broker_version(session)
-    ch = await session.conn.channel(publisher_confirms=False)  # tx and confirms exclude
-    try:
-        await ch.tx_select()
+
+    def renewed(message: DeliveredMessage) -> int | None:
         try:
-            message = await _first_pushed(ch, queue, min(timeout, RENEW_WAIT))
             count, _ = _count(message, version)
-        except (TimeoutError, _RuleChanged):
-            return None  # closing the channel returns the message as it came
-        token = count + 1
-        await ch.basic_ack(_tag(message))
-        await ch.basic_publish(
-            fence_body(token, counting_rule(version)),
-            routing_key=queue,
-            properties=Basic.Properties(delivery_mode=2),
-        )
-        await ch.tx_commit()
-        log.debug("fence %r renewed at base %d", queue, token)
-        return token
+        except _RuleChanged:
+            return None
+        return count + 1
+
+    try:
+        token = await _replace(session, queue, min(timeout, RENEW_WAIT), renewed)
+    except TimeoutError:
+        return None
     except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
         log.debug("fence %r not renewed (%s): the earlier take's token stands", queue, exc)
         return None
-    finally:
-        with contextlib.suppress(Exception):
-            await ch.close()
+    if token is not None:
+        log.debug("fence %r renewed at base %d", queue, token)
+    return token
 
 
 async def _rebase(session: Session, queue: str, timeout: float) -> None:
     """Replace a fence message minted under another counting rule by one with a base
-    above every token it can have produced, atomically (one transaction: the message is
-    never lost nor doubled, even if we die in between)."""
-    assert session.conn is not None
-    version = broker_version(session)
-    rule = counting_rule(version)
-    ch = await session.conn.channel(publisher_confirms=False)  # tx and confirms exclude
-    try:
-        await ch.tx_select()
-        try:
-            message = await _first_pushed(ch, queue, timeout)
-        except TimeoutError:
-            raise FenceMissing(f"no fence message arrived from {queue!r} to re-base") from None
+    above every token it can have produced (module docstring)."""
+    rule = counting_rule(broker_version(session))
+    old: list[tuple[int, str | None]] = []
+
+    def rebased(message: DeliveredMessage) -> int | None:
         base, old_rule = parse_fence_body(message.body)
         if rule_matches(old_rule, rule):
-            return  # someone re-based it meanwhile; closing the channel returns it
-        new_base = base + REBASE_STEP
-        await ch.basic_ack(_tag(message))
-        await ch.basic_publish(
-            fence_body(new_base, rule),
-            routing_key=queue,
-            properties=Basic.Properties(delivery_mode=2),
-        )
-        await ch.tx_commit()
+            return None  # someone re-based it meanwhile
+        old.append((base, old_rule))
+        return base + REBASE_STEP
+
+    try:
+        new_base = await _replace(session, queue, timeout, rebased)
+    except TimeoutError:
+        raise FenceMissing(f"no fence message arrived from {queue!r} to re-base") from None
+    if new_base is not None:
+        [(base, old_rule)] = old
         log.warning(
             "fence %r was minted under counting rule %s, the broker now counts by %s: "
             "re-based from %d to %d (fencing tokens jump once)",
             queue, old_rule or "dc (amqp-locks 0.1)", rule, base, new_base,
         )
+
+
+async def _replace(
+    session: Session,
+    queue: str,
+    timeout: float,
+    new_base: Callable[[DeliveredMessage], int | None],
+) -> int | None:
+    """Take the fence message of `queue` (pushed, TimeoutError after `timeout`) and, if
+    ``new_base(message)`` gives a base, replace it in one AMQP transaction (ack + publish
+    of a message with that base, minted under this broker's rule): the message is never
+    lost nor doubled, even if we die in between. Returns that base, or None when
+    `new_base` declined (closing the channel returns the message as it came)."""
+    assert session.conn is not None
+    rule = counting_rule(broker_version(session))
+    ch = await session.conn.channel(publisher_confirms=False)  # tx and confirms exclude
+    try:
+        await ch.tx_select()
+        message = await _first_pushed(ch, queue, timeout)
+        base = new_base(message)
+        if base is None:
+            return None
+        await ch.basic_ack(_tag(message))
+        await ch.basic_publish(
+            fence_body(base, rule),
+            routing_key=queue,
+            properties=Basic.Properties(delivery_mode=2),
+        )
+        await ch.tx_commit()
+        return base
     finally:
         with contextlib.suppress(Exception):
             await ch.close()

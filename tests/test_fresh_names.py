@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from amqp_locks import Broker, LockError, Mutex, TokenAdmin, TokenSemaphore
+from amqp_locks import Broker, LockError, Mutex, TokenAdmin, TokenSemaphore, stamps
 from amqp_locks.errors import PreconditionFailed, QueueNotFound
 from amqp_locks.names import fence_queue, fence_shard, quorum_mutex_name, token_queue
 from amqp_locks.tokens import fresh
@@ -69,9 +69,9 @@ def test_the_broker_refuses_a_second_stamp(cluster_broker: Broker, name: str) ->
 
     async def go() -> list[bool]:
         session = await cluster_broker._core.session()
-        stamps = [fresh.new_stamp(), fresh.new_stamp()]
+        two = [stamps.new_stamp(), stamps.new_stamp()]
         made = []
-        for stamp in [stamps[0], stamps[1], stamps[0]]:
+        for stamp in [two[0], two[1], two[0]]:
             try:
                 await session.declare_and_publish(
                     queue,
@@ -200,7 +200,7 @@ def test_repair_gives_a_tokenless_first_use_queue_its_token(
 
     async def declare_empty() -> None:
         session = await cluster_broker._core.session()
-        args = fresh.fresh_arguments(session, fresh.new_stamp())
+        args = fresh.fresh_arguments(session, stamps.new_stamp())
         await session.declare(token_queue(wire_name), durable=True, arguments=args)
 
     cluster_broker._core.run(declare_empty())
@@ -217,7 +217,7 @@ def test_a_first_use_token_semaphore_checks_its_permits(amqp_url: str) -> None:
     from amqp_locks import ConfigurationError
 
     with Broker(amqp_url) as b:
-        for bad in (0, -1, fresh.MAX_PERMITS + 1, True, 2.0):
+        for bad in (0, -1, stamps.MAX_PERMITS + 1, True, 2.0):
             with pytest.raises(ConfigurationError, match="permits"):
                 TokenSemaphore(b, "n", first_use=True, permits=bad)  # type: ignore[arg-type]
         with pytest.raises(ConfigurationError, match="first_use"):
@@ -225,12 +225,12 @@ def test_a_first_use_token_semaphore_checks_its_permits(amqp_url: str) -> None:
 
 
 def test_the_stamp_holds_the_count() -> None:
-    for permits in (1, 3, fresh.MAX_PERMITS):
-        stamps = {fresh.new_stamp(permits) for _ in range(50)}
-        assert len(stamps) == 50  # random: racers never share one
-        for stamp in stamps:
-            assert fresh.STAMP_RANGE[0] <= stamp < fresh.STAMP_RANGE[1]
-            assert fresh.permits_of(stamp) == permits
+    for permits in (1, 3, stamps.MAX_PERMITS):
+        made = {stamps.new_stamp(permits) for _ in range(50)}
+        assert len(made) == 50  # random: racers never share one
+        for stamp in made:
+            assert stamps.STAMP_RANGE[0] <= stamp < stamps.STAMP_RANGE[1]
+            assert stamps.permits_of(stamp) == permits
 
 
 @pytest.mark.parametrize("cluster", [True, False], ids=["quorum", "classic"])
@@ -285,7 +285,7 @@ def test_repair_of_a_counting_first_use_queue_fences_by_shard(
 
     async def declare_empty() -> None:
         session = await cluster_broker._core.session()
-        args = fresh.fresh_arguments(session, fresh.new_stamp(3))
+        args = fresh.fresh_arguments(session, stamps.new_stamp(3))
         await session.declare(token_queue(name), durable=True, arguments=args)
 
     cluster_broker._core.run(declare_empty())

@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 #: Bottom to top; a module may import its own layer and those below. The first prefix that
 #: matches a module's dotted name (without ``amqp_locks.``) gives its layer.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("errors", "events", "extras", "names", "records")),
+    ("base", ("errors", "events", "extras", "names", "records", "stamps")),
     ("transport", ("transport",)),
     (
         "protocol core",

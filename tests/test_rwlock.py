@@ -474,3 +474,83 @@ def test_aio_holders_of_a_read_write_lock(amqp_url: str, name: str) -> None:
             assert await rw.status() is None
 
     asyncio.run(main())
+
+
+# --- first use ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quorum", [False, True], ids=["classic", "quorum"])
+def test_processes_racing_on_a_fresh_name_make_it_once(
+    amqp_url: str, broker: Broker, name: str, quorum: bool
+) -> None:
+    """Readers and writers in separate processes start together on a name nobody set up:
+    each missing queue is made by one test-and-set, so the lock has exactly R (64) reader
+    tokens and one turn afterwards, no hold overlapped a writer (counted), and no
+    administration mutex was taken (its sentinel queue would linger for a minute)."""
+    ctx = multiprocessing.get_context("spawn")
+    lock = ctx.Lock()
+    counters = ctx.Array("i", 6, lock=False)
+    plan = [(True, 5, 0.01)] * 3 + [(False, 3, 0.01)] * 2
+    procs = [
+        ctx.Process(
+            target=w.contend, args=(amqp_url, name, shared, n, hold, lock, counters, quorum)
+        )
+        for shared, n, hold in plan
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    assert counters[w.VIOLATIONS] == 0, f"{counters[w.VIOLATIONS]} overlaps with a writer"
+    assert (counters[w.READ_GRANTS], counters[w.WRITE_GRANTS]) == (15, 6)
+
+    async def counts(queue: str) -> tuple[int, int]:
+        return await (await broker._core.session()).declare_passive_counts(queue)
+
+    _wait_for(lambda: broker._core.run(counts(readers_queue(name))) == (64, 0), "64 tokens")
+    _wait_for(lambda: broker._core.run(counts(writer_queue(name))) == (1, 0), "one turn")
+    st = ReadWriteLock(broker, name).status()
+    assert st is not None and (st.readers, st.free, st.writer) == (64, 64, False)
+
+    async def exists(queue: str) -> bool:
+        return await (await broker._core.session()).exists_passive(queue)
+
+    assert not broker._core.run(exists(f"{name}.rwlock-mutex-watch"))
+    ReadWriteLock(broker, name).destroy()
+
+
+def test_a_lock_made_with_another_r_is_refused_by_name(broker: Broker, name: str) -> None:
+    """R is carried by the readers queue's stamp: a user giving another R is refused with
+    both counts named; one giving none takes the lock's."""
+    with ReadWriteLock(broker, name, readers=3).read_lock.acquire(timeout=10) as lease:
+        assert lease is not None
+        with pytest.raises(LockError, match="has 3 reader tokens, not 5"):
+            ReadWriteLock(broker, name, readers=5).write_lock.acquire(timeout=5)
+    assert ReadWriteLock(broker, name).setup() == 3
+    st = ReadWriteLock(broker, name).status()
+    assert st is not None and st.readers == 3
+    with ReadWriteLock(broker, name).write_lock.acquire(timeout=10) as lease:
+        assert lease is not None and lease.number == 0
+    ReadWriteLock(broker, name).destroy()
+
+
+def test_a_lock_of_the_previous_format_keeps_its_r(broker: Broker, name: str) -> None:
+    """A readers queue whose x-max-length is R itself (the release before stamps): its R
+    is read as it is, and writers and readers use it."""
+    from amqp_locks.rwlock.admin import _lock_arguments
+
+    async def make_old() -> None:
+        session = await broker._core.session()
+        args = {**_lock_arguments(session, False), "x-max-length": 2}
+        await session.declare(readers_queue(name), durable=True, arguments=args)
+        for k in (1, 2):
+            await session.publish("", readers_queue(name), str(k).encode(), persistent=True)
+
+    broker._core.run(make_old())
+    assert ReadWriteLock(broker, name).setup() == 2
+    with ReadWriteLock(broker, name).write_lock.acquire(timeout=10) as lease:
+        assert lease is not None
+        st = ReadWriteLock(broker, name).status()
+        assert st is not None and (st.readers, st.free, st.writer) == (2, 0, True)
+    ReadWriteLock(broker, name).destroy()

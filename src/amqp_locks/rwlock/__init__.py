@@ -16,12 +16,12 @@ Lock `N` uses the queues of ``B = "N.rwlock"`` (docs/rwlock.md has the whole sto
   (the broker answers close-ok once the queue has requeued them, and the readers waiting
   at that moment get them first); then it returns the turn to the next writer, who waits
   for those readers. Read and write phases alternate: neither side starves.
-- R is the readers queue's ``x-max-length`` (a declaration with another R is refused);
-  the tokens and the turn are published by :func:`setup` under the administration mutex
-  ``B`` (an exclusive queue), in one AMQP transaction. Acquires set a missing lock up
-  themselves (``readers`` tokens, default 64). Unused for 60 s, the queues expire and
-  setup makes again what is missing (admin.py says how). Locks of earlier releases keep
-  their ledger ``B-ledger`` (``{"readers": R}``) and never expire.
+- R is carried by the readers queue's ``x-max-length`` stamp. Each queue is made, with
+  its tokens (R reader tokens; the turn), by the acquire that finds it missing, through
+  a test-and-set declaration: exactly one racer fills it, with no administration mutex
+  (admin.py says how; ``readers`` tokens, default 64). Unused for 60 s, the queues
+  expire and the next use makes them again. Locks of earlier releases keep their ledger
+  ``B-ledger`` (``{"readers": R}``) and never expire.
 - Fencing: every grant, read or write, takes the next value of one counter, the fence
   shard of ``B`` (fencing.py), *after* it holds its tokens. A writer's token is above
   every token granted before it, a reader's above every earlier writer's.

@@ -1,20 +1,20 @@
-"""Read-write lock administration: queue names, setup, status (the package docstring has
-the protocol; protocol.py acquires and holds).
+"""Read-write lock administration: queue names, setup on first use, status (the package
+docstring has the protocol; protocol.py acquires and holds).
 
 A lock's queues cost the broker nothing once it is unused: ``B-readers`` and ``B-writer``
 are declared with ``x-expires`` (60 s; RabbitMQ deletes a queue that long without a
-consumer, a get or a declaration, with what it holds). R lives with the reader tokens: the
-readers queue is declared with ``x-max-length: R`` (a limit the R tokens never pass), so a
-declaration with another R is refused by the broker (406), whose answer names the R the
-lock has. The two queues expire apart (a lock only read leaves its writer queue unused):
-:func:`setup`, run by an acquire that finds a queue missing, holds the administration
-mutex ``B`` and makes again only what is missing. It publishes the R tokens when the
-readers queue's declaration found it without tokens and consumers, and the turn when the
-writer queue's did: a token is either ready or held by a consumer, and only setup under
-the mutex publishes, so that snapshot proves there is none.
+consumer, a get or a declaration, with what it holds). Each is made, when an acquire finds
+it missing, by a test-and-set (stamps.py): a declaration with a random ``x-max-length``
+stamp and the queue's tokens in one write; the broker accepts one stamp and refuses (406)
+every other, dropping the tokens behind it. The readers queue's stamp carries R, so any
+reader of the lock learns R from its own refused declaration (and an explicit other R is
+refused, naming both); the writer queue's turn carries R too. The two queues expire
+apart (a lock only read leaves its writer queue unused): whichever is missing is made
+again alone. No administration mutex: ``ReadWriteLock.destroy`` is the only user of ``B``.
 
 Locks set up by an earlier release have a ledger ``B-ledger`` (``{"readers": R}``) and
-queues that never expire; they are used as they are.
+queues that never expire; they are used as they are. A readers queue of the release
+just before stamps carries R as its plain ``x-max-length``, which reads the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from typing import Any
 
 from pamqp.commands import Basic
 
-from ..admin_mutex import held_mutex
 from ..errors import (
     ConfigurationError,
     InvalidName,
@@ -34,10 +33,10 @@ from ..errors import (
     PreconditionFailed,
     QueueNotFound,
 )
-from ..fencing import ensure_fence
 from ..holders import Reading
 from ..names import MAX_QUEUE_NAME_BYTES, validate_name
 from ..records import LockStatus
+from ..stamps import new_stamp, read_count
 from ..transport import features
 from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
@@ -47,10 +46,9 @@ from ..transport.features import (
     lock_queue_arguments,
     min_lock_delay_ms,
 )
-from ..transport.line_args import held_value
+from ..transport.line_args import held_value, short_delay, short_delay_message
 from ..transport.session import Session
 from ..transport.shield import close_quietly
-from ..waiting import Backoff
 
 log = logging.getLogger("amqp_locks.rwlock")
 
@@ -117,39 +115,89 @@ async def read_ledger(session: Session, name: str) -> int | None:
     return int(json.loads(message.body)["readers"])
 
 
-async def setup(
-    core: BrokerCore, name: str, readers: int | None, quorum: bool, mutex_timeout: float | None
+async def setup(core: BrokerCore, name: str, readers: int | None, quorum: bool) -> int:
+    """Make what lock `name` misses (its readers queue with R tokens, its writer queue
+    with the turn) unless it has them, without the administration mutex: each queue is
+    made by a test-and-set (module docstring). Returns R; refuses an explicit `readers`
+    that differs from the lock's. A lock of an earlier release keeps its ledger's R."""
+    session = await core.session()
+    legacy = await read_ledger(session, name)
+    if legacy is not None:  # an earlier release's lock: it keeps its ledger
+        if readers is not None and readers != legacy:
+            raise _other_count(name, legacy, readers)
+        return legacy
+    count = await ensure_readers(session, name, readers, quorum)
+    await ensure_writer(session, name, count, quorum)
+    return count
+
+
+async def first_use(
+    core: BrokerCore, name: str, readers: int | None, quorum: bool, shared: bool
 ) -> int:
-    """Make what lock `name` misses (its queues, its R tokens, its turn) unless it has them
-    (idempotent; module docstring); returns R. Refuses an explicit `readers` that differs
-    from the lock's."""
-    async with held_mutex(core, base_name(name), mutex_timeout, Backoff()) as admin:
-        session = admin.session
-        legacy = await read_ledger(session, name)
-        if legacy is not None:  # an earlier release's lock: it keeps its ledger
-            if readers is not None and readers != legacy:
-                raise _other_count(name, legacy, readers)
-            return legacy
-        args = {**_queue_arguments(session, quorum), "x-expires": features.NAME_EXPIRES_MS}
-        count, (ready, consumers) = await _declare_readers(session, name, readers, args)
-        turns, writers = await session.declare_counts(
-            writer_queue(name),
-            durable=True,
-            arguments=args,
-            min_delay_ms=min_lock_delay_ms(session),
-        )
-        tokens = ready == 0 and consumers == 0
-        turn = turns == 0 and writers == 0
-        if tokens or turn:
-            await ensure_fence(session, base_name(name))
-            await _publish(session, name, count, tokens=tokens, turn=turn)
-            log.info(
-                "set up read-write lock %r (%d reader tokens)%s",
-                name,
-                count,
-                "" if tokens and turn else f": made again its {'tokens' if tokens else 'turn'}",
-            )
-        return count
+    """What an acquire that found a queue missing makes: a reader needs the readers queue
+    only; a writer both (the turn carries R, which the readers queue says). Returns R."""
+    session = await core.session()
+    count = await ensure_readers(session, name, readers, quorum)
+    if not shared:
+        await ensure_writer(session, name, count, quorum)
+    return count
+
+
+async def ensure_readers(session: Session, name: str, readers: int | None, quorum: bool) -> int:
+    """The readers queue with its R tokens, made by a test-and-set unless it exists;
+    returns the lock's R (ours if we made it, else the one its stamp or ``x-max-length``
+    says; an explicit `readers` that differs is refused)."""
+    count = readers or DEFAULT_READERS
+    args = {**_lock_arguments(session, quorum), "x-max-length": new_stamp(count)}
+    tokens = [(str(k).encode(), _props(f"{name}#r{k}")) for k in range(1, count + 1)]
+    try:
+        await session.declare_and_publish(readers_queue(name), args, tokens)
+    except PreconditionFailed as exc:
+        held = _refused_by(exc, readers_queue(name), session)
+        have = read_count(held) if held is not None and held >= 1 else None
+        if have is None:  # declared with other arguments (another line's): read R
+            have = await lock_readers(session, name)
+        if readers is not None and have != readers:
+            raise _other_count(name, have, readers) from None
+        return have
+    log.info("made read-write lock %r's readers queue (%d reader tokens)", name, count)
+    return count
+
+
+async def ensure_writer(session: Session, name: str, count: int, quorum: bool) -> None:
+    """The writer queue with its turn (which carries R), made by a test-and-set unless it
+    exists (then its turn is its own: held, ready, or with a writer)."""
+    args = {**_lock_arguments(session, quorum), "x-max-length": new_stamp()}
+    turn = [(str(count).encode(), _props(f"{name}#w"))]
+    try:
+        await session.declare_and_publish(writer_queue(name), args, turn)
+    except PreconditionFailed as exc:
+        _refused_by(exc, writer_queue(name), session)
+        return
+    log.info("made read-write lock %r's writer queue", name)
+
+
+def _refused_by(exc: PreconditionFailed, queue: str, session: Session) -> int | None:
+    """The queue's ``x-max-length`` when a test-and-set was refused because the queue
+    exists (None: it differs from ours in another argument first). Re-raises any other
+    refusal; refuses a queue whose lock delay is too short for this Broker."""
+    text = str(exc)
+    if "inequivalent arg" not in text:
+        raise exc
+    min_delay_ms = min_lock_delay_ms(session)
+    short = short_delay(text, min_delay_ms)
+    if short is not None:
+        raise PreconditionFailed(short_delay_message(queue, short, min_delay_ms)) from exc
+    return held_value(text, "x-max-length")
+
+
+def _props(ident: str) -> Basic.Properties:
+    return Basic.Properties(delivery_mode=2, message_id=ident, app_id="amqp-locks")
+
+
+def _lock_arguments(session: Session, quorum: bool) -> dict[str, Any]:
+    """A readers or writer queue's arguments but its ``x-max-length``: expiring."""
+    return {**_queue_arguments(session, quorum), "x-expires": features.NAME_EXPIRES_MS}
 
 
 def _queue_arguments(session: Session, quorum: bool) -> dict[str, Any]:
@@ -167,82 +215,23 @@ def _other_count(name: str, have: int, wanted: int) -> LockError:
     )
 
 
-async def _declare_readers(
-    session: Session, name: str, readers: int | None, args: dict[str, Any]
-) -> tuple[int, tuple[int, int]]:
-    """Declare the readers queue with ``x-max-length: R``: (R, its counts). A lock with
-    another R refuses the declaration (406) and names its own: an explicit `readers` that
-    differs is refused, no `readers` takes the lock's."""
-    count = readers or DEFAULT_READERS
-    for _ in range(2):
-        try:
-            counts = await session.declare_counts(
-                readers_queue(name),
-                durable=True,
-                arguments={**args, "x-max-length": count},
-                min_delay_ms=min_lock_delay_ms(session),
-            )
-            return count, counts
-        except PreconditionFailed as exc:
-            have = held_value(str(exc), "x-max-length")
-            if have is None or have < 1:
-                raise
-            if readers is not None:
-                raise _other_count(name, have, readers) from None
-            count = have
-    raise LockError(f"read-write lock {name!r}: its reader count keeps changing")
-
-
 async def lock_readers(session: Session, name: str) -> int:
-    """R of a lock whose readers queue exists: the ledger's, else its ``x-max-length``,
-    read by a declaration the broker refuses whether the queue exists or not
+    """R of a lock whose readers queue exists: the ledger's, else its ``x-max-length``
+    (a stamp's count, or R itself for a lock of the previous release), read by a
+    declaration the broker refuses whether the queue exists or not
     (`Session.held_max_length`): a read never makes a readers queue that expired
-    meanwhile (raises QueueNotFound then). A queue declared with other arguments (another
-    line's) is read by a declaration with the default R, adapted to its arguments."""
+    meanwhile (raises QueueNotFound then)."""
     legacy = await read_ledger(session, name)
     if legacy is not None:
         return legacy
     for quorum in (session.cluster, not session.cluster):  # a lock of either type
-        args = {**_queue_arguments(session, quorum), "x-expires": features.NAME_EXPIRES_MS}
-        held = await session.held_max_length(readers_queue(name), args)
+        held = await session.held_max_length(readers_queue(name), _lock_arguments(session, quorum))
         if held is not None and held >= 1:
-            return held
-    for quorum in (session.cluster, not session.cluster):
-        args = {**_queue_arguments(session, quorum), "x-expires": features.NAME_EXPIRES_MS}
-        try:
-            count, _ = await _declare_readers(session, name, None, args)
-        except PreconditionFailed:
-            if quorum != session.cluster:
-                raise
-            continue
-        return count
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def _publish(session: Session, name: str, count: int, *, tokens: bool, turn: bool) -> None:
-    """The R tokens and/or the turn, in one transaction: all or nothing."""
-    assert session.conn is not None
-    ch = await session.conn.channel(publisher_confirms=False)  # tx and confirms exclude
-    try:
-        await ch.tx_select()
-
-        def props(ident: str) -> Basic.Properties:
-            return Basic.Properties(delivery_mode=2, message_id=ident, app_id="amqp-locks")
-
-        if tokens:
-            for k in range(1, count + 1):
-                await ch.basic_publish(
-                    str(k).encode(),
-                    routing_key=readers_queue(name),
-                    properties=props(f"{name}#r{k}"),
-                )
-        if turn:
-            await ch.basic_publish(
-                str(count).encode(), routing_key=writer_queue(name), properties=props(f"{name}#w")
-            )
-        await ch.tx_commit()
-    finally:
-        await close_quietly(ch)
+            return read_count(held)
+    raise LockError(
+        f"read-write lock {name!r}: its readers queue {readers_queue(name)!r} was declared "
+        "with arguments this release does not make (destroy() it, or let it expire unused)"
+    )
 
 
 @dataclass(frozen=True)

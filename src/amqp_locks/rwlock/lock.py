@@ -19,6 +19,7 @@ from .admin import (
     base_name,
     check_name,
     check_readers,
+    first_use,
     ledger_queue,
     read_rwlock,
     read_status,
@@ -27,6 +28,9 @@ from .admin import (
     writer_queue,
 )
 from .protocol import HoldState, acquire_read, acquire_write
+
+#: How many times one acquire makes (or finds made) the lock's missing queues.
+FIRST_USE_ROUNDS = 8
 
 
 class _Half(LockObject):
@@ -49,7 +53,8 @@ class _Half(LockObject):
         nonblocking = not blocking or timeout == 0
         deadline = None if timeout is None else time.monotonic() + timeout
         acquire = acquire_read if self.shared else acquire_write
-        set_up = retried = False
+        retried = False
+        rounds = 0
         while True:
             try:
                 return await acquire(
@@ -60,10 +65,14 @@ class _Half(LockObject):
                     fence=self.rw.fence if self.rw.fencing else None,
                 )
             except QueueNotFound:
-                if set_up:
+                # First use, or expired: make what is missing (test-and-sets, admin.py),
+                # never left half-way by a cut wait. A name that keeps vanishing is being
+                # deleted by someone, which is worth an error.
+                if rounds >= FIRST_USE_ROUNDS:
                     raise
-                await shielded(self.rw._setup())  # never left half-way by a cut wait
-                set_up = True
+                rounds += 1
+                rw = self.rw
+                await shielded(first_use(rw._core, self.name, rw.readers, rw.quorum, self.shared))
             except ConnectionLost:
                 expired = deadline is not None and time.monotonic() >= deadline
                 if (nonblocking and retried) or expired:
@@ -102,6 +111,7 @@ class ReadWriteLock(HolderQueries):
     up (on first use, or by :meth:`setup`): at most R readers hold at once, and a write
     receives and returns R messages. ``quorum=True`` sets the queues up as quorum queues.
     ``fencing=False`` skips the fence round trip (``fencing_token`` is then 0).
+    ``mutex_timeout`` bounds :meth:`destroy`'s wait for the administration mutex.
     ``timeout`` / ``blocking`` are what ``with rw.read_lock:`` waits (default: for ever).
     ``locked()`` is true while anyone holds it (read or write); ``holders()`` lists a
     record per hold (a write hold's ``number`` is 0).
@@ -143,7 +153,7 @@ class ReadWriteLock(HolderQueries):
         return self.broker._core
 
     async def _setup(self) -> int:
-        return await setup(self._core, self.name, self.readers, self.quorum, self.mutex_timeout)
+        return await setup(self._core, self.name, self.readers, self.quorum)
 
     def setup(self) -> int:
         """Create the lock's queues and tokens unless they exist (acquires do it on first

@@ -27,6 +27,7 @@ from ..lease import Lease
 from ..lockobject import LockObject
 from ..names import token_queue, validate_name
 from ..replication import choose_quorum
+from ..stamps import MAX_PERMITS
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.errors import channel_error
 from ..transport.session import Session
@@ -295,9 +296,9 @@ class TokenSemaphore(LockObject, HolderQueries):
                 )
             if isinstance(permits, bool) or not isinstance(permits, int):
                 raise ConfigurationError(f"permits must be an int, got {type(permits).__name__}")
-            if not 1 <= permits <= fresh.MAX_PERMITS:
+            if not 1 <= permits <= MAX_PERMITS:
                 raise ConfigurationError(
-                    f"a first-use semaphore has 1 to {fresh.MAX_PERMITS} permits, got {permits}"
+                    f"a first-use semaphore has 1 to {MAX_PERMITS} permits, got {permits}"
                 )
         #: A missing queue is made by the acquire that finds it (tokens/fresh.py).
         self.first_use = first_use

@@ -17,14 +17,14 @@ it once nobody uses it.
   passive declares (status readers, the tests' polls) do not count as use.
 - **Test-and-set.** ``x-max-length`` only counts ready messages, so "publish if the queue is
   empty" would let a second token in while the first is held. Instead each attempt declares
-  with its own random ``x-max-length`` in [2**40, 2**62) (a *stamp*; no queue ever holds
+  with its own random ``x-max-length`` in [2**40, 2**62) (a *stamp*, stamps.py; no queue ever holds
   that many messages, so it limits nothing). RabbitMQ compares ``x-max-length`` when a queue
   is declared again and refuses a different value with 406 PRECONDITION_FAILED, so of all
   racers exactly one, the creator, gets its declaration accepted; every other one learns
   that the queue exists and simply waits (consumes). A queue made by the earlier release
   (`TokenAdmin.setup`: no ``x-expires``, a ledger) refuses our declaration the same way, and
   is used as it is.
-- **The count lives in the stamp.** A stamp's low :data:`PERMIT_BITS` bits are the
+- **The count lives in the stamp** (stamps.py). A stamp's low 20 bits are the
   permit count, the rest random: a queue needs no ledger to say how many permits it has.
   Anyone can read it without changing anything (`Session.held_max_length`: a declaration
   with ``x-max-length: -1``, which the broker refuses whether the queue exists or not,
@@ -57,11 +57,11 @@ the stamp).
 
 from __future__ import annotations
 
-import random
 from typing import Any, Literal
 
 from ..errors import LockError, PreconditionFailed, QueueNotFound
 from ..names import token_queue
+from ..stamps import is_stamp, new_stamp, permits_of
 from ..transport.features import NAME_EXPIRES_MS
 from ..transport.line_args import held_value
 from ..transport.session import Session
@@ -72,29 +72,6 @@ from .message import token_properties
 #: How long a first-use token queue lives once nobody uses it (ms). Read at each
 #: declaration, so a test may lower it in its own process.
 EXPIRES_MS = NAME_EXPIRES_MS
-#: A stamp's low bits hold the permit count; the rest is random.
-PERMIT_BITS = 20
-#: The most permits a first-use semaphore can have.
-MAX_PERMITS: int = 2**PERMIT_BITS - 1
-#: The stamps' range: far above any queue length, within AMQP's signed 64-bit integers.
-STAMP_RANGE = (2**40, 2**62)
-
-_random = random.SystemRandom()
-
-
-def new_stamp(permits: int = 1) -> int:
-    """A random stamp in :data:`STAMP_RANGE` whose low :data:`PERMIT_BITS` are `permits`."""
-    if not 1 <= permits <= MAX_PERMITS:
-        raise ValueError(f"a first-use semaphore has 1 to {MAX_PERMITS} permits, not {permits}")
-    high = _random.randrange(STAMP_RANGE[0] >> PERMIT_BITS, STAMP_RANGE[1] >> PERMIT_BITS)
-    return int(high << PERMIT_BITS | permits)
-
-
-def permits_of(stamp: int) -> int:
-    """The permit count a stamp was made with (:func:`new_stamp`)."""
-    return stamp & MAX_PERMITS
-
-
 def fresh_arguments(session: Session, stamp: int, quorum: bool = True) -> dict[str, Any]:
     """A first-use token queue's arguments: the token queue's, expiring, stamped."""
     return {**token_arguments(session, quorum), "x-expires": EXPIRES_MS, "x-max-length": stamp}
@@ -124,7 +101,7 @@ async def create(session: Session, name: str, permits: int = 1, quorum: bool = T
         if "inequivalent arg" not in str(exc):
             raise
         stamp = held_value(str(exc), "x-max-length")
-        if stamp is None or stamp < STAMP_RANGE[0]:
+        if stamp is None or not is_stamp(stamp):
             return "other"
         if permits_of(stamp) != permits:
             raise mismatch(name, permits, permits_of(stamp)) from None
@@ -151,5 +128,5 @@ async def held_permits(session: Session, name: str) -> tuple[int, bool] | None:
         except QueueNotFound:
             return None
         if stamp is not None:
-            return (permits_of(stamp), quorum) if stamp >= STAMP_RANGE[0] else None
+            return (permits_of(stamp), quorum) if is_stamp(stamp) else None
     return None

@@ -131,23 +131,34 @@ class QueueOps(ChannelPools):
         """The ``x-max-length`` the existing `queue` was declared with, read without
         changing anything: a declaration with `arguments` and ``x-max-length: -1``, which
         the broker refuses either way. A queue that exists answers 406 "inequivalent arg"
-        naming its value (when every argument compared before it matches ours); a missing
-        one answers 406 "invalid arg" and is not made (both checked on 3.10.8 and 4.3.6).
-        Raises QueueNotFound when missing; None when the queue differs from `arguments` in
-        another argument, or has no ``x-max-length``."""
-        try:
-            await self.call(
-                queue,
-                lambda ch: ch.queue_declare(
-                    queue, durable=True, arguments={**arguments, "x-max-length": -1}
-                ),
-            )
-        except PreconditionFailed as exc:
-            text = str(exc)
-            if "invalid arg 'x-max-length'" in text:
-                raise QueueNotFound(f"queue {queue!r} does not exist") from exc
-            return held_value(text, "x-max-length")
-        raise AssertionError(f"the broker accepted x-max-length -1 for {queue!r}")
+        naming its value (once every argument compared before it matches ours: one of
+        another line's arguments is adapted to as :meth:`declare` does); a missing one
+        answers 406 "invalid arg" and is not made (both checked on 3.10.8 and 4.3.6).
+        Raises QueueNotFound when missing; None when the queue differs from `arguments`
+        otherwise (another type), or has no ``x-max-length``."""
+        args = arguments
+        for _ in range(len(LINE_VALUES) + 2):
+            probe = {**args, "x-max-length": -1}
+
+            async def declare(ch: AbstractChannel, a: dict[str, Any] = probe) -> Any:
+                return await ch.queue_declare(queue, durable=True, arguments=a)
+
+            try:
+                await self.call(queue, declare)
+            except PreconditionFailed as exc:
+                text = str(exc)
+                if "invalid arg 'x-max-length'" in text:
+                    raise QueueNotFound(f"queue {queue!r} does not exist") from exc
+                held = held_value(text, "x-max-length")
+                if held is not None:
+                    return held
+                adapted = other_line(text, args, self.version)
+                if adapted is None:
+                    return None
+                args = adapted
+                continue
+            raise AssertionError(f"the broker accepted x-max-length -1 for {queue!r}")
+        return None
 
     async def delete(self, queue: str) -> None:
         """Delete `queue` and wait for delete-ok (deleting a missing queue is not an error)."""

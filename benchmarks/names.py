@@ -266,6 +266,8 @@ class Plan:
     redis: bool = True
     cluster: bool = False
     nofile: int | None = None
+    #: rabbitmq.conf lines added to the private node's (e.g. a smaller Raft WAL).
+    broker_conf: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -767,6 +769,10 @@ def run(
                     )
                 else:
                     log(f"starting private RabbitMQ {line} node {DEFAULT_NODE}")
+                    if plan.broker_conf:
+                        (base / "node").mkdir(parents=True)
+                        conf = "".join(f"{c}\n" for c in plan.broker_conf)
+                        (base / "node" / devbroker.EXTRA_CONFIG).write_text(conf)
                     info = devbroker.start(DEFAULT_NODE, base_dir=base / "node", version=line)
                     url, infos = info.url, [info]
                     stop_nodes = lambda: devbroker.stop(  # noqa: E731
@@ -942,6 +948,14 @@ def main(argv: list[str] | None = None) -> int:
     add("--watch", type=float, default=120.0, help="s to watch the state after the release")
     add("--status-every", type=float, default=5.0, help="s between status polls")
     add("--nofile", type=int, help="the node's open-files limit (soft; e.g. 1024 as via su)")
+    add(
+        "--broker-conf",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="a rabbitmq.conf line for the private node (one node; repeatable), e.g. "
+        "'raft.wal_max_size_bytes = 16777216'",
+    )
     add("--no-redis", action="store_true", help="skip the Redis comparison")
     add("--out", type=Path, help="results JSON (default benchmarks/results/names-LINE.json)")
     add("--quick", action="store_true", help="smoke run: 200 names, 2 procs, hold 100")
@@ -962,6 +976,7 @@ def main(argv: list[str] | None = None) -> int:
         redis=not args.no_redis,
         cluster=args.cluster,
         nofile=args.nofile,
+        broker_conf=args.broker_conf,
     )
     if args.quick:
         plan.names, plan.procs, plan.hold, plan.warm, plan.watch_s = 200, 2, 100, 20, 20.0

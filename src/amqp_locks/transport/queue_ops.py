@@ -133,7 +133,7 @@ class QueueOps(ChannelPools):
         the broker refuses either way. A queue that exists answers 406 "inequivalent arg"
         naming its value (once every argument compared before it matches ours: one of
         another line's arguments is adapted to as :meth:`declare` does); a missing one
-        answers 406 "invalid arg" and is not made (both checked on 3.10.8 and 4.3.6).
+        answers 406 "invalid arg" and is not made (both checked on 3.10.8, 4.0.5, 4.3.6).
         Raises QueueNotFound when missing; None when the queue differs from `arguments`
         otherwise (another type), or has no ``x-max-length``."""
         args = arguments

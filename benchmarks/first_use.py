@@ -9,7 +9,9 @@ today its fence queue too); "fence existing" the same with the name's fence made
 "warm" takes one name again and again (release waited for); "declare" is one
 ``queue.declare`` of a fresh quorum queue with the lock queues' arguments (deleted after,
 untimed); "setup+acquire" is the earlier release's first use, ``TokenAdmin.setup(1)`` under
-the administration mutex then an acquire, for comparison.
+the administration mutex then an acquire, for comparison. The read-write lock's rows are
+its write and read halves on a fresh name (a writer makes both queues, each by one
+test-and-set write; a reader the readers queue) and on one name again and again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import statistics
 import time
 import uuid
 
-from amqp_locks import Broker, Mutex, TokenSemaphore
+from amqp_locks import Broker, Mutex, ReadWriteLock, TokenSemaphore
 from amqp_locks.fencing import ensure_fence
 from amqp_locks.names import quorum_mutex_name
 from amqp_locks.tokens.arguments import token_arguments
@@ -93,7 +95,22 @@ def measure(urls: list[str], samples: int) -> dict[str, float]:
             sem.destroy()
             return dt
 
+        def rwlock(shared: bool, name: str | None = None) -> float:
+            rw = ReadWriteLock(broker, name or f"br-{uuid.uuid4().hex[:12]}")
+            half = rw.read_lock if shared else rw.write_lock
+            t0 = time.perf_counter()
+            lease = half.acquire(timeout=30)
+            dt = time.perf_counter() - t0
+            assert lease is not None
+            lease.release(wait=True)
+            return dt
+
+        warm_rw = f"bv-{uuid.uuid4().hex[:12]}"
         kinds = {
+            "rwlock write first use": lambda: rwlock(False),
+            "rwlock write warm": lambda: rwlock(False, warm_rw),
+            "rwlock read first use": lambda: rwlock(True),
+            "rwlock read warm": lambda: rwlock(True, warm_rw),
             "first use": first_use,
             "first use, fence exists": first_use_fenced,
             "warm": warm,
@@ -125,6 +142,13 @@ def main() -> None:
             f"raw quorum declare p50 {r['declare']:.1f} ms "
             f"(budget 2 x (warm + declare) = {budget:.1f} ms); "
             f"earlier release's setup+acquire p50 {r['setup+acquire']:.1f} ms"
+        )
+        print(
+            f"{label}: read-write lock, write first use p50 {r['rwlock write first use']:.1f}"
+            f" ms, warm {r['rwlock write warm']:.1f} ms (budget 2 x (warm + 2 declares) = "
+            f"{2 * (r['rwlock write warm'] + 2 * r['declare']):.1f} ms); read first use "
+            f"{r['rwlock read first use']:.1f} ms, warm {r['rwlock read warm']:.1f} ms "
+            f"(budget 2 x (warm + declare) = {2 * (r['rwlock read warm'] + r['declare']):.1f} ms)"
         )
 
 

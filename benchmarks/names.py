@@ -854,6 +854,8 @@ def _measure(
     if nodes:
         states["start"] = _state(nodes)
         log(f"  start: {states['start']}")
+        # Where the memory is before the run, to set beside the end's (below).
+        out["memory_breakdown_start"] = [_breakdown(n) for n in nodes]
         poll.start()
     stalled = poll.stalled.is_set
     try:

@@ -4,8 +4,8 @@ order in which the tasks really started and ended, and overlaps are counted exac
 
 Configured by the environment the tests give the worker (and the producers):
 ``CELERY_TEST_BROKER`` (the test RabbitMQ), ``CELERY_TEST_QUEUE`` (a queue of the test's
-own), ``CELERY_TEST_EVENTS`` (the events file) and ``CELERY_TEST_READY`` (a file the
-worker creates once it consumes).
+own), ``CELERY_TEST_EVENTS`` (the events file), ``CELERY_TEST_READY`` (a file the worker
+creates once it consumes) and ``CELERY_TEST_LOCKS_CLUSTER`` (1: the locks in cluster mode).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ app.conf.update(
     worker_hijack_root_logger=True,
     result_expires=600,
     worker_lost_wait=1.0,  # a killed child's WorkerLostError reaches the caller sooner
+    # CELERY_TEST_LOCKS_CLUSTER=1: the locks in cluster mode (quorum queues, made on first use).
+    amqp_locks_cluster=True if os.environ.get("CELERY_TEST_LOCKS_CLUSTER") == "1" else None,
 )
 
 

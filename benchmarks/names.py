@@ -6,7 +6,8 @@ importable (``PYTHONPATH=...`` picks another), N distinct names each acquired on
 released (fencing on, the default) by P processes with one ``Broker`` each:
 
 - names/s over the whole run, first-use acquire p50/p95 (every name is new), warm p50
-  (the same process re-acquiring its last names), every acquire's outcome (granted,
+  (the same process re-acquiring a name it used just before, interleaved with the first
+  uses so that both see the same load), every acquire's outcome (granted,
   timed out, raised: ``acquire(timeout=...)``);
 - whether the node answered ``rabbitmqctl status`` throughout (polled on a thread with a
   timeout: the worst answer time and every failure), with a guard: when status stops
@@ -317,8 +318,8 @@ def _worker(
     stop: Any,
     progress: Any,
 ) -> None:
-    """``mode`` "cycle": acquire and release each name, then re-acquire the last
-    ``plan.warm`` ones (warm); "hold": acquire all, report, release on "release"."""
+    """``mode`` "cycle": acquire and release each name, and ``plan.warm`` times meanwhile
+    one used just before (warm); "hold": acquire all, report, release on "release"."""
     import faulthandler
     import logging
 
@@ -374,21 +375,22 @@ def _worker(
             rep["failures"] += 1
             rep["errors"][f"release: {_what(exc)}"] += 1
 
+    # Warm samples are interleaved with the first uses, so both see the same broker load:
+    # every `spacing`-th name, the name used two before is taken again (still known to
+    # the broker: its helper queues expire a minute after their last use).
+    spacing = max(1, len(names) // plan.warm) if plan.warm and mode == "cycle" else 0
     try:
-        for name in names:
+        for i, name in enumerate(names):
             if stop.is_set():
                 break
             one(name, "first", mode == "hold")
             rep["done"] += 1
             progress.value = rep["done"]
+            if spacing and i % spacing == spacing - 1 and len(granted) >= 2:
+                one(granted[-2], "warm", False)
             if len(rep["first"]) >= PART:  # a worker killed later keeps what it sent
                 conn.send(("part", _part(rep)))
-        if mode == "cycle":
-            for name in granted[-plan.warm :] if plan.warm else []:
-                if stop.is_set():
-                    break
-                one(name, "warm", False)
-        else:
+        if mode != "cycle":
             conn.send(("held", len(held)))
             conn.recv()  # "release"
             for lease in held:

@@ -538,12 +538,26 @@ class _Node:
         return st
 
 
+#: The node's 12 largest processes by memory: (registered name or initial call, bytes).
+_TOP_PROCESSES = (
+    "F = fun(P) -> case erlang:process_info(P, [registered_name, memory]) of"
+    " [{registered_name, R}, {memory, M}] ->"
+    " [{case R of [] -> proc_lib:translate_initial_call(P); _ -> R end, M}];"
+    " _ -> [] end end,"
+    " lists:sublist(lists:reverse(lists:keysort(2,"
+    " lists:append([F(P) || P <- erlang:processes()]))), 12)."
+)
+
+
 def _breakdown(node: _Node) -> str:
-    """``rabbit_vm:memory()`` of one node, as the node prints it (or the error)."""
+    """``rabbit_vm:memory()`` of one node and its largest processes, as the node prints
+    them (or the error)."""
     try:
-        return node.ctl("eval", "rabbit_vm:memory().", timeout=60.0).strip()
+        vm = node.ctl("eval", "rabbit_vm:memory().", timeout=60.0).strip()
+        top = node.ctl("eval", _TOP_PROCESSES, timeout=60.0).strip()
     except Exception as exc:
         return f"error: {_what(exc)}"
+    return f"{vm}\nlargest processes: {top}"
 
 
 def _state(nodes: list[_Node], t0: float | None = None) -> dict[str, Any]:

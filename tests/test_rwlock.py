@@ -542,7 +542,7 @@ def test_a_lock_of_the_previous_format_keeps_its_r(broker: Broker, name: str) ->
 
     async def make_old() -> None:
         session = await broker._core.session()
-        args = {**_lock_arguments(session, False), "x-max-length": 2}
+        args = {**_lock_arguments(session, False, True), "x-max-length": 2}
         await session.declare(readers_queue(name), durable=True, arguments=args)
         for k in (1, 2):
             await session.publish("", readers_queue(name), str(k).encode(), persistent=True)

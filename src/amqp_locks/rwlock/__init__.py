@@ -19,8 +19,9 @@ Lock `N` uses the queues of ``B = "N.rwlock"`` (docs/rwlock.md has the whole sto
 - R is carried by the readers queue's ``x-max-length`` stamp. Each queue is made, with
   its tokens (R reader tokens; the turn), by the acquire that finds it missing, through
   a test-and-set declaration: exactly one racer fills it, with no administration mutex
-  (admin.py says how; ``readers`` tokens, default 64). Unused for 60 s, the queues
-  expire and the next use makes them again. Locks of earlier releases keep their ledger
+  (admin.py says how; ``readers`` tokens, default 64). Unused, the queues expire (the
+  writer queue after 60 s, the readers queue after 90 s) and the next use makes them
+  again. Locks of earlier releases keep their ledger
   ``B-ledger`` (``{"readers": R}``) and never expire.
 - Fencing: every grant, read or write, takes the next value of one counter, the fence
   shard of ``B`` (fencing.py), *after* it holds its tokens. A writer's token is above

@@ -1,9 +1,10 @@
 """Read-write lock administration: queue names, setup on first use, status (the package
 docstring has the protocol; protocol.py acquires and holds).
 
-A lock's queues cost the broker nothing once it is unused: ``B-readers`` and ``B-writer``
-are declared with ``x-expires`` (60 s; RabbitMQ deletes a queue that long without a
-consumer, a get or a declaration, with what it holds). Each is made, when an acquire finds
+A lock's queues cost the broker nothing once it is unused: ``B-writer`` and ``B-readers``
+are declared with ``x-expires`` (60 s and 90 s: the writer queue, whose turn carries R,
+never outlives the readers queue; RabbitMQ deletes a queue that long without a consumer,
+a get or a declaration, with what it holds). Each is made, when an acquire finds
 it missing, by a test-and-set (stamps.py): a declaration with a random ``x-max-length``
 stamp and the queue's tokens in one write; the broker accepts one stamp and refuses (406)
 every other, dropping the tokens behind it. The readers queue's stamp carries R, so any
@@ -148,7 +149,7 @@ async def ensure_readers(session: Session, name: str, readers: int | None, quoru
     returns the lock's R (ours if we made it, else the one its stamp or ``x-max-length``
     says; an explicit `readers` that differs is refused)."""
     count = readers or DEFAULT_READERS
-    args = {**_lock_arguments(session, quorum), "x-max-length": new_stamp(count)}
+    args = {**_lock_arguments(session, quorum, True), "x-max-length": new_stamp(count)}
     tokens = [(str(k).encode(), _props(f"{name}#r{k}")) for k in range(1, count + 1)]
     try:
         await session.declare_and_publish(readers_queue(name), args, tokens)
@@ -167,7 +168,7 @@ async def ensure_readers(session: Session, name: str, readers: int | None, quoru
 async def ensure_writer(session: Session, name: str, count: int, quorum: bool) -> None:
     """The writer queue with its turn (which carries R), made by a test-and-set unless it
     exists (then its turn is its own: held, ready, or with a writer)."""
-    args = {**_lock_arguments(session, quorum), "x-max-length": new_stamp()}
+    args = {**_lock_arguments(session, quorum, False), "x-max-length": new_stamp()}
     turn = [(str(count).encode(), _props(f"{name}#w"))]
     try:
         await session.declare_and_publish(writer_queue(name), args, turn)
@@ -195,9 +196,15 @@ def _props(ident: str) -> Basic.Properties:
     return Basic.Properties(delivery_mode=2, message_id=ident, app_id="amqp-locks")
 
 
-def _lock_arguments(session: Session, quorum: bool) -> dict[str, Any]:
-    """A readers or writer queue's arguments but its ``x-max-length``: expiring."""
-    return {**_queue_arguments(session, quorum), "x-expires": features.NAME_EXPIRES_MS}
+def _lock_arguments(session: Session, quorum: bool, readers: bool) -> dict[str, Any]:
+    """A readers or writer queue's arguments but its ``x-max-length``: expiring, the
+    readers queue half as late again as the writer queue. Why: the turn carries R, so a
+    writer queue must never outlive its readers queue (a readers queue made again with
+    another R beside an old turn would let a writer take fewer tokens than exist). A
+    write hold uses both queues and lets go of the readers queue first, by milliseconds,
+    and nothing else uses the writer queue, so the later expiry keeps the order."""
+    expires = features.NAME_EXPIRES_MS * 3 // 2 if readers else features.NAME_EXPIRES_MS
+    return {**_queue_arguments(session, quorum), "x-expires": expires}
 
 
 def _queue_arguments(session: Session, quorum: bool) -> dict[str, Any]:
@@ -225,7 +232,8 @@ async def lock_readers(session: Session, name: str) -> int:
     if legacy is not None:
         return legacy
     for quorum in (session.cluster, not session.cluster):  # a lock of either type
-        held = await session.held_max_length(readers_queue(name), _lock_arguments(session, quorum))
+        args = _lock_arguments(session, quorum, True)
+        held = await session.held_max_length(readers_queue(name), args)
         if held is not None and held >= 1:
             return read_count(held)
     raise LockError(

@@ -37,7 +37,7 @@ from ..names import slot_queue, slots_name, token_queue
 from ..records import HOLDER_TIMEOUT
 from ..tokens.admin import TokenAdminCore
 from ..tokens.client import TokenSemaphore
-from ..tokens.ledger import read_ledger, read_token
+from ..tokens.ledger import read_ledger_settled, read_token
 from ..transport.broker import BrokerLike
 
 __all__ = ["ClusterSlots", "acquire_slot", "slots_name"]
@@ -83,7 +83,8 @@ class ClusterSlots:
         )
 
     async def _ids(self) -> list[int]:
-        ledger = await read_ledger(await self.broker._core.session(), self.tokens.name)
+        session = await self.broker._core.session()
+        ledger = await read_ledger_settled(session, self.tokens.name)
         return [] if ledger is None else list(ledger.ids)
 
     async def max_slots(self) -> int:

@@ -34,7 +34,7 @@ from .ledger import (
     audit_of,
     first_use_ledger,
     ledger_queue,
-    read_ledger,
+    read_ledger_settled,
     read_status,
     require_ledger,
     write_ledger,
@@ -45,8 +45,6 @@ log = logging.getLogger("amqp_locks.tokens")
 
 #: How long an admin call waits for the administration mutex by default (seconds).
 MUTEX_TIMEOUT = 30.0
-#: How long `setup` waits for a ledger record that a reader holds (seconds).
-LEDGER_WAIT = 5.0
 
 
 async def declare_queues(session: Session, name: str, quorum: bool) -> None:
@@ -167,31 +165,10 @@ class TokenAdminCore:
             return permits
 
     async def _existing_ledger(self, session: Session) -> Ledger | None:
-        """The ledger, or None for a semaphore that has no tokens yet.
-
-        A reader (``status``, ``locked``) takes the ledger record off its queue for a
-        moment, so a read that finds none proves nothing while tokens exist: publishing
-        again then would double the permits. Tokens exist when the token queue has ready
-        ones or consumers (every held token has its holder's consumer); then the ledger is
-        read again until the reader has put it back."""
-        queue = token_queue(self.name)
-        deadline = asyncio.get_running_loop().time() + LEDGER_WAIT
-        pause = 0.01
-        while True:
-            ledger = await read_ledger(session, self.name)
-            if ledger is not None:
-                return ledger
-            ready, consumers = await session.declare_passive_counts(queue)
-            if ready == 0 and consumers == 0:
-                return None
-            if asyncio.get_running_loop().time() >= deadline:
-                raise LockError(
-                    f"token semaphore {self.name!r} has tokens ({ready} ready, {consumers} "
-                    f"consumers) but its ledger {ledger_queue(self.name)!r} stayed empty for "
-                    f"{LEDGER_WAIT:g} s; run repair() or destroy() and set it up again"
-                )
-            await asyncio.sleep(pause)  # a reader puts the record back within a round trip
-            pause = min(0.2, pause * 2)
+        """The ledger, or None for a semaphore that has no tokens yet: publishing again
+        after a read that found none while another reader held the record would double
+        the permits (`read_ledger_settled`)."""
+        return await read_ledger_settled(session, self.name)
 
     async def add_permits(self, count: int) -> list[int]:
         """See :meth:`TokenAdmin.add_permits`."""

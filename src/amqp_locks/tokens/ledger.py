@@ -9,12 +9,13 @@ mid-write). Writing publishes the new record confirmed, then acks the older ones
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, replace
 
 from pamqp.commands import Basic
 
-from ..errors import QueueNotFound, TokenSemaphoreNotFound
+from ..errors import LockError, QueueNotFound, TokenSemaphoreNotFound
 from ..holders import Reading
 from ..names import token_queue
 from ..records import Kind, LockStatus
@@ -76,6 +77,43 @@ async def read_ledger(session: Session, name: str) -> Ledger | None:
         await close_quietly(ch)  # every record goes back (unacked)
 
 
+#: How long a read waits for a ledger record that another reader holds (seconds).
+LEDGER_WAIT = 5.0
+
+
+async def read_ledger_settled(session: Session, name: str) -> Ledger | None:
+    """The ledger, or None when the semaphore has none (no ledger queue, or no tokens
+    yet). A reader (``status``, ``holders``, ``max_slots``) takes the ledger record off
+    its queue for a moment, and on a quorum queue the record it gives back may reach the
+    queue after another reader's `basic.get` (measured on 4.3.6: a read right after
+    another found none), so a read that finds none proves nothing while tokens exist.
+    Tokens exist when the token queue has ready ones or consumers (every held token has
+    its holder's consumer); then the ledger is read again until the record is back."""
+    deadline = asyncio.get_running_loop().time() + LEDGER_WAIT
+    pause = 0.01
+    while True:
+        try:
+            ledger = await read_ledger(session, name)
+        except QueueNotFound:
+            return None  # no ledger queue: a first-use queue, or not set up
+        if ledger is not None:
+            return ledger
+        try:
+            ready, consumers = await session.declare_passive_counts(token_queue(name))
+        except QueueNotFound:
+            return None
+        if ready == 0 and consumers == 0:
+            return None
+        if asyncio.get_running_loop().time() >= deadline:
+            raise LockError(
+                f"token semaphore {name!r} has tokens ({ready} ready, {consumers} "
+                f"consumers) but its ledger {ledger_queue(name)!r} stayed empty for "
+                f"{LEDGER_WAIT:g} s; run repair() or destroy() and set it up again"
+            )
+        await asyncio.sleep(pause)  # a reader puts the record back within a round trip
+        pause = min(0.2, pause * 2)
+
+
 def first_use_ledger(permits: int = 1, quorum: bool = True) -> Ledger:
     """What a first-use token queue (tokens/fresh.py) has instead of a ledger: `permits`
     permits, ids 1..permits (a mutex's: one quorum permit, id 1)."""
@@ -87,10 +125,7 @@ async def require_ledger(session: Session, name: str, default: Ledger | None = N
     `default`: what a semaphore without a ledger has (a mutex's first-use queue:
     :func:`first_use_ledger`), provided its token queue exists. Without one, a first-use
     queue's count is read from its stamp (tokens/fresh.py)."""
-    try:
-        ledger = await read_ledger(session, name)
-    except QueueNotFound:
-        ledger = None
+    ledger = await read_ledger_settled(session, name)
     if ledger is None and default is not None and await session.exists_passive(token_queue(name)):
         return default
     if ledger is None:

@@ -268,7 +268,10 @@ async def read_status(session: Session, name: str) -> RWLockStatus | None:
         free, consumers = await session.declare_passive_counts(readers_queue(name))
     except QueueNotFound:
         return None
-    readers = await lock_readers(session, name)
+    try:
+        readers = await lock_readers(session, name)
+    except QueueNotFound:  # expired between the two reads
+        return None
     try:
         turns, writers = await session.declare_passive_counts(writer_queue(name))
     except QueueNotFound:

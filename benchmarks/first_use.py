@@ -20,11 +20,22 @@ import argparse
 import statistics
 import time
 import uuid
+from typing import Any
 
 from amqp_locks import Broker, Mutex, ReadWriteLock, TokenSemaphore
 from amqp_locks.fencing import ensure_fence
 from amqp_locks.names import quorum_mutex_name
 from amqp_locks.tokens.arguments import token_arguments
+
+
+def timed(lock: Any) -> float:
+    """How long one acquire of `lock` took (s); the release is waited for, untimed."""
+    t0 = time.perf_counter()
+    lease = lock.acquire(timeout=30)
+    dt = time.perf_counter() - t0
+    assert lease is not None
+    lease.release(wait=True)
+    return dt
 
 
 def measure(urls: list[str], samples: int) -> dict[str, float]:
@@ -33,13 +44,7 @@ def measure(urls: list[str], samples: int) -> dict[str, float]:
         core = broker._core
 
         def first_use() -> float:
-            name = f"bf-{uuid.uuid4().hex[:12]}"
-            t0 = time.perf_counter()
-            lease = Mutex(broker, name).acquire(timeout=30)
-            dt = time.perf_counter() - t0
-            assert lease is not None
-            lease.release(wait=True)
-            return dt
+            return timed(Mutex(broker, f"bf-{uuid.uuid4().hex[:12]}"))
 
         def first_use_fenced() -> float:
             """A fresh name whose fence exists already (a name used before, or fences
@@ -50,22 +55,12 @@ def measure(urls: list[str], samples: int) -> dict[str, float]:
                 await ensure_fence(await core.session(), quorum_mutex_name(name))
 
             core.run(fence())
-            t0 = time.perf_counter()
-            lease = Mutex(broker, name).acquire(timeout=30)
-            dt = time.perf_counter() - t0
-            assert lease is not None
-            lease.release(wait=True)
-            return dt
+            return timed(Mutex(broker, name))
 
         warm_mutex = Mutex(broker, f"bw-{uuid.uuid4().hex[:12]}")
 
         def warm() -> float:
-            t0 = time.perf_counter()
-            lease = warm_mutex.acquire(timeout=30)
-            dt = time.perf_counter() - t0
-            assert lease is not None
-            lease.release(wait=True)
-            return dt
+            return timed(warm_mutex)
 
         def declare() -> float:
             queue = f"bd-{uuid.uuid4().hex[:12]}"
@@ -97,13 +92,7 @@ def measure(urls: list[str], samples: int) -> dict[str, float]:
 
         def rwlock(shared: bool, name: str | None = None) -> float:
             rw = ReadWriteLock(broker, name or f"br-{uuid.uuid4().hex[:12]}")
-            half = rw.read_lock if shared else rw.write_lock
-            t0 = time.perf_counter()
-            lease = half.acquire(timeout=30)
-            dt = time.perf_counter() - t0
-            assert lease is not None
-            lease.release(wait=True)
-            return dt
+            return timed(rw.read_lock if shared else rw.write_lock)
 
         warm_rw = f"bv-{uuid.uuid4().hex[:12]}"
         kinds = {

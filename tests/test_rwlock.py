@@ -129,15 +129,14 @@ def test_with_blocks_and_lock_timeout(broker: Broker, name: str) -> None:
     assert lease.released and a.released
 
 
-def test_processes_never_overlap_a_writer(
-    amqp_url: str, broker: Broker, name: str, quorum: bool
-) -> None:
-    """Readers and writers in separate processes; every hold recorded in shared memory."""
-    ReadWriteLock(broker, name, readers=8, quorum=quorum).setup()
+def _run_plan(
+    amqp_url: str, name: str, plan: list[tuple[bool, int, float]], quorum: bool
+) -> Any:
+    """One spawned `rwlock_workers.contend` process per (shared, rounds, hold) of `plan`,
+    all started together; the shared counters they recorded in, once all exited cleanly."""
     ctx = multiprocessing.get_context("spawn")
     lock = ctx.Lock()
     counters = ctx.Array("i", 6, lock=False)
-    plan = [(True, 12, 0.02)] * 4 + [(False, 6, 0.01)] * 2
     procs = [
         ctx.Process(
             target=w.contend, args=(amqp_url, name, shared, n, hold, lock, counters, quorum)
@@ -149,6 +148,15 @@ def test_processes_never_overlap_a_writer(
     for p in procs:
         p.join(180)
     assert [p.exitcode for p in procs] == [0] * len(procs)
+    return counters
+
+
+def test_processes_never_overlap_a_writer(
+    amqp_url: str, broker: Broker, name: str, quorum: bool
+) -> None:
+    """Readers and writers in separate processes; every hold recorded in shared memory."""
+    ReadWriteLock(broker, name, readers=8, quorum=quorum).setup()
+    counters = _run_plan(amqp_url, name, [(True, 12, 0.02)] * 4 + [(False, 6, 0.01)] * 2, quorum)
     assert counters[w.VIOLATIONS] == 0, f"{counters[w.VIOLATIONS]} overlaps with a writer"
     assert (counters[w.READ_GRANTS], counters[w.WRITE_GRANTS]) == (48, 12)
     assert counters[w.MOST_READERS] >= 2, "readers never held at the same time"
@@ -487,21 +495,7 @@ def test_processes_racing_on_a_fresh_name_make_it_once(
     each missing queue is made by one test-and-set, so the lock has exactly R (64) reader
     tokens and one turn afterwards, no hold overlapped a writer (counted), and no
     administration mutex was taken (its sentinel queue would linger for a minute)."""
-    ctx = multiprocessing.get_context("spawn")
-    lock = ctx.Lock()
-    counters = ctx.Array("i", 6, lock=False)
-    plan = [(True, 5, 0.01)] * 3 + [(False, 3, 0.01)] * 2
-    procs = [
-        ctx.Process(
-            target=w.contend, args=(amqp_url, name, shared, n, hold, lock, counters, quorum)
-        )
-        for shared, n, hold in plan
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-    assert [p.exitcode for p in procs] == [0] * len(procs)
+    counters = _run_plan(amqp_url, name, [(True, 5, 0.01)] * 3 + [(False, 3, 0.01)] * 2, quorum)
     assert counters[w.VIOLATIONS] == 0, f"{counters[w.VIOLATIONS]} overlaps with a writer"
     assert (counters[w.READ_GRANTS], counters[w.WRITE_GRANTS]) == (15, 6)
 

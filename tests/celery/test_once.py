@@ -296,3 +296,75 @@ def test_forget_once_leaves_a_running_key_unless_forced(prefork: Worker, broker:
     first.get(timeout=30)
     assert not busy(broker, name)
     assert once.forget_once((k, 1.0)) is False  # nothing to free
+
+
+def test_the_claim_goes_on_the_producers_connection(
+    prefork: Worker, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the locks on Celery's own broker, a claim is sent on the producer's
+    connection: with the lock connection's path made to fail, a new key is still
+    accepted and a busy one refused, and both run through the producer."""
+    from amqp_locks.celery import once as claims
+
+    def not_here(*_: Any, **__: Any) -> Any:
+        raise AssertionError("claimed on the lock connection")
+
+    monkeypatch.setattr(claims, "claim_soon", not_here)
+    k = key()
+    first = once.apply_async((k, 0.5), queue=prefork.queue)
+    with pytest.raises(AlreadyQueued):
+        once.apply_async((k, 0.5), queue=prefork.queue)
+    first.get(timeout=30)
+    wait_until("the key to be free", key_free(broker, k, 0.5), 10)
+    once.apply_async((k, 0.5), queue=prefork.queue).get(timeout=30)
+
+
+def test_locks_on_another_url_claim_on_the_lock_connection(
+    prefork: Worker, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``amqp_locks_url`` set: the locks' broker may not be Celery's, so the claim goes
+    on the lock connection, never on the producer's."""
+    from amqp_locks.celery import once as claims
+
+    def not_here(*_: Any, **__: Any) -> Any:
+        raise AssertionError("claimed on the producer's connection")
+
+    monkeypatch.setattr(claims, "claim_on", not_here)
+    monkeypatch.setitem(app.conf, "amqp_locks_url", app.conf.broker_url)
+    k = key()
+    first = once.apply_async((k, 0.0), queue=prefork.queue)
+    with pytest.raises(AlreadyQueued):
+        once.apply_async((k, 0.0), queue=prefork.queue)
+    first.get(timeout=30)
+
+
+def test_a_refusal_read_by_another_call_is_not_raised_there(celery_app: Any) -> None:
+    """A refused claim closes its own channel. Whoever reads the connection first gets
+    that close (Celery declaring its queue on another channel, say): it must not raise
+    there, and the claim still answers False; the next claim has an open channel."""
+    from kombu import Producer
+
+    from amqp_locks.celery.once import _claim_channels, claim_on, forget
+
+    name, other = f"test.{key()}", f"test.{key()}"
+    with celery_app.connection_for_write() as conn:
+        producer = Producer(conn)
+        raw = conn.connection
+        try:
+            assert claim_on(producer, name)() is True
+            refused = claim_on(producer, name)
+            assert refused is not None
+            channel = _claim_channels[raw]
+            reader = raw.channel()
+            reads = 0
+            while channel.closed_with is None:  # each passive declare reads what came
+                reader.exchange_declare("amq.direct", "direct", passive=True)
+                reads += 1
+                assert reads < 1000, "the refusal never arrived"
+            assert refused() is False and refused() is False
+            assert _claim_channels[raw].is_open
+            assert claim_on(producer, other)() is True
+        finally:
+            with Broker(conn.as_uri(include_password=True)) as b:
+                forget(b, name, force=True)
+                forget(b, other, force=True)

@@ -320,8 +320,7 @@ class Singleton(Task[..., Any]):
                 raise  # LockTimeout & co.
             # Made with another count (its message says which).
             raise ConfigurationError(
-                f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker must "
-                "agree"
+                f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker must agree"
             ) from exc
 
     def _wait_or_try(self, lock: LockObject, wait: bool) -> Lease | None:
@@ -397,41 +396,64 @@ class Singleton(Task[..., Any]):
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         if self.app.conf.task_always_eager:  # runs here and now: nothing to overlap
-            claimed: Callable[[], bool] = lambda: once_claims.claim(  # noqa: E731
-                self.broker, name, self._durable_claims()
-            )
-        else:
-            claimed = once_claims.claim_soon(self.broker, name, self._durable_claims())
-        try:
-            if self.app.conf.task_always_eager:
-                if not claimed():
-                    raise _Refused
+            if not self._claim_now(name):
+                self._refused(name, graceful)
+                return None
+            try:
                 return super().apply_async(
                     args, kwargs, task_id, producer, link, link_error, shadow, **options
                 )
+            except BaseException:
+                once_claims.forget(self.broker, name)  # claimed but not sent: free it
+                raise
+        try:
             return self._send_gated(
-                claimed, args, kwargs, task_id, producer, link, link_error, shadow, **options
+                name, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         except _Refused:
-            if graceful:
-                log.info("%s: %s is already queued or running; not sent", self.name, name)
-                return None
-            raise AlreadyQueued(
-                f"{self.name}: a call with key {name} is already queued or running"
-            ) from None
-        except BaseException:
-            if _claimed_quietly(claimed):  # claimed but not sent: free the key again
-                once_claims.forget(self.broker, name)
-            raise
+            self._refused(name, graceful)
+            return None
 
-    def _send_gated(self, claimed: Callable[[], bool], *call: Any, **options: Any) -> AsyncResult:  # type: ignore[type-arg]
-        """``apply_async`` through a :class:`_Gated` producer. A producer taken from the
-        pool goes back to it as it came after a refusal: kombu replaces a pooled
-        producer's connection when an exception leaves its ``with`` block (a new
-        connection per refused call, about 6 ms), right only for real failures."""
+    def _claim_now(self, name: str) -> bool:
+        return once_claims.claim(self.broker, name, self._durable_claims())
+
+    def _refused(self, name: str, graceful: bool) -> None:
+        """A refused claim: logged (``graceful``) or :class:`AlreadyQueued` raised."""
+        if graceful:
+            log.info("%s: %s is already queued or running; not sent", self.name, name)
+            return
+        raise AlreadyQueued(f"{self.name}: a call with key {name} is already queued or running")
+
+    def _claim_started(self, name: str, producer: Any) -> Callable[[], bool]:
+        """Start the key's claim: on the producer's own connection when the locks use
+        Celery's broker (once.claim_on), else on the lock connection (once.claim_soon)."""
+        durable = self._durable_claims()
+        if config.setting(self.app, "amqp_locks_url") is None:
+            try:
+                claimed = once_claims.claim_on(producer, name, durable)
+            except Exception as exc:  # the producer's connection failed: kombu recovers it
+                log.debug("%s: claim on the producer's connection failed: %r", self.name, exc)
+                claimed = None
+            if claimed is not None:
+                return claimed
+        return once_claims.claim_soon(self.broker, name, durable)
+
+    def _send_gated(self, name: str, *call: Any, **options: Any) -> AsyncResult:  # type: ignore[type-arg]
+        """``apply_async`` through a :class:`_Gated` producer whose claim was started
+        before Celery builds the message. A producer taken from the pool goes back to it
+        as it came after a refusal: kombu replaces a pooled producer's connection when an
+        exception leaves its ``with`` block (a new connection per refused call, about
+        6 ms), right only for real failures. Claimed but not sent: the key is freed."""
         args, kwargs, task_id, producer, link, link_error, shadow = call
         pooled = None if producer is not None else self.app.producer_pool.acquire(block=True)
-        gated: Any = _Gated(producer if pooled is None else pooled, claimed)
+        used = producer if pooled is None else pooled
+        try:
+            claimed = self._claim_started(name, used)
+        except BaseException:
+            if pooled is not None:
+                pooled.release()
+            raise
+        gated: Any = _Gated(used, claimed)
         try:
             result = super().apply_async(
                 args, kwargs, task_id, gated, link, link_error, shadow, **options
@@ -441,8 +463,11 @@ class Singleton(Task[..., Any]):
                 pooled.release()
             raise
         except BaseException:
+            exc_info = sys.exc_info()
+            if _claimed_quietly(claimed):  # claimed but not sent: free the key again
+                once_claims.forget(self.broker, name)
             if pooled is not None:
-                pooled.__exit__(*sys.exc_info())  # kombu's own exit: replace, release
+                pooled.__exit__(*exc_info)  # kombu's own exit: replace, release
             raise
         if pooled is not None:
             pooled.release()

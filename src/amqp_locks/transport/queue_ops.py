@@ -30,6 +30,10 @@ from .line_args import (
 class QueueOps(ChannelPools):
     """The queue half of :class:`~amqp_locks.transport.session.Session` (a mixin)."""
 
+    #: Test-and-set creations (:meth:`declare_and_publish`) in flight: a connection the
+    #: client gives up waits for them before its socket is aborted (Session.drop).
+    creating: set[asyncio.Future[Any]]
+
     @property
     def version(self) -> tuple[int, int]:
         """The connected broker's (major, minor) version, from its server properties."""
@@ -125,7 +129,10 @@ class QueueOps(ChannelPools):
         async def op(ch: AbstractChannel) -> None:
             await _declare_and_publish(ch, queue, arguments, messages)
 
-        await self.call(queue, op)
+        call = asyncio.ensure_future(self.call(queue, op))
+        self.creating.add(call)
+        call.add_done_callback(self.creating.discard)
+        await call
 
     async def held_max_length(self, queue: str, arguments: dict[str, Any]) -> int | None:
         """The ``x-max-length`` the existing `queue` was declared with, read without

@@ -225,7 +225,10 @@ def claim_on(producer: Any, name: str, durable: bool = True) -> Callable[[], boo
         code, text = channel.closed_with
         if _claim_channels.get(raw) is channel:
             # The next claim's channel, opened now: an accepted claim stays one round trip.
-            _claim_channels[raw] = _claim_channel(raw)
+            # If it cannot be, the next claim opens one (the answer here stands).
+            _claim_channels.pop(raw, None)
+            with contextlib.suppress(Exception):
+                _claim_channels[raw] = _claim_channel(raw)
         if code == 406:  # PRECONDITION_FAILED: another claim's argument: the key is busy
             return False
         if code == 403:

@@ -50,7 +50,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import amqp
 from aiormq.abc import AbstractChannel
+from amqp import spec
+from vine import promise
 
 from ..errors import AccessRefused, BrokerError, BrokerTimeout, PreconditionFailed, QueueNotFound
 from ..transport import Broker
@@ -156,31 +159,26 @@ def _py_amqp(producer: Any) -> Any:
         "amqps",
     ):
         return None
-    try:
-        import amqp
-    except ImportError:  # pragma: no cover - kombu's amqp transport needs it
-        return None
     raw = connection.connection  # connects if it is not yet
     return raw if isinstance(raw, amqp.Connection) and raw.connected else None
 
 
-def _claim_channel(raw: Any) -> Any:
-    """A channel of the py-amqp connection `raw` for claims. Its close (a refused claim)
-    is recorded, not raised: Celery may read the connection (a queue declare of its own)
-    before the claim's answer is asked for, and py-amqp raises a channel's close in
+class _ClaimChannel(amqp.Channel):
+    """A channel of a producer's py-amqp connection for claims. Its close (a refused
+    claim) is recorded, not raised: Celery may read the connection (a queue declare of its
+    own) before the claim's answer is asked for, and py-amqp raises a channel's close in
     whichever call reads it."""
-    import amqp
-    from amqp import spec
 
-    class ClaimChannel(amqp.Channel):
-        closed_with: tuple[int, str] | None = None
+    closed_with: tuple[int, str] | None = None
 
-        def _on_close(self, reply_code: int, reply_text: str, *_: Any) -> None:
-            self.closed_with = (reply_code, reply_text)
-            self.send_method(spec.Channel.CloseOk)
-            self.collect()
+    def _on_close(self, reply_code: int, reply_text: str, *_: Any) -> None:
+        self.closed_with = (reply_code, reply_text)
+        self.send_method(spec.Channel.CloseOk)
+        self.collect()
 
-    channel = ClaimChannel(raw)
+
+def _claim_channel(raw: Any) -> Any:
+    channel = _ClaimChannel(raw)
     channel.open()
     return channel
 
@@ -190,9 +188,6 @@ def claim_on(producer: Any, name: str, durable: bool = True) -> Callable[[], boo
     py-amqp: the locks' broker must be Celery's); the returned callable reads its answer
     (cached: ask as often as needed). None: not possible here, claim on the lock
     connection instead. Only the thread using the producer may call either."""
-    from amqp import spec
-    from vine import promise
-
     raw = _py_amqp(producer)
     if raw is None:
         return None

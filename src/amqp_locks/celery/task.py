@@ -396,7 +396,7 @@ class Singleton(Task[..., Any]):
                 args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         if self.app.conf.task_always_eager:  # runs here and now: nothing to overlap
-            if not self._claim_now(name):
+            if not once_claims.claim(self.broker, name, self._durable_claims()):
                 self._refused(name, graceful)
                 return None
             try:
@@ -413,9 +413,6 @@ class Singleton(Task[..., Any]):
         except _Refused:
             self._refused(name, graceful)
             return None
-
-    def _claim_now(self, name: str) -> bool:
-        return once_claims.claim(self.broker, name, self._durable_claims())
 
     def _refused(self, name: str, graceful: bool) -> None:
         """A refused claim: logged (``graceful``) or :class:`AlreadyQueued` raised."""

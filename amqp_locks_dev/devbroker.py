@@ -26,7 +26,8 @@ default ``/var/cache/amqp-locks``) and entered with ``chroot`` in a private moun
 nodes register with an epmd of their own Erlang, on the line's own port. Needs root.
 
 CLI: ``python -m amqp_locks_dev.devbroker start|stop|status|restart|url [--name NAME]
-[--version 3.10|4.0|4.3]``.
+[--version 3.10|4.0|4.3]``, and ``ctl [--name NAME] [--version V] [--] ARGS...``: the
+running node's own ``rabbitmqctl ARGS`` (its cookie, its line's root), exit status and all.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .localserver import (
     ServerInfo,
     apt_install,
     cli,
+    guarded,
     home,
     locked,
     pid_alive,
@@ -702,8 +704,49 @@ def url(name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | N
 # ------------------------------------------------------------------------------- CLI
 
 
+#: Seconds `ctl` lets one rabbitmqctl command run.
+CTL_TIMEOUT = 600.0
+
+
+def ctl(argv: Sequence[str]) -> int:
+    """``ctl [--name N] [--base-dir D] [--version V] [--] ARGS...``: run the node's
+    ``rabbitmqctl ARGS`` (our options only before ARGS); its output and exit status are
+    rabbitmqctl's. A node that is not running: exit 3, as ``status`` says it."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/broker ctl",
+        description="Run rabbitmqctl against the private node (its cookie, its RabbitMQ line).",
+    )
+    parser.add_argument("--name", default=DEFAULT_NAME, help="node name (default: %(default)s)")
+    parser.add_argument("--base-dir", type=Path, default=None, help="node directory")
+    parser.add_argument(
+        "--version", choices=VERSIONS, default=None,
+        help=f"RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else {HOST_VERSION})",
+    )
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="rabbitmqctl's arguments")
+    ns = parser.parse_args(argv)
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    if not args:
+        parser.error("missing rabbitmqctl arguments (e.g. list_queues name messages)")
+
+    def run() -> int:
+        info = status(ns.name, ns.base_dir, version=ns.version)
+        if info is None:
+            line = f" --version {ns.version}" if ns.version else ""
+            print(f"not running (start it: scripts/broker start{line})", file=sys.stderr)
+            return 3
+        proc = _run_ctl(info, args, CTL_TIMEOUT)
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr)
+        return proc.returncode
+
+    return guarded(run, DevBrokerError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; ``start``/``url`` print only the URL so ``$(...)`` captures it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["ctl"]:
+        return ctl(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m amqp_locks_dev.devbroker", description="Private RabbitMQ node on 127.0.0.1."
     )

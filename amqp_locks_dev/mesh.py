@@ -35,21 +35,18 @@ Teardown (the context manager's ``finally``, and ``atexit``) kills clients, node
 epmds, deletes the host links, the host's blackhole and the namespaces (with the links
 inside them) and checks nothing is left. What a mesh makes is recorded under
 ``/run/amqp-locks-partitions`` (``mesh-<id>.json``) before it is made; a harness whose
-process died is swept by the next harness of either kind (:func:`partition.sweep_stale`).
+process died is swept by the next harness of either kind (:func:`sweep_stale`).
 Needs root.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import ipaddress
 import itertools
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -62,7 +59,7 @@ from typing import Any
 
 from . import devbroker, devcluster
 from .devbroker import NODES, DevBrokerError, NodeInfo
-from .localserver import HOST, home, locked, pid_alive, signal_and_wait
+from .localserver import HOST, STARTED, home, locked, note, signal_and_wait
 from .partition import (
     _BLACKHOLE_METRIC,
     PREFIX,
@@ -73,8 +70,9 @@ from .partition import (
     _host_networks,
     _listening,
     _run,
-    sweep_record,
-    sweep_stale,
+    _spawn_epmd,
+    sweep_dead,
+    sweep_stale_partitions,
 )
 
 __all__ = [
@@ -82,6 +80,7 @@ __all__ = [
     "MeshNetwork",
     "mesh_cluster",
     "mesh_leftovers",
+    "sweep_stale",
     "sweep_stale_meshes",
 ]
 
@@ -217,6 +216,7 @@ def _create_network(size: int) -> MeshNetwork:
             _ip("route", "add", "blackhole", str(net.block), "metric", str(_BLACKHOLE_METRIC))
             for i in net.indexes:
                 ns = net.ns(i)
+                note({"netns": ns, "how": STARTED}, "netns")  # the run's stop removes it
                 _ip("netns", "add", ns)
                 _run(["ip", "netns", "exec", ns, "sysctl", "-qw", *_NS_SYSCTLS])
                 _ns_ip(ns, "link", "set", "lo", "up")
@@ -336,24 +336,23 @@ def mesh_leftovers(net: MeshNetwork) -> list[str]:
     return left
 
 
+def sweep_stale() -> list[str]:
+    """Remove what every harness (partition or mesh) whose process is gone left: one sweep
+    for ``scripts/servers`` and every harness; the namespaces swept."""
+    return sweep_stale_partitions() + sweep_stale_meshes()
+
+
 def sweep_stale_meshes() -> list[str]:
     """Remove what meshes whose process is gone left: their nodes, epmds, network and
-    files (called by :func:`partition.sweep_stale`)."""
-    swept = []
-    for path in sorted(STATE_DIR.glob("mesh-*.json")):
-        try:
-            raw = json.loads(path.read_text())
-            net = MeshNetwork(
-                str(raw["id"]), ipaddress.IPv4Network(raw["block"]), int(raw["size"])
-            )
-            owner = int(raw["owner"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if pid_alive(owner):
-            continue
-        sweep_record(raw, functools.partial(_delete_network, net))
-        swept += net.namespaces
-    return swept
+    files."""
+    nets = sweep_dead(
+        "mesh-*.json",
+        lambda raw: MeshNetwork(
+            str(raw["id"]), ipaddress.IPv4Network(raw["block"]), int(raw["size"])
+        ),
+        _delete_network,
+    )
+    return [ns for net in nets for ns in net.namespaces]
 
 
 def _join_all(seed: NodeInfo, others: Sequence[NodeInfo]) -> None:
@@ -380,18 +379,9 @@ class MeshCluster(ClusterNodes):
     Node indexes are 1-based like the node names. Make it with :func:`mesh_cluster`.
     """
 
-    version: str
-    net: MeshNetwork
-    base_dir: Path
-    net_ticktime: int | None
-    nodes: tuple[NodeInfo, ...] = ()
-    #: Seconds from nothing to a joined cluster (network, epmds, boots, joins).
-    started_in: float = 0.0
+    net: MeshNetwork = field(kw_only=True)
     epmd_port: int = 0
-    _epmds: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    _clients: list[subprocess.Popen[Any]] = field(default_factory=list)
     _cut: set[tuple[int, int]] = field(default_factory=set)
-    _torn_down: bool = False
 
     @property
     def size(self) -> int:
@@ -497,15 +487,6 @@ class MeshCluster(ClusterNodes):
     def teardown(self) -> None:
         """Stop every process this mesh started and delete its network and files, even
         half-made; raises if anything is left."""
-        if self._torn_down:
-            return
-        self._torn_down = True
-        errors: list[str] = []
-        for proc in self._clients:
-            if proc.poll() is None:
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
 
         def kill(node_dir: Path) -> str | None:
             try:
@@ -514,27 +495,23 @@ class MeshCluster(ClusterNodes):
                 return f"kill the node in {node_dir}: {e}"
             return None
 
-        # Every node that got as far as a state file, booted or not (a failed start leaves
-        # `nodes` empty); whatever else runs in the namespaces dies with them below.
-        node_dirs = [state.parent for state in sorted(self.base_dir.glob("*/node.json"))]
-        if node_dirs:
+        def kill_nodes() -> list[str]:
+            # Every node that got as far as a state file, booted or not (a failed start
+            # leaves `nodes` empty); whatever else runs in the namespaces dies with them.
+            node_dirs = [state.parent for state in sorted(self.base_dir.glob("*/node.json"))]
+            if not node_dirs:
+                return []
             with ThreadPoolExecutor(len(node_dirs)) as pool:
-                errors += [e for e in pool.map(kill, node_dirs) if e]
-        for epmd in self._epmds:
-            if epmd.poll() is None:
-                epmd.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                epmd.wait(timeout=10)
-        errors += _delete_network(self.net)
-        errors += mesh_leftovers(self.net)
-        if os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-        if errors:
-            raise PartitionError("mesh harness teardown: " + "; ".join(errors))
+                return [e for e in pool.map(kill, node_dirs) if e]
+
+        self._teardown(
+            kill_nodes, lambda: _delete_network(self.net) + mesh_leftovers(self.net), "mesh harness"
+        )
 
     def _start(self, wait: float) -> None:
         began = time.monotonic()
         net, version = self.net, self.version
+        _update_record(net, base_dir=str(self.base_dir))
         name = f"m{net.id}"
         devbroker.ensure_installed(version)
         devcluster._prepare(self.base_dir, name, self.size, version)
@@ -544,15 +521,7 @@ class MeshCluster(ClusterNodes):
                 *_epmd_argv(version), "-port", str(self.epmd_port),
                 "-address", f"{HOST},{net.address(i)}",
             ]
-            self._epmds.append(
-                subprocess.Popen(
-                    ["ip", "netns", "exec", net.ns(i), *argv],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
+            self._epmds.append(_spawn_epmd(["ip", "netns", "exec", net.ns(i), *argv]))
         _update_record(net, epmds=[p.pid for p in self._epmds])
         deadline = time.monotonic() + 30
         for i in net.indexes:
@@ -563,11 +532,7 @@ class MeshCluster(ClusterNodes):
         self._await_links(net.pairs, 10)  # every link carries traffic before the boots
         templates = []
         for i in net.indexes:
-            d = devcluster._node_dir(self.base_dir, name, i)
-            if self.net_ticktime is not None:
-                (d / "advanced.config").write_text(
-                    f"[{{kernel, [{{net_ticktime, {int(self.net_ticktime)}}}]}}].\n"
-                )
+            d = self._node_dir(name, i)
             templates.append(
                 NodeInfo(
                     devcluster._node_name(name, i), 0, 0, d, version, net.address(i),
@@ -607,15 +572,8 @@ def mesh_cluster(
     version = devbroker.check_version(version or devbroker.default_version())
     net = _create_network(size)
     base = (base_dir or home() / "mesh") / f"{version}-{net.id}"
-    cluster = MeshCluster(version, net, base, net_ticktime)
-    atexit.register(cluster.teardown)
-    try:
-        _update_record(net, base_dir=str(base))
-        cluster._start(wait)
+    with MeshCluster(version, base, net_ticktime, net=net).running(wait) as cluster:
         yield cluster
-    finally:
-        atexit.unregister(cluster.teardown)
-        cluster.teardown()
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -646,8 +604,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         began = time.monotonic()
         mc.heal()
         figures["heal_s"] = round(time.monotonic() - began, 2)
-        net = mc.net
-    figures["leftovers"] = mesh_leftovers(net)
+    figures["leftovers"] = mesh_leftovers(mc.net)
     print(json.dumps(figures))
     return 0
 

@@ -51,11 +51,20 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from . import devbroker, devcluster
 from .devbroker import NODES, DevBrokerError, NodeInfo
-from .localserver import HOST, cmdline_mentions, home, locked, pid_alive, signal_and_wait
+from .localserver import (
+    HOST,
+    STARTED,
+    cmdline_mentions,
+    home,
+    locked,
+    note,
+    pid_alive,
+    signal_and_wait,
+)
 
 __all__ = [
     "ClusterNodes",
@@ -64,7 +73,7 @@ __all__ = [
     "PartitionError",
     "leftovers",
     "partition_cluster",
-    "sweep_stale",
+    "sweep_stale_partitions",
 ]
 
 #: The private range the harness's /30s come from (checked against the host's addresses
@@ -78,6 +87,8 @@ _BLACKHOLE_METRIC = 4242
 #: The namespace prefix: ``ip netns list`` shows ours by it.
 PREFIX = "alp-"
 SIZE = 3
+#: A harness's network record type (Network, mesh.MeshNetwork).
+_N = TypeVar("_N")
 
 
 class PartitionError(DevBrokerError):
@@ -211,37 +222,52 @@ def sweep_record(raw: dict[str, Any], delete_network: Callable[[], object]) -> N
         shutil.rmtree(base, ignore_errors=True)
 
 
-def sweep_stale() -> list[str]:
-    """Remove what harnesses whose process is gone left (a SIGKILLed test run): their
-    host-side nodes and epmd, their network and their files, meshes' too (one sweep for
-    ``scripts/servers`` and every harness); the namespaces swept."""
+def sweep_dead(
+    pattern: str,
+    network_of: Callable[[dict[str, Any]], _N | None],
+    delete_network: Callable[[_N], object],
+) -> list[_N]:
+    """Sweep (:func:`sweep_record`) each record in STATE_DIR matching `pattern` whose owner
+    process is gone; the networks swept. `network_of` reads a record's network (None: not
+    this harness's record); a record that cannot be read is left."""
     swept = []
-    for path in sorted(STATE_DIR.glob("*.json")):
+    for path in sorted(STATE_DIR.glob(pattern)):
         try:
             raw = json.loads(path.read_text())
-            if raw.get("kind", "partition") != "partition":
-                continue  # a mesh's record (amqp_locks_dev.mesh sweeps it, below)
-            net = Network(str(raw["id"]), ipaddress.IPv4Network(raw["subnet"]))
+            net = network_of(raw)
             owner = int(raw["owner"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if pid_alive(owner):
+        if net is None or pid_alive(owner):
             continue
-        sweep_record(raw, functools.partial(_delete_network, net))
-        swept.append(net.ns)
-    from . import mesh  # imports this module: not at the top
+        sweep_record(raw, functools.partial(delete_network, net))
+        swept.append(net)
+    return swept
 
-    return swept + mesh.sweep_stale_meshes()
+
+def _network_of(raw: dict[str, Any]) -> Network | None:
+    if raw.get("kind", "partition") != "partition":
+        return None  # a mesh's record (amqp_locks_dev.mesh sweeps it)
+    return Network(str(raw["id"]), ipaddress.IPv4Network(raw["subnet"]))
+
+
+def sweep_stale_partitions() -> list[str]:
+    """Remove what partition harnesses whose process is gone left (a SIGKILLed test run):
+    their host-side nodes and epmd, their network and their files; the namespaces swept.
+    :func:`amqp_locks_dev.mesh.sweep_stale` sweeps meshes' too (one sweep for
+    ``scripts/servers`` and every harness)."""
+    return [net.ns for net in sweep_dead("*.json", _network_of, _delete_network)]
 
 
 def _create_network() -> Network:
     """Make the namespace, the veth pair and the blackhole route (recorded first)."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     with locked(STATE_DIR):  # two harnesses never pick the same /30
-        sweep_stale()
+        sweep_stale_partitions()
         net = Network(secrets.token_hex(3), _pick_subnet())
         (STATE_DIR / f"{net.id}.json").write_text(json.dumps(net.record()) + "\n")
         try:
+            note({"netns": net.ns, "how": STARTED}, "netns")  # the run's stop removes it
             _run(["ip", "netns", "add", net.ns])
             _run(
                 [
@@ -307,11 +333,85 @@ def _listening(host: str, port: int, netns: str | None = None) -> bool:
     return subprocess.run(argv, capture_output=True, check=False).returncode == 0
 
 
+def _spawn_epmd(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start an epmd (`argv`, with its ``ip netns exec`` prefix if any) detached, silent."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+@dataclass
 class ClusterNodes:
     """What a harness's started nodes answer (shared with :mod:`~amqp_locks_dev.mesh`):
-    node lookup by 1-based index, ``rabbitmqctl`` on the node's side, what it sees."""
+    node lookup by 1-based index, ``rabbitmqctl`` on the node's side, what it sees; and the
+    lifecycle both harnesses share (:meth:`running`, :meth:`_teardown`)."""
 
-    nodes: tuple[NodeInfo, ...]
+    version: str
+    base_dir: Path
+    net_ticktime: int | None
+    nodes: tuple[NodeInfo, ...] = ()
+    #: Seconds from nothing to a joined cluster (network, epmds, boots, joins).
+    started_in: float = 0.0
+    _epmds: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _clients: list[subprocess.Popen[Any]] = field(default_factory=list)
+    _torn_down: bool = False
+
+    def _start(self, wait: float) -> None:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def running(self, wait: float) -> Iterator[Self]:
+        """Start the harness and yield it, torn down on exit whatever happened (and at
+        interpreter exit if the ``with`` body never returns)."""
+        atexit.register(self.teardown)
+        try:
+            self._start(wait)
+            yield self
+        finally:
+            atexit.unregister(self.teardown)
+            self.teardown()
+
+    def _teardown(
+        self, kill_nodes: Callable[[], list[str]], drop_network: Callable[[], list[str]], what: str
+    ) -> None:
+        """Stop, in this order, the clients, the nodes (`kill_nodes`: its errors), the epmds,
+        then the network (`drop_network`: its errors and leftovers) and the files; raises
+        naming `what` if anything is left. Once only."""
+        if self._torn_down:
+            return
+        self._torn_down = True
+        for proc in self._clients:
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        errors = kill_nodes()
+        for epmd in self._epmds:
+            if epmd.poll() is None:
+                epmd.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                epmd.wait(timeout=10)
+        errors += drop_network()
+        if os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+        if errors:
+            raise PartitionError(f"{what} teardown: " + "; ".join(errors))
+
+    def _node_dir(self, name: str, index: int) -> Path:
+        """Node `index`'s prepared folder, with the harness's ``net_ticktime`` if set."""
+        d = devcluster._node_dir(self.base_dir, name, index)
+        if self.net_ticktime is not None:
+            (d / "advanced.config").write_text(
+                f"[{{kernel, [{{net_ticktime, {int(self.net_ticktime)}}}]}}].\n"
+            )
+        return d
 
     def node(self, index: int) -> NodeInfo:
         if not 1 <= index <= len(self.nodes):
@@ -364,17 +464,8 @@ class PartitionCluster(ClusterNodes):
     Node indexes are 1-based like the node names. Make it with :func:`partition_cluster`.
     """
 
-    version: str
-    net: Network
-    base_dir: Path
-    net_ticktime: int | None
-    nodes: tuple[NodeInfo, ...] = ()
-    #: Seconds from nothing to a joined cluster (namespace, epmds, boots, joins).
-    started_in: float = 0.0
-    _epmds: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    _clients: list[subprocess.Popen[Any]] = field(default_factory=list)
+    net: Network = field(kw_only=True)
     _down: bool = False
-    _torn_down: bool = False
 
     # ---- addresses and commands
 
@@ -440,34 +531,23 @@ class PartitionCluster(ClusterNodes):
     def teardown(self) -> None:
         """Stop every process this harness started and delete its network and files, even
         half-made; raises if anything is left (``ip netns list``, ``ip link``)."""
-        if self._torn_down:
-            return
-        self._torn_down = True
-        errors: list[str] = []
-        for proc in self._clients:
-            if proc.poll() is None:
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-        for node in self.nodes:
-            try:
-                NODES.kill(node.base_dir)
-            except (DevBrokerError, OSError) as e:
-                errors.append(f"kill {node.node}: {e}")
-        for epmd in self._epmds:
-            if epmd.poll() is None:
-                epmd.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                epmd.wait(timeout=10)
-        errors += _delete_network(self.net)
-        errors += leftovers(self.net)
-        if os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
-            shutil.rmtree(self.base_dir, ignore_errors=True)
-        if errors:
-            raise PartitionError("partition harness teardown: " + "; ".join(errors))
+
+        def kill_nodes() -> list[str]:
+            errors = []
+            for node in self.nodes:
+                try:
+                    NODES.kill(node.base_dir)
+                except (DevBrokerError, OSError) as e:
+                    errors.append(f"kill {node.node}: {e}")
+            return errors
+
+        self._teardown(
+            kill_nodes, lambda: _delete_network(self.net) + leftovers(self.net), "partition harness"
+        )
 
     def _start(self, wait: float) -> None:
         began = time.monotonic()
+        _update_record(self.net, base_dir=str(self.base_dir))
         name = f"p{self.net.id}"
         version = self.version
         devbroker.ensure_installed(version)
@@ -477,15 +557,7 @@ class PartitionCluster(ClusterNodes):
         for netns, address in sides:
             argv = [*_epmd_argv(version), "-port", str(epmd_port), "-address", f"{HOST},{address}"]
             prefix = ["ip", "netns", "exec", netns] if netns else []
-            self._epmds.append(
-                subprocess.Popen(
-                    [*prefix, *argv],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
+            self._epmds.append(_spawn_epmd([*prefix, *argv]))
         _update_record(self.net, epmds=[p.pid for p in self._epmds])
         for netns, address in sides:
             deadline = time.monotonic() + 30
@@ -495,11 +567,7 @@ class PartitionCluster(ClusterNodes):
                 time.sleep(0.05)
         templates = []
         for i in range(1, SIZE + 1):
-            d = devcluster._node_dir(self.base_dir, name, i)
-            if self.net_ticktime is not None:
-                (d / "advanced.config").write_text(
-                    f"[{{kernel, [{{net_ticktime, {int(self.net_ticktime)}}}]}}].\n"
-                )
+            d = self._node_dir(name, i)
             netns, address = sides[0] if i == 1 else sides[1]
             templates.append(
                 NodeInfo(
@@ -536,15 +604,8 @@ def partition_cluster(
     version = devbroker.check_version(version or devbroker.default_version())
     net = _create_network()
     base = (base_dir or home() / "partition") / f"{version}-{net.id}"
-    cluster = PartitionCluster(version, net, base, net_ticktime)
-    atexit.register(cluster.teardown)
-    try:
-        _update_record(net, base_dir=str(base))
-        cluster._start(wait)
+    with PartitionCluster(version, base, net_ticktime, net=net).running(wait) as cluster:
         yield cluster
-    finally:
-        atexit.unregister(cluster.teardown)
-        cluster.teardown()
 
 
 def _main() -> int:
@@ -564,8 +625,7 @@ def _main() -> int:
         figures["detected_s"] = round(pc.wait_node_down(2, 1) - cut_at, 2)
         figures["running_after_cut"] = pc.running_nodes(2)
         pc.heal()
-        net = pc.net
-    figures["leftovers"] = leftovers(net)
+    figures["leftovers"] = leftovers(pc.net)
     print(json.dumps(figures))
     return 0
 

@@ -6,11 +6,12 @@ or found running by any process of the run notes itself there once, by its direc
 partition-harness nodes, PostgreSQL, MariaDB. At the end, the servers the run *started*
 are stopped (in parallel: a RabbitMQ node's clean stop takes seconds); those it *found*
 running were there before it and are left as they were. Network namespaces named
-``alp-*`` (the partition and mesh harnesses) that did not exist when the run began are removed
-with whatever runs in them.
+``alp-*`` that the run's partition and mesh harnesses noted as made are removed with
+whatever runs in them (never another run's, made while this one ran).
 
     python -m amqp_locks_dev.servers begin LEDGER   # note the namespaces that exist now
     python -m amqp_locks_dev.servers stop LEDGER    # stop what the run started
+    python -m amqp_locks_dev.servers stop --brief --servers-only LEDGER  # its servers only
     python -m amqp_locks_dev.servers list LEDGER    # what the run started, still running
 """
 
@@ -97,6 +98,14 @@ def _stop(entry: Entry) -> tuple[Entry, str | None]:
     return entry, None
 
 
+def _made(ledger: Path) -> set[str]:
+    """The namespaces this run's harnesses noted as made (never another run's: two runs
+    side by side on one machine each remove only their own)."""
+    return {
+        raw["netns"] for raw in read_ledger(ledger) if "netns" in raw and raw.get("how") == STARTED
+    }
+
+
 def _remove_namespace(ns: str) -> str | None:
     """Kill what runs in `ns` (processes only our harness put there) and delete it."""
     pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=False)
@@ -106,10 +115,12 @@ def _remove_namespace(ns: str) -> str | None:
     return None if proc.returncode == 0 else proc.stderr.strip()
 
 
-def stop(ledger: Path, brief: bool = False) -> int:
-    """Stop every server the run started that still runs, and the namespaces it made;
-    print what was stopped and (unless `brief`: between two steps of a run) what is left
-    running. Exit status 1 if anything the run started could not be stopped."""
+def stop(ledger: Path, brief: bool = False, servers_only: bool = False) -> int:
+    """Stop every server the run started that still runs, and the namespaces it made
+    (unless `servers_only`: other steps of the run, side by side, may use namespaces made
+    since it began); print what was stopped and (unless `brief`: between two steps of a
+    run) what is left running. Exit status 1 if anything the run started could not be
+    stopped."""
     entries = servers(ledger)
     started = [e for e in entries if e.started and e.running()]
     kept = [e for e in entries if not e.started and e.running()]
@@ -119,12 +130,11 @@ def stop(ledger: Path, brief: bool = False) -> int:
             for entry, error in pool.map(_stop, started):
                 if error is not None:
                     failures.append(f"{entry.describe()}: {error}")
-    before = {raw["netns"] for raw in read_ledger(ledger) if "netns" in raw}
-    made = [ns for ns in namespaces() if ns not in before]
+    made = [] if servers_only else [ns for ns in namespaces() if ns in _made(ledger)]
     if made:
         # The harness's own sweep knows its links and routes too, when it is there.
         with contextlib.suppress(ImportError, AttributeError, RuntimeError, OSError):
-            importlib.import_module("amqp_locks_dev.partition").sweep_stale()
+            importlib.import_module("amqp_locks_dev.mesh").sweep_stale()
         for ns in namespaces():
             if ns in made:
                 error = _remove_namespace(ns)
@@ -154,8 +164,7 @@ def stop(ledger: Path, brief: bool = False) -> int:
 def show(ledger: Path) -> int:
     """What the run started that still runs, and how to stop it."""
     running = [e for e in servers(ledger) if e.started and e.running()]
-    before = {raw["netns"] for raw in read_ledger(ledger) if "netns" in raw}
-    made = [ns for ns in namespaces() if ns not in before]
+    made = [ns for ns in namespaces() if ns in _made(ledger)]
     count = len(running) + len(made)
     print(f"== servers: kept {count} this run started (--keep-servers):")
     for entry in running:
@@ -171,12 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", choices=["begin", "stop", "list"])
     parser.add_argument("ledger", type=Path)
     parser.add_argument("--brief", action="store_true", help="stop: say only what was stopped")
+    parser.add_argument(
+        "--servers-only",
+        action="store_true",
+        help="stop: leave network namespaces (steps running side by side may use them)",
+    )
     args = parser.parse_args(argv)
     if args.command == "begin":
         begin(args.ledger)
         return 0
     if args.command == "stop":
-        return stop(args.ledger, args.brief)
+        return stop(args.ledger, args.brief, args.servers_only)
     return show(args.ledger)
 
 

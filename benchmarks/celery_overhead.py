@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -275,29 +276,32 @@ def run(url: str, line: str, calls: int, warmup: int, burst: int = 300) -> dict[
     }
 
 
+def _markdown(head: str, rule: str, rows: Iterable[str]) -> str:
+    """A markdown table: its head row, its alignment row, then one line a row."""
+    return "\n".join([head, rule, *rows])
+
+
 def table(result: dict[str, Any]) -> str:
-    lines = [
+    return _markdown(
         "| variant | library | key | p50 ms | p90 ms | overhead (p50) ms | refused, retried |",
         "|---|---|---|---:|---:|---:|---:|",
-    ]
-    for r in result["rows"]:
-        lines.append(
+        (
             f"| {r['variant']} | {r['library']} | {r['key']} | {r['p50_ms']:.2f} | "
             f"{r['p90_ms']:.2f} | {r['overhead_p50_ms']:+.2f} | {r['refused_and_retried']} |"
-        )
-    return "\n".join(lines)
+            for r in result["rows"]
+        ),
+    )
 
 
 def enqueue_table(result: dict[str, Any]) -> str:
     e = result["enqueue"]
-    lines = [
+    return _markdown(
         f"| variant | library | apply_async p50 ms | p90 ms | x plain (p50) | "
         f"burst of {e['burst']}: calls/s | burst vs plain |",
         "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in e["rows"]:
-        lines.append(
+        (
             f"| {r['variant']} | {r['library']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
             f"{r['x_plain_p50']:.2f} | {r['burst_per_s']:.0f} | {r['burst_vs_plain']:.0%} |"
-        )
-    return "\n".join(lines)
+            for r in e["rows"]
+        ),
+    )

@@ -3,7 +3,8 @@ servers on loopback (scenarios, options and outputs: benchmarks/README.md).
 
 ``report`` (the default; ``scripts/bench``) measures every figure of docs/benchmarks.md
 into a results JSON, then renders the report from it; ``--render-only JSON`` only renders.
-The others feed docs/celery.md (``celery-overhead``), docs/cluster.md (``cluster``) and
+The others feed docs/celery.md (``celery-overhead``), docs/observability.md
+(``otel-overhead``), docs/cluster.md (``cluster``) and
 docs/benchmarks.md's profiles (``profile-acquire``, ``profile-handoff``); ``names`` runs
 benchmarks/names.py (per-entity lock names, issue 30) with its defaults.
 """
@@ -347,6 +348,17 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
 
         _with_broker(args, celery)
         return 0
+    if args.scenario == "otel-overhead":  # on the private node (benchmarks/otel_overhead.py)
+        from benchmarks import otel_overhead
+
+        def otel(url: str, _: Any) -> None:
+            blocks = 3 if args.quick else (args.calls or 30)
+            result = otel_overhead.run(url, args.rabbitmq, blocks)
+            _write_json(args.json or RESULTS / "otel-overhead.json", result)
+            print(otel_overhead.table(result))
+
+        _with_broker(args, otel)
+        return 0
     if args.scenario == "names":  # its own private node(s) and Redis (benchmarks/names.py)
         from benchmarks import names
 
@@ -380,7 +392,15 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
     return 0
 
 
-SCENARIOS = ("report", "celery-overhead", "cluster", "names", "profile-acquire", "profile-handoff")
+SCENARIOS = (
+    "report",
+    "celery-overhead",
+    "otel-overhead",
+    "cluster",
+    "names",
+    "profile-acquire",
+    "profile-handoff",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,7 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     add("--rabbitmq", choices=devbroker.VERSIONS, help=f"private node's line ({lines})")
     also = "another line's results file whose floors/targets table to show too (or none)"
     add("--also", type=Path, action="append", metavar="JSON", help=also)
-    add("--calls", type=int, help="celery-overhead: measured calls per variant (200)")
+    add(
+        "--calls",
+        type=int,
+        help="celery-overhead: measured calls per variant (200); "
+        "otel-overhead: blocks of 100 cycles per variant (30)",
+    )
     add("--warmup", type=int, default=20, help="celery-overhead: unmeasured calls per variant")
     add("--burst", type=int, default=300, help="celery-overhead: calls per enqueue burst")
     add("-n", type=int, help="profile-*: samples (acquire 1000, handoff 200)")

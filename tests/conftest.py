@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import pytest
 from yarl import URL
 
 from amqp_locks import Broker
+from amqp_locks.transport.session import Session
 from amqp_locks_dev import devbroker
 
 from .faultproxy import FaultProxy
 from .nodes import node_name, test_home
 
 TEST_NODE = node_name("amqplockstest")
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -50,28 +53,83 @@ def broker(amqp_url: str) -> Iterator[Broker]:
     b.close()
 
 
+def on_session(broker: Broker, step: Callable[[Session], Awaitable[T]]) -> T:
+    """`step` given the Broker's current session, run on its I/O thread: a test reads or
+    changes the broker as the library's own calls do."""
+
+    async def go() -> T:
+        return await step(await broker._core.session())
+
+    return broker._core.run(go())
+
+
+def queue_counts(broker: Broker, queue: str) -> tuple[int, int]:
+    """(ready messages, consumers) of `queue`, exactly (declare-ok counts quorum messages)."""
+    return on_session(broker, lambda session: session.declare_passive_counts(queue))
+
+
+@pytest.fixture
+def quick_heal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shorter heal registration delay and jitter (tokens/heal.py, read at each use): every
+    heal still waits its whole period (lock delay + HEAL_MARGIN); test_heal's
+    test_a_mutex_whose_creator_died_before_its_token_grants_again asserts that."""
+    from amqp_locks.tokens import heal
+
+    monkeypatch.setattr(heal, "REGISTER_AFTER", 0.3)
+    monkeypatch.setattr(heal, "HEAL_JITTER", 0.5)
+
+
+def fence_counter(broker: Broker, name: str) -> str:
+    """The generation queue lock `name` counts on now (fencing.py; made if never made)."""
+    from amqp_locks.fencing import current_queue
+
+    return on_session(broker, lambda session: current_queue(session, name))
+
+
 def fence_messages(broker: Broker, name: str) -> int:
-    """Messages in the lock's fence shard, exactly: declare-ok counts quorum messages
-    (list_queues' stats lag by seconds)."""
-    from amqp_locks.names import fence_shard
+    """Counter messages in the lock's current fence generation: every message taken on one
+    channel, then returned by closing it. (Declare-ok also counts existence probes that
+    landed behind the counter message and expire when they reach the head.)"""
+    queue = fence_counter(broker, name)
 
-    async def count() -> int:
-        session = await broker._core.session()
-        ok = await session.call(None, lambda ch: ch.queue_declare(fence_shard(name), passive=True))
-        return int(ok.message_count)
+    async def count(session: Session) -> int:
+        ch = await session.open_channel()
+        got = 0
+        try:
+            while True:
+                m = await ch.basic_get(queue, no_ack=False)
+                if m.delivery is None or type(m.delivery).__name__ != "GetOk":
+                    return got
+                got += 1 if m.body else 0
+        finally:
+            await ch.close()
 
-    return broker._core.run(count())
+    return on_session(broker, count)
 
 
 def drop_fence_shard(broker: Broker, name: str) -> None:
-    """Delete the lock's fence shard if it exists (queue.delete is idempotent)."""
-    from amqp_locks.names import fence_shard
+    """Put the lock's fence shard back to "never made": its marker, its generations near
+    the current one and a pre-generation shard queue deleted (queue.delete is idempotent)."""
+    from amqp_locks.names import (
+        fence_generation,
+        fence_marker,
+        fence_shard,
+        fence_shard_index,
+        fence_tombstone,
+    )
 
-    async def drop() -> None:
-        session = await broker._core.session()
-        await session.call(None, lambda ch: ch.queue_delete(fence_shard(name)))
+    k = fence_shard_index(name)
+    current = int(fence_counter(broker, name).rsplit("-g", 1)[1])
 
-    broker._core.run(drop())
+    async def drop(session: Session) -> None:
+        session.fence_gens.pop(k, None)
+        doomed = [fence_shard(name), fence_marker(k)]
+        for g in range(max(0, current - 8), current + 3):
+            doomed += [fence_generation(k, g), fence_tombstone(k, g)]
+        for q in doomed:
+            await session.call(None, lambda ch, q=q: ch.queue_delete(q))
+
+    on_session(broker, drop)
 
 
 @pytest.fixture
@@ -80,9 +138,19 @@ def name() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
 
 
+def _node_proxy(node: devbroker.NodeInfo, amqp: bool) -> Iterator[FaultProxy]:
+    url = URL(node.url)
+    with FaultProxy(url.host or "127.0.0.1", url.port or 5672, amqp=amqp) as p:
+        yield p
+
+
 @pytest.fixture
 def proxy(node: devbroker.NodeInfo) -> Iterator[FaultProxy]:
-    url = URL(node.url)
-    p = FaultProxy(url.host or "127.0.0.1", url.port or 5672)
-    yield p
-    p.close()
+    """A fault proxy in front of the test node (byte-level faults)."""
+    yield from _node_proxy(node, amqp=False)
+
+
+@pytest.fixture
+def amqp_proxy(node: devbroker.NodeInfo) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the test node that reads AMQP frames (mute, cut_after)."""
+    yield from _node_proxy(node, amqp=True)

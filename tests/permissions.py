@@ -6,6 +6,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 
+from amqp_locks import Broker
 from amqp_locks_dev import devbroker
 
 
@@ -24,3 +25,20 @@ def restricted_url(
     finally:
         devbroker.rabbitmqctl(node, "delete_user", user)
         devbroker.rabbitmqctl(node, "delete_vhost", vhost)
+
+
+@contextlib.contextmanager
+def restricted_brokers(
+    node: devbroker.NodeInfo,
+    names: str,
+    write: str = r"^amq\.default$",
+    holder_id: str | None = None,
+) -> Iterator[tuple[Broker, Broker]]:
+    """Two Brokers of a :func:`restricted_url` user who may configure and read `names` and
+    write to `write`: a holder (with `holder_id`) and another client."""
+    with (
+        restricted_url(node, names, write, names) as url,
+        Broker(url, holder_id=holder_id) as holder,
+        Broker(url) as other,
+    ):
+        yield holder, other

@@ -10,6 +10,7 @@ directory outside the repository, so it imports what a user's ``pip install`` ga
     python smoke.py metrics AMQP_URL        # extra `metrics`: Prometheus series of a grant
     python smoke.py tooz AMQP_URL           # extra `tooz`: a lock through tooz's API
     python smoke.py celery AMQP_URL         # extra `celery`: a Singleton task holding its lock
+    python smoke.py otel AMQP_URL           # extra `otel`: the instrumentor, no SDK installed
 
 Each check prints one line; any failure raises (a traceback, exit status 1).
 """
@@ -34,6 +35,7 @@ OPTIONAL = {
     "metrics": ["prometheus_client"],
     "tooz": ["tooz"],
     "celery": ["celery"],
+    "otel": ["opentelemetry"],
 }
 
 
@@ -120,8 +122,17 @@ def plain(url: str) -> None:
     check("amqp-locks status", r.returncode == 0 and f'"name": "{n}"' in r.stdout)
     cli("semaphore", "destroy", n, env=env)
     with tempfile.TemporaryDirectory() as d:
-        r = cli("elect", n, "--locker", "lease-database", "--db-url", f"sqlite:///{d}/x.db",
-                "--", "true", env=env)
+        r = cli(
+            "elect",
+            n,
+            "--locker",
+            "lease-database",
+            "--db-url",
+            f"sqlite:///{d}/x.db",
+            "--",
+            "true",
+            env=env,
+        )
     check(
         "elect --locker lease-database: exit 2, one line naming the extra, no traceback",
         r.returncode == 2
@@ -207,6 +218,24 @@ def celery_tasks(url: str) -> None:
         close_all()
 
 
+def otel(url: str) -> None:
+    from importlib.metadata import entry_points
+
+    from amqp_locks import Broker, Mutex
+    from amqp_locks.otel import AmqpLocksInstrumentor
+
+    only_extra("otel")
+    found = [e.value for e in entry_points(group="opentelemetry_instrumentor")]
+    check("otel: entry point registered", "amqp_locks.otel:AmqpLocksInstrumentor" in found)
+    instrumentor = AmqpLocksInstrumentor()
+    instrumentor.instrument()  # the API's no-op providers: the SDK is the application's
+    try:
+        with Broker(url) as broker, Mutex(broker, name(), timeout=10) as lease:
+            check("otel: a grant under the no-op providers", lease.fencing_token > 0)
+    finally:
+        instrumentor.uninstrument()
+
+
 def main(argv: list[str]) -> None:
     what, *args = argv
     runs: dict[str, Callable[[], None]] = {
@@ -217,6 +246,7 @@ def main(argv: list[str]) -> None:
         "metrics": lambda: metrics(args[0]),
         "tooz": lambda: tooz_driver(args[0]),
         "celery": lambda: celery_tasks(args[0]),
+        "otel": lambda: otel(args[0]),
     }
     runs[what]()
 

@@ -26,6 +26,7 @@ from amqp_locks import (
     ReadWriteLock,
     ReleaseUnconfirmed,
     SemaphoreAdmin,
+    TokenAdmin,
     TokenSemaphore,
     aio,
 )
@@ -161,6 +162,14 @@ def _hold(kind: Kind, broker: Broker, name: str) -> Lease:
     return lease
 
 
+def _held_beside(
+    kind: Kind, brokers: Callable[..., Broker], name: str
+) -> tuple[Broker, Broker, Lease]:
+    """A holder's Broker, another client's, and the holder's lease of `kind`."""
+    holder, other = brokers(), brokers()
+    return holder, other, _hold(kind, holder, name)
+
+
 # --- point 3: closing a Broker under waiters -------------------------------------------------
 
 
@@ -168,8 +177,7 @@ def _hold(kind: Kind, broker: Broker, name: str) -> Lease:
 def test_close_ends_a_waiting_thread_with_broker_closed_at_once(
     kind: Kind, brokers: Callable[..., Broker], name: str
 ) -> None:
-    holder, other = brokers(), brokers()
-    held = _hold(kind, holder, name)
+    holder, other, held = _held_beside(kind, brokers, name)
     outcome: dict[str, Any] = {}
 
     def wait() -> None:
@@ -276,8 +284,7 @@ def test_close_ends_an_admin_wait_with_broker_closed(
 def test_release_wait_means_the_lock_is_free_on_return(
     kind: Kind, brokers: Callable[..., Broker], name: str
 ) -> None:
-    holder, other = brokers(), brokers()
-    held = _hold(kind, holder, name)
+    _, other, held = _held_beside(kind, brokers, name)
     assert kind.waiter(other, name).acquire(blocking=False) is None
     held.release(wait=True)
     assert held.released
@@ -356,8 +363,7 @@ def test_close_right_after_release_completes_it(
     """release() then close() at once (a process that releases and exits): the waiter
     elsewhere is granted as soon as the close is done, by the release itself (a token
     comes back not redelivered: a polite release, not the connection's end)."""
-    holder, other = brokers(), brokers()
-    held = _hold(kind, holder, name)
+    holder, other, held = _held_beside(kind, brokers, name)
     got: list[Lease] = []
     thread = threading.Thread(
         target=lambda: got.append(kind.waiter(other, name).acquire(timeout=30)), daemon=True
@@ -458,3 +464,39 @@ def test_aio_release_wait_and_close(
     assert again is not None and again.fencing_token == token + 1
     assert not again._state.message.delivery.redelivered  # type: ignore[attr-defined]
     again.release()
+
+
+@pytest.mark.parametrize("kind", ["mutex", "semaphore", "tokens", "read", "write"])
+def test_leaving_a_with_block_is_seen_by_the_next_reader(
+    amqp_url: str, name: str, kind: str
+) -> None:
+    """Issue 38: another client that reads ``locked()`` right after a `with` block ends
+    sees the lock free (the block's exit waits for the broker's confirmation); 20 times."""
+    with Broker(amqp_url) as holder, Broker(amqp_url) as reader:
+        if kind == "semaphore":
+            SemaphoreAdmin(holder, name).create(1)
+        if kind == "tokens":
+            TokenAdmin(holder, name).setup(1)
+
+        def held(b: Broker) -> bool:
+            if kind in ("read", "write"):
+                status = ReadWriteLock(b, name).status()
+                return status is not None and (status.held > 0 or status.writer)
+            return bool(lock(b).locked())
+
+        def lock(b: Broker) -> Any:
+            if kind == "mutex":
+                return Mutex(b, name)
+            if kind == "semaphore":
+                return PersistentSemaphore(b, name)
+            if kind == "tokens":
+                return TokenSemaphore(b, name)
+            rw = ReadWriteLock(b, name)
+            return rw.read_lock if kind == "read" else rw.write_lock
+
+        seen = []
+        for _ in range(20):
+            with lock(holder):
+                assert held(reader)
+            seen.append(held(reader))
+        assert seen == [False] * 20

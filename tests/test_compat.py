@@ -9,14 +9,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from pamqp.commands import Basic
 
 from amqp_locks import Broker, Mutex, PersistentSemaphore, SemaphoreAdmin, TokenSemaphore
-from amqp_locks.fencing import REBASE_STEP, clock_base, fence_body, parse_fence_body, take_token
-from amqp_locks.names import fence_shard, token_queue
+from amqp_locks.fencing import fence_body, parse_fence_body, take_token
+from amqp_locks.names import token_queue
 from amqp_locks.transport.features import (
     acquired_count_header,
     broker_version,
@@ -26,6 +25,8 @@ from amqp_locks.transport.features import (
 )
 from amqp_locks.transport.line_args import parse_version
 from amqp_locks_dev import devbroker
+
+from .conftest import fence_counter
 
 # --- the rules themselves (pure) -----------------------------------------------------------
 
@@ -168,25 +169,6 @@ def _get_fence(url: str, queue: str) -> list[tuple[bytes, dict[str, object]]]:
     return asyncio.run(go())
 
 
-@pytest.fixture
-def shard_dropped(amqp_url: str, name: str) -> Iterator[None]:
-    """The test re-bases its name's fence shard by 2**40 (about 12.7 days of the clock the
-    shards start from): delete the shard afterwards, so that later tests on the same node
-    find it made again from the clock, as a fresh broker has it."""
-    yield
-    import aiormq
-
-    async def go() -> None:
-        conn = await aiormq.connect(amqp_url)
-        try:
-            ch = await conn.channel()
-            await ch.queue_delete(fence_shard(name))
-        finally:
-            await conn.close()
-
-    asyncio.run(go())
-
-
 def _replace_fence(url: str, queue: str, body: bytes) -> None:
     import aiormq
 
@@ -222,26 +204,28 @@ def _fencing_tokens(lock: Mutex | TokenSemaphore, times: int) -> list[int]:
     return tokens
 
 
-def test_a_fence_minted_under_another_rule_is_rebased_once_and_keeps_rising(
-    broker: Broker, amqp_url: str, name: str, caplog: pytest.LogCaptureFixture, shard_dropped: None
+def test_a_fence_minted_under_another_rule_is_superseded_once_and_keeps_rising(
+    broker: Broker, amqp_url: str, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A generation whose message was minted under another counting rule (a broker
+    upgraded across a change of rule) is replaced by the next generation, once, whose
+    every token is above the old one's; the shard keeps one counter message."""
     mutex = Mutex(broker, name)
     first = mutex.acquire(timeout=5)
     assert first is not None
     first.release()
-    # As if the broker had been upgraded across a change of counting rule since.
-    # A base above the shard's (the clock): other locks of the shard keep rising too.
-    old = clock_base()
-    _replace_fence(amqp_url, fence_shard(name), fence_body(old, _foreign_rule(broker)))
-    with caplog.at_level(logging.WARNING, logger="amqp_locks.fencing"):
+    old = fence_counter(broker, name)
+    _replace_fence(amqp_url, old, fence_body(0, _foreign_rule(broker)))
+    with caplog.at_level(logging.INFO, logger="amqp_locks.fencing"):
         tokens = _fencing_tokens(mutex, 3)
-    assert tokens[0] > old + REBASE_STEP - 1
-    assert tokens == sorted(set(tokens))  # strictly rising after the re-base
-    assert sum("re-based" in r.getMessage() for r in caplog.records) == 1
-    messages = _get_fence(amqp_url, fence_shard(name))
+    assert tokens[0] > first.fencing_token
+    assert tokens == sorted(set(tokens))  # strictly rising after the change
+    assert sum("made fence generation" in r.getMessage() for r in caplog.records) == 1
+    new = fence_counter(broker, name)
+    assert new != old
+    messages = _get_fence(amqp_url, new)
     assert len(messages) == 1  # never doubled nor lost
-    base, rule = parse_fence_body(messages[0][0])
-    assert (base, rule) == (old + REBASE_STEP, _current_rule(broker))
+    assert parse_fence_body(messages[0][0])[1] == _current_rule(broker)
 
 
 def _current_rule(broker: Broker) -> str:
@@ -251,14 +235,15 @@ def _current_rule(broker: Broker) -> str:
     return broker._core.run(rule())
 
 
-def test_concurrent_readers_of_a_foreign_fence_rebase_it_once(
-    broker: Broker, amqp_url: str, name: str, shard_dropped: None
+def test_concurrent_readers_of_a_foreign_fence_supersede_it_once(
+    broker: Broker, amqp_url: str, name: str
 ) -> None:
-    """Many grants race into the re-base: one replaces the message, the others find it
-    replaced; every token is distinct and above the old rule's range."""
-    Mutex(broker, name).acquire(timeout=5).release()  # type: ignore[union-attr]
-    old = clock_base()
-    _replace_fence(amqp_url, fence_shard(name), fence_body(old, _foreign_rule(broker)))
+    """Many grants race into the change: one makes the next generation (a test-and-set),
+    the others find it; every token is distinct and above the old generation's."""
+    first = Mutex(broker, name).acquire(timeout=5)
+    assert first is not None
+    first.release()
+    _replace_fence(amqp_url, fence_counter(broker, name), fence_body(0, _foreign_rule(broker)))
     brokers = [Broker(amqp_url) for _ in range(3)]
     try:
 
@@ -280,10 +265,10 @@ def test_concurrent_readers_of_a_foreign_fence_rebase_it_once(
             b.close()
     tokens = [t for r in results for t in r]
     assert len(tokens) == 12 and len(set(tokens)) == 12
-    assert min(tokens) > old + REBASE_STEP - 1
+    assert min(tokens) > first.fencing_token
     for r in results:
         assert r == sorted(r)
-    assert len(_get_fence(amqp_url, fence_shard(name))) == 1
+    assert len(_get_fence(amqp_url, fence_counter(broker, name))) == 1
 
 
 def test_a_quorum_token_minted_under_another_rule_falls_back_to_the_fence(

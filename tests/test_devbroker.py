@@ -16,6 +16,7 @@ from pamqp.commands import Basic
 from pamqp.common import FieldValue
 
 import amqp_locks_dev.devbroker as devbroker
+from amqp_locks import Broker
 
 from .spawn import run_script
 
@@ -125,3 +126,33 @@ def test_cli_script(tmp_path: Path) -> None:
     gone = run("status")
     assert gone.returncode == 3
     assert gone.stdout.strip() == "not running"
+
+
+def test_ctl_runs_the_nodes_own_rabbitmqctl(node: devbroker.NodeInfo, broker: Broker) -> None:
+    """`scripts/broker ctl ARGS` reaches the node `scripts/broker` manages (its cookie, its
+    RabbitMQ line), with rabbitmqctl's output and exit status."""
+    queue = _unique("ctl")
+    broker.round_trip()
+
+    async def declare() -> None:
+        session = await broker._core.session()
+        await session.call(None, lambda ch: ch.queue_declare(queue, auto_delete=True))
+
+    where = ["--name", node.name, "--base-dir", str(node.base_dir), "--version", node.version]
+    try:
+        broker._core.run(declare())
+        listed = run_script("broker", "ctl", *where, "list_queues", "name", "-q")
+        assert listed.returncode == 0, listed.stderr
+        assert queue in listed.stdout.split()
+        version = run_script("broker", "ctl", *where, "--", "status")
+        assert version.returncode == 0 and "RabbitMQ" in version.stdout
+        bad = run_script("broker", "ctl", *where, "no_such_command")
+        assert bad.returncode != 0 and bad.stderr
+    finally:
+        devbroker.rabbitmqctl(node, "delete_queue", queue)
+
+
+def test_ctl_on_a_node_that_is_not_running_exits_3(tmp_path: Path) -> None:
+    r = run_script("broker", "ctl", "--name", _unique("off"), "--base-dir", str(tmp_path),
+                   "list_queues")
+    assert r.returncode == 3 and "not running" in r.stderr

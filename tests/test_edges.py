@@ -16,8 +16,10 @@ from amqp_locks import (
     SemaphoreAdmin,
     SemaphoreNotFound,
 )
-from amqp_locks.names import fence_shard, slot_queue
+from amqp_locks.names import slot_queue
 from amqp_locks_dev import devbroker
+
+from .conftest import fence_counter
 
 
 def _queues(node: devbroker.NodeInfo, prefix: str) -> list[list[str]]:
@@ -80,4 +82,5 @@ def test_quorum_slots(broker: Broker, name: str, node: devbroker.NodeInfo) -> No
     with pytest.raises(PreconditionFailed, match=slot_queue(name, 2)):
         SemaphoreAdmin(broker, name, quorum=False).add_slots(1)  # no classic/quorum mix
     assert admin.add_slots(1) == 3
-    assert fence_shard(name) in [q[0] for q in _queues(node, fence_shard(name))]
+    counter = fence_counter(broker, name)
+    assert counter in [q[0] for q in _queues(node, counter)]

@@ -29,7 +29,7 @@ from amqp_locks import (
 )
 from amqp_locks_dev import devbroker
 
-from .permissions import restricted_url
+from .permissions import restricted_brokers
 from .spawn import spawn_held
 
 HOST = socket.gethostname()
@@ -374,12 +374,11 @@ def test_without_permission_on_the_exchange_locks_work_and_records_are_unknown(
 ) -> None:
     """The permissions docs/operations.md gave before holder records: locks work, the
     holder logs once that records are off, a reader says it cannot ask."""
-    names = r"^((reindex)(-(sem|mutex)-(wakeups|watch))?|amqp-locks-shard-[0-9]+-fence)$"
-    with (
-        restricted_url(node, names, r"^amq\.default$", names) as url,
-        Broker(url) as b,
-        Broker(url) as other,
-    ):
+    names = (
+        r"^((reindex)(-(sem|mutex)-(wakeups|watch))?"
+        r"|amqp-locks-fence-[0-9]+(-g[0-9]+(-done)?)?)$"
+    )
+    with restricted_brokers(node, names) as (b, other):
         lease = Mutex(b, "reindex").acquire(timeout=5)
         assert lease is not None and lease.fencing_token >= 1
         [st] = lock_status(other, "reindex", ("mutex",), records=True, timeout=0.3)
@@ -393,14 +392,10 @@ def test_documented_permissions_give_records(node: devbroker.NodeInfo) -> None:
     """docs/operations.md's set_permissions example, with the holder exchange and queues."""
     names = (
         r"^((images|reindex)(-[0-9]+-[AB]|-(sem|mutex)-(wakeups|watch))?"
-        r"|amqp-locks-shard-[0-9]+-fence|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
+        r"|amqp-locks-fence-[0-9]+(-g[0-9]+(-done)?)?|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
     )
     write = r"^(amq\.default|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"
-    with (
-        restricted_url(node, names, write, names) as url,
-        Broker(url, holder_id="ops") as b,
-        Broker(url) as other,
-    ):
+    with restricted_brokers(node, names, write, holder_id="ops") as (b, other):
         lease = Mutex(b, "reindex").acquire(timeout=5)
         assert lease is not None
         rec = Mutex(other, "reindex").holder()

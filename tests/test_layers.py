@@ -10,14 +10,18 @@ import ast
 import functools
 from pathlib import Path
 
+import aiormq
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+#: Every Python tree of the repository and the directory its dotted names start from.
+TREES = ((SRC, "amqp_locks"), (ROOT, "amqp_locks_dev"), (ROOT, "benchmarks"), (ROOT, "tests"))
 
 #: Bottom to top; a module may import its own layer and those below. The first prefix that
 #: matches a module's dotted name (without ``amqp_locks.``) gives its layer.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("errors", "events", "extras", "names", "records", "stamps")),
+    ("base", ("errors", "events", "extras", "names", "records", "signals", "stamps", "topology")),
     ("transport", ("transport",)),
     (
         "protocol core",
@@ -31,10 +35,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "holders",
             "lockobject",
             "admin_mutex",
+            "shape",
         ),
     ),
     ("lock kinds", ("tokens", "mutex", "semaphore", "rwlock")),
-    ("composition", ("status", "aio", "lockers", "service", "metrics", "celery")),
+    ("composition", ("status", "aio", "lockers", "service", "metrics", "celery", "otel")),
     ("front ends", ("cli", "tooz_driver", "")),  # "": the package root re-exports all
 )
 
@@ -48,20 +53,22 @@ def layer_of(module: str) -> int:
     raise AssertionError(f"{module} is in no layer of tests/test_layers.py")
 
 
-def _modules() -> dict[str, Path]:
+def _modules(trees: tuple[tuple[Path, str], ...] = TREES[:1]) -> dict[str, Path]:
     out = {}
-    for path in (SRC / "amqp_locks").rglob("*.py"):
-        parts = list(path.relative_to(SRC).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for base, top in trees:
+        for path in (base / top).rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
 @functools.cache
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the package modules it imports (anywhere in the file)."""
-    modules = _modules()
+def import_graph(trees: tuple[tuple[Path, str], ...] = TREES[:1]) -> dict[str, set[str]]:
+    """Module -> the modules of `trees` it imports (anywhere in the file); by default the
+    package's own."""
+    modules = _modules(trees)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -123,6 +130,16 @@ def test_no_import_circle() -> None:
     assert cycle is None, "import circle: " + " -> ".join(cycle or ())
 
 
+def test_no_import_circle_anywhere_in_the_repository() -> None:
+    """The development tooling, the benchmarks and the tests too (issue 38: mesh.py and
+    partition.py imported each other)."""
+    graph = import_graph(TREES)
+    assert "amqp_locks_dev.partition" in graph["amqp_locks_dev.mesh"]  # the reader sees them
+    assert any(m.startswith("benchmarks.") for m in graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or ())
+
+
 @pytest.mark.parametrize("importer", sorted(import_graph()))
 def test_no_import_runs_up(importer: str) -> None:
     mine = layer_of(importer)
@@ -130,3 +147,94 @@ def test_no_import_runs_up(importer: str) -> None:
     assert not upward, f"{importer} ({LAYERS[mine][0]}) imports from higher layers: " + ", ".join(
         f"{m} ({LAYERS[layer_of(m)][0]})" for m in upward
     )
+
+
+# --- a narrow transport (issue 37): the AMQP client is transport/'s -------------------------
+
+#: The modules outside transport/ that may still import aiormq or pamqp. A module added here
+#: needs a reason; one that stops importing them must leave (the test says so).
+AMQP_CLIENT_IMPORTERS = {
+    "amqp_locks.fencing",  # the fence's frames and error types (its own issue)
+    "amqp_locks.queue_lease",  # the exclusive-queue grant and release on their channels
+    "amqp_locks.tokens.permit",  # a permit's release frames (send_together)
+}
+
+#: The modules outside transport/ that may still call AMQP methods on a channel themselves
+#: (the protocols' own steps on the channel that holds or waits for a lock).
+RAW_CHANNEL_CALLERS = {
+    "amqp_locks.fencing",
+    "amqp_locks.queue_lease",
+    "amqp_locks.rwlock.protocol",
+    "amqp_locks.tokens.client",
+    "amqp_locks.tokens.permit",
+}
+
+#: aiormq's channel methods (AMQP methods: basic.*, queue.*, exchange.*, tx.*, confirm).
+AMQP_METHODS = frozenset(
+    n
+    for n in dir(aiormq.Channel)
+    if n.split("_")[0] in {"basic", "queue", "exchange", "tx", "confirm"}
+)
+
+
+def _above_transport() -> dict[str, ast.Module]:
+    return {
+        module: ast.parse(path.read_text())
+        for module, path in _modules().items()
+        if not module.startswith("amqp_locks.transport")
+    }
+
+
+def amqp_client_importers() -> set[str]:
+    """The modules outside transport/ that import aiormq or pamqp (type-only included)."""
+    found = set()
+    for module, tree in _above_transport().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n.split(".")[0] in {"aiormq", "pamqp"} for n in names):
+                found.add(module)
+    return found
+
+
+def raw_channel_callers() -> dict[str, int]:
+    """Module -> how many AMQP method calls (``x.basic_get(...)``) it makes, outside
+    transport/."""
+    found: dict[str, int] = {}
+    for module, tree in _above_transport().items():
+        calls = sum(
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in AMQP_METHODS
+            for node in ast.walk(tree)
+        )
+        if calls:
+            found[module] = calls
+    return found
+
+
+def test_the_checks_see_imports_and_calls() -> None:
+    assert "basic_get" in AMQP_METHODS and "exchange_bind" in AMQP_METHODS
+    assert "amqp_locks.fencing" in amqp_client_importers()  # `import aiormq.exceptions`
+    assert raw_channel_callers()["amqp_locks.fencing"] >= 1
+
+
+def test_only_the_listed_modules_import_the_amqp_client() -> None:
+    found = amqp_client_importers()
+    assert found - AMQP_CLIENT_IMPORTERS == set(), (
+        "import aiormq/pamqp under transport/ only (transport/wire.py names their types)"
+    )
+    assert AMQP_CLIENT_IMPORTERS - found == set(), "no longer imports them: drop from the list"
+
+
+def test_only_the_listed_modules_make_raw_channel_calls() -> None:
+    found = set(raw_channel_callers())
+    assert found - RAW_CHANNEL_CALLERS == set(), (
+        "put the call in a transport/ function named for what it does (channel_ops.py, "
+        "exchanges.py, the Session)"
+    )
+    assert RAW_CHANNEL_CALLERS - found == set(), "no longer calls them: drop from the list"

@@ -141,7 +141,9 @@ def test_wait_settings_are_checked() -> None:
     with pytest.raises(ConfigurationError, match="blocking=False"):
         amqp_locks.Mutex(b, "x", blocking=False, timeout=3)
     with pytest.raises(ConfigurationError, match="timeout must be >= 0"):
-        amqp_locks.PersistentSemaphore(b, "x", timeout=-1)
+        amqp_locks.PersistentSemaphore(b, "x", timeout=-2)
+    # -1 is threading.Lock's "no timeout".
+    assert amqp_locks.PersistentSemaphore(b, "x", timeout=-1).timeout is None
     b.close()
 
 

@@ -6,16 +6,18 @@ the arithmetic that decides when a connection must give up its locks.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pamqp.commands import Basic
 from yarl import URL
 
 from amqp_locks import Broker, ConfigurationError
-from amqp_locks.transport.quorum_guard import ClusterTiming, QuorumGuard, probe_queue
+from amqp_locks.transport.quorum_guard import ClusterTiming, QuorumGuard, _Pipe, probe_queue
 
 
 class Clock:
@@ -146,7 +148,9 @@ def test_each_held_lock_needs_its_own_proof() -> None:
 
 def test_probe_queue_names_the_node() -> None:
     assert probe_queue("10.0.0.2", 5672) == "amqp-locks.quorum-guard.10.0.0.2:5672"
-    assert len(probe_queue("h" * 400, 1)) == 255
+    # A host too long for a readable name is escaped (names.py): short, and still its own.
+    assert len(probe_queue("h" * 400, 1)) <= 255
+    assert probe_queue("h" * 400, 1) != probe_queue("h" * 401, 1)
 
 
 def test_a_deleted_probe_queue_proves_nothing_and_is_declared_again(amqp_url: str) -> None:
@@ -216,3 +220,125 @@ def test_held_locks_are_checked_on_their_own_queues(amqp_url: str, name: str) ->
                 permit.release(wait=True)
             assert core.run(core.session()).alive
         sem.destroy()
+
+
+LOCKS = 300  # held through one connection behind the proxy
+RTT = 0.010  # added round trip (half each way)
+
+
+def test_many_held_locks_behind_a_slow_link_stay_held_and_a_cut_is_told(
+    amqp_url: str, name: str
+) -> None:
+    """Issue 37: checks one at a time on one channel, each dated from when it was queued,
+    dropped a healthy connection holding 250 locks at 10 ms of added round trip. Pipelined,
+    every held lock is proven again and again with none lost; a real cut (the proxy goes
+    silent both ways) is still told within quorum_timeout plus one step."""
+    from amqp_locks import Mutex
+
+    from .faultproxy import FaultProxy
+
+    host, port = amqp_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    with FaultProxy(host, int(port), amqp=True) as proxy:
+        broker = Broker(proxy.url(), cluster=True)
+        try:
+            leases = [
+                Mutex(broker, f"{name}-{i}", fencing=False).acquire(timeout=30)
+                for i in range(LOCKS)
+            ]
+            assert None not in leases
+            core = broker._core
+            guard = core.run(core.session()).guard
+            assert guard is not None
+            period = core.timing.check_period
+            proxy.delay(RTT / 2)
+            slowed = time.monotonic()
+            for _ in range(2):  # every lock proven twice by checks sent after the delay
+                since = time.monotonic()
+                wait_for(
+                    lambda since=since: (
+                        len(guard.lock_proofs) == LOCKS and min(guard.lock_proofs.values()) > since
+                    ),
+                    4 * period,
+                    "every held lock checked",
+                )
+            assert not [lease for lease in leases if lease.lost.is_set()]
+            assert guard.checked >= 2 * LOCKS and guard.most_in_flight > 1, "not pipelined"
+            print(
+                f"\n{LOCKS} locks at {RTT * 1000:g} ms added: {guard.checked} checks in "
+                f"{time.monotonic() - slowed:.1f} s, slowest answer {guard.slowest:.2f} s, "
+                f"{guard.most_in_flight} in flight at most"
+            )
+
+            proxy.blackhole()
+            cut = time.monotonic()
+            bound = core.timing.quorum_timeout + guard._step
+            assert leases[0].lost.wait(bound + SLACK), "the cut was not told in time"
+            told = time.monotonic() - cut
+            assert all(lease.lost.wait(1) for lease in leases)
+            print(f"cut told after {told:.2f} s ({leases[0].lost_reason})")
+        finally:
+            proxy.passthrough()
+            broker.close()
+
+
+SLACK = 1.5  # scheduling on a loaded 2-core machine
+
+
+def test_pipelined_gets_are_answered_in_order(amqp_url: str, name: str) -> None:
+    """The guard writes many ``basic.get`` frames at once and matches replies by order
+    (aiormq_compat.route_gets): an empty queue answers None, one with a message its
+    delivery tag (content read off the channel), each in the order sent."""
+    import aiormq
+
+    from amqp_locks.transport.aiormq_compat import route_gets, send_together
+
+    async def run() -> list[int | None]:
+        conn = await aiormq.connect(amqp_url)
+        try:
+            ch = await conn.channel()
+            empty, full = f"{name}-empty", f"{name}-full"
+            for queue in (empty, full):
+                await ch.queue_declare(queue, auto_delete=True)
+            await ch.basic_publish(b"x" * 10, routing_key=full)
+            gets = await conn.channel()
+            replies: list[int | None] = []
+            done = asyncio.Event()
+
+            def on_reply(tag: int | None) -> None:
+                replies.append(tag)
+                if len(replies) == 3:
+                    done.set()
+
+            route_gets(gets, on_reply)
+            frames = [Basic.Get(queue=q, no_ack=True) for q in (empty, full, empty)]
+            await send_together(gets, frames)
+            await asyncio.wait_for(done.wait(), 10)
+            for queue in (empty, full):
+                await ch.queue_delete(queue)
+            return replies
+        finally:
+            await conn.close()
+
+    replies = asyncio.run(run())
+    assert replies[0] is None and isinstance(replies[1], int) and replies[2] is None
+
+
+def test_an_overdue_check_is_sent_again_on_a_channel_that_is_not_stalled() -> None:
+    """A lock queue's leader killed with a check in flight: that check (and every later
+    one on its channel) may wait for the new leader for ever. Once it is half a check
+    period overdue the queue is due again, and the stalled channel takes no more."""
+    clock = Clock()
+    timing = ClusterTiming(10, 5, 10)  # check period 2.5 s, overdue after 1.25 s
+    guard, _ = _guard(timing, clock)
+    guard.session.leases.append(_hold("a.semaphore", 90.0))
+    held = guard.held()
+    assert guard.due(100.0, held) == ["a.semaphore"]
+    guard._in_flight["a.semaphore"] = 100.0  # sent, no answer yet
+    assert guard.due(100.0, held) == [] and guard.due(101.2, held) == []
+    assert guard.due(101.25, held) == ["a.semaphore"]  # overdue: sent again
+    pipe: Any = SimpleNamespace(fifo=[("a.semaphore", 100.0)])
+    assert _Pipe.stalled(pipe, 101.25 - 1.25) and not _Pipe.stalled(pipe, 99.9)
+    guard._in_flight["a.semaphore"] = 101.25  # the new check; the old answering late
+    guard.answered("a.semaphore", 100.0, None)  # still proves from its own send time
+    assert guard.lock_proofs["a.semaphore"] == 100.0
+    assert guard._in_flight == {"a.semaphore": 101.25}  # the newer one still counts

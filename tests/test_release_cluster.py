@@ -28,6 +28,7 @@ from amqp_locks import (
     SemaphoreAdmin,
     TokenSemaphore,
 )
+from amqp_locks.names import quorum_mutex_name, slots_name
 
 from .cluster import conftest as cluster_fixtures
 from .cluster.conftest import Nodes, wait_until
@@ -72,7 +73,7 @@ def _waiting(kind: str, holder: Broker, name: str) -> bool:
     if kind in ("read", "write"):
         status = ReadWriteLock(holder, name).status()
         return status is not None and (status.writer if kind == "read" else status.consumers >= 2)
-    tokens = {"mutex": f"{name}.mutex", "semaphore": f"{name}.slots"}.get(kind, name)
+    tokens = {"mutex": quorum_mutex_name(name), "semaphore": slots_name(name)}.get(kind, name)
     return TokenSemaphore(holder, tokens).status().waiting >= 1
 
 

@@ -108,7 +108,9 @@ def test_mutex_grant_sends_only_the_lock_s_own_methods(
         "Basic.Consume": 2,  # watch N; hold the sentinel
         "Basic.Get": 1,  # the fencing token ...
         "Basic.Reject": 1,  # ... and its return (+1)
-        "Basic.Publish": 2,  # the sentinel; the wake-up notice
+        # the probes of the next fence generation and of this one's tombstone (written
+        # with the get: one round trip); the sentinel; the wake-up notice
+        "Basic.Publish": 4,
         "Queue.Delete": 1,  # the release
         "Basic.Cancel": 1,  # the sentinel consumer (the delete ended the watch)
         "Basic.Ack": 1,  # the sentinel
@@ -121,7 +123,9 @@ def test_semaphore_grant_sends_only_the_lock_s_own_methods(
     SemaphoreAdmin(broker, name).create(1)
     sent = cycles(broker, PersistentSemaphore(broker, name).acquire, wire)
     assert sent == {
-        "Basic.Publish": 4,  # probes of A[1] and B[1]; the sentinel; the wake-up notice
+        # probes of A[1], B[1], the next fence generation, this one's tombstone; sentinel;
+        # the wake-up notice
+        "Basic.Publish": 6,
         "Queue.Declare": 1,  # B[1] exclusive
         "Basic.Consume": 3,  # watch A[1] and B[1]; hold the sentinel
         "Basic.Get": 1,
@@ -281,3 +285,18 @@ def test_the_attempt_a_notice_starts_opens_no_channel(
     first = next((i for i, (_, background) in enumerate(opened_by) if background), None)
     on_the_way = [kind for kind, background in opened_by[:first] if not background]
     assert on_the_way == [], f"the woken attempt waited for channel opens: {opened_by}"
+
+
+def test_cluster_mode_fenced_grant_opens_no_channel(amqp_url: str, name: str, wire: Wire) -> None:
+    """Issue 37: a warm fenced grant in cluster mode takes its fencing token on a pooled
+    prefetch-1 channel: the probes of the next generation and this one's tombstone, then a
+    consume answered by the delivery (two round trips after the lock's own delivery), no
+    channel opened, closed or set up per grant."""
+    with Broker(amqp_url, cluster=True) as broker:
+        sent = cycles(broker, Mutex(broker, name).acquire, wire)
+    for setup in ("Channel.Open", "Channel.Close", "Confirm.Select", "Basic.Qos"):
+        assert setup not in sent, sent
+    # the fence: one consume and its cancel; its message returned once (the lock's own
+    # token is the other consume and the other reject)
+    assert sent["Basic.Consume"] == 2 and sent["Basic.Cancel"] == 2, sent
+    assert sent["Basic.Reject"] == 2, sent

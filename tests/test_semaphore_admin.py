@@ -18,23 +18,16 @@ from amqp_locks import (
 )
 from amqp_locks.names import slot_queue
 
+from .conftest import on_session
 from .threads import run_in_threads
 
 
 def queue_exists(broker: Broker, queue: str) -> bool:
-    async def check() -> bool:
-        session = await broker._core.session()
-        return await session.exists_passive(queue)
-
-    return broker._core.run(check())
+    return on_session(broker, lambda session: session.exists_passive(queue))
 
 
 def declare(broker: Broker, queue: str, **kw: object) -> None:
-    async def go() -> None:
-        session = await broker._core.session()
-        await session.declare(queue, **kw)  # type: ignore[arg-type]
-
-    broker._core.run(go())
+    on_session(broker, lambda session: session.declare(queue, **kw))  # type: ignore[arg-type]
 
 
 def test_create_max_add_remove_destroy(broker: Broker, name: str) -> None:

@@ -21,11 +21,12 @@ from amqp_locks import (
     SemaphoreAdmin,
     SemaphoreNotFound,
 )
-from amqp_locks.names import fence_shard, holder_queue, slot_queue
+from amqp_locks.errors import FenceMissing
+from amqp_locks.names import holder_queue, slot_queue
 from amqp_locks_dev import devbroker
 
 from . import workers
-from .conftest import drop_fence_shard, fence_messages
+from .conftest import drop_fence_shard, fence_counter, fence_messages
 from .spawn import spawn_held
 
 
@@ -98,7 +99,7 @@ def test_bad_arguments(broker: Broker, name: str) -> None:
         PersistentSemaphore(broker, name, max_races=-1)
     SemaphoreAdmin(broker, name).create(1)
     with pytest.raises(ConfigurationError, match="timeout"):
-        PersistentSemaphore(broker, name).acquire(timeout=-1)
+        PersistentSemaphore(broker, name).acquire(timeout=-2)
 
 
 def test_waiter_is_woken_by_the_release_notice(amqp_url: str, broker: Broker, name: str) -> None:
@@ -400,20 +401,21 @@ def test_a_releaser_asking_again_at_once_lets_the_waiter_go_first(
         looper.join(60)
 
 
-def test_a_deleted_fence_shard_is_made_again_once_and_tokens_keep_rising(
+def test_a_deleted_fence_counter_is_rebuilt_once_from_a_floor_and_tokens_keep_rising(
     node: devbroker.NodeInfo, broker: Broker, amqp_url: str, name: str
 ) -> None:
-    """A semaphore whose fence shard was deleted by hand still grants with tokens: the
-    first holders re-create the shard with a test-and-set, so two holders racing on two
-    connections leave exactly one fence message, and its base (the clock) keeps the
-    tokens above those of the deleted shard. (The shard is deleted first too: one that
-    some earlier test re-based by 2**40 sits above the clock, the documented exception.)"""
+    """A semaphore whose fence counter was deleted by hand refuses typed (FenceMissing)
+    rather than restart low; once rebuilt from the floor, two holders racing on two
+    connections leave exactly one fence message, with tokens above the floor."""
     drop_fence_shard(broker, name)
     SemaphoreAdmin(broker, name).create(2)
     first = PersistentSemaphore(broker, name).acquire(timeout=10)
     assert first is not None and first.fencing_token > 0
     first.release()
-    devbroker.rabbitmqctl(node, "delete_queue", fence_shard(name))
+    devbroker.rabbitmqctl(node, "delete_queue", fence_counter(broker, name))
+    with Broker(amqp_url) as fresh, pytest.raises(FenceMissing, match="repair"):
+        PersistentSemaphore(fresh, name).acquire(timeout=10)
+    assert SemaphoreAdmin(broker, name).repair_fence(first.fencing_token) is True
 
     start = threading.Barrier(2)
     tokens: list[int] = []

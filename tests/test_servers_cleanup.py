@@ -88,3 +88,26 @@ def test_stop_stops_what_the_run_started_and_leaves_what_ran_before(
 
     servers.show(ledger)  # --keep-servers' listing: nothing of the run's is left
     assert "kept 0 this run started" in capsys.readouterr().out
+
+
+def test_a_run_removes_only_the_namespaces_its_harnesses_made(tmp_path: Path) -> None:
+    """Two runs side by side on one machine (CI's lanes, a developer's run beside CI): a
+    run's stop removes the namespaces its own harnesses noted, never another run's made
+    while it ran (a helper's 5-node mesh lost its namespaces mid-test that way)."""
+    import subprocess
+
+    from amqp_locks_dev.localserver import STARTED
+
+    ledger = tmp_path / "run.jsonl"
+    servers.begin(ledger)
+    ours, theirs = f"alp-t{secrets.token_hex(3)}", f"alp-t{secrets.token_hex(3)}"
+    try:
+        for ns in (ours, theirs):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+        note({"netns": ours, "how": STARTED}, "netns", ledger)
+        assert servers.stop(ledger, brief=True) == 0
+        left = servers.namespaces()
+        assert ours not in left and theirs in left
+    finally:
+        for ns in (ours, theirs):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)

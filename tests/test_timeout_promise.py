@@ -11,14 +11,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from yarl import URL
 
 from amqp_locks import (
     AdminLockTimeout,
     Broker,
     BrokerTimeout,
+    BrokerUnreachable,
     Mutex,
-    PersistentSemaphore,
     ReadWriteLock,
     SemaphoreAdmin,
     TokenAdmin,
@@ -27,8 +26,8 @@ from amqp_locks import (
     lock_status,
 )
 from amqp_locks.names import token_queue
-from amqp_locks_dev import devbroker
 
+from .cluster.locks import lock_of
 from .faultproxy import FaultProxy
 
 T = 2.0
@@ -40,14 +39,6 @@ BOUND = T + 1.0
 FREE_WITHIN = 5.0
 
 KINDS = ("mutex", "token", "semaphore", "read", "write")
-
-
-@pytest.fixture
-def amqp_proxy(node: devbroker.NodeInfo) -> Iterator[FaultProxy]:
-    url = URL(node.url)
-    p = FaultProxy(url.host or "127.0.0.1", url.port or 5672, amqp=True)
-    yield p
-    p.close()
 
 
 @pytest.fixture
@@ -73,32 +64,10 @@ def set_up(kind: str, broker: Broker, name: str) -> None:
         ReadWriteLock(broker, name, readers=2).setup()
 
 
-def sync_lock(kind: str, broker: Broker, name: str) -> Any:
-    if kind == "mutex":
-        return Mutex(broker, name)
-    if kind == "token":
-        return TokenSemaphore(broker, name)
-    if kind == "semaphore":
-        return PersistentSemaphore(broker, name)
-    rw = ReadWriteLock(broker, name, readers=2)
-    return rw.read_lock if kind == "read" else rw.write_lock
-
-
-def aio_lock(kind: str, broker: aio.Broker, name: str) -> Any:
-    if kind == "mutex":
-        return aio.Mutex(broker, name)
-    if kind == "token":
-        return aio.TokenSemaphore(broker, name)
-    if kind == "semaphore":
-        return aio.PersistentSemaphore(broker, name)
-    rw = aio.ReadWriteLock(broker, name, readers=2)
-    return rw.read_lock if kind == "read" else rw.write_lock
-
-
 def assert_free(kind: str, direct: Broker, name: str) -> None:
     """Nothing is left held: a direct client gets the lock (a write lock for the rwlock,
     which a leaked reader would block too)."""
-    lock = sync_lock("write" if kind == "read" else kind, direct, name)
+    lock = lock_of(direct, "write" if kind == "read" else kind, name, readers=2)
     lease = lock.acquire(timeout=FREE_WITHIN)
     assert lease is not None, f"{kind} {name!r} still held after the muted client was cut"
     lease.release()
@@ -110,33 +79,62 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.monotonic() - start
 
 
+def set_up_direct(
+    brokers: Callable[..., Broker], amqp_url: str, kind: str, name: str, **options: Any
+) -> Broker:
+    """A client straight to the broker (not through the proxy), with the lock set up."""
+    direct = brokers(amqp_url, **options)
+    set_up(kind, direct, name)
+    return direct
+
+
+def assert_answers_in_time(
+    lock: Any, proxy: FaultProxy, warm: float = 5, hold: bool = False
+) -> None:
+    """One grant first (connected, every lazy step taken), then the broker muted (`hold`:
+    its answers kept for ``proxy.heal()``): ``acquire(timeout=T)`` says None within BOUND."""
+    lock.acquire(timeout=warm).release()
+    proxy.mute(hold=hold)
+    lease, took = timed(lambda: lock.acquire(timeout=T))
+    assert lease is None
+    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+
+
+def cut_when_mute(
+    kind: str,
+    amqp_url: str,
+    amqp_proxy: FaultProxy,
+    brokers: Callable[..., Broker],
+    name: str,
+    warm: float,
+    **options: Any,
+) -> None:
+    """A sync acquire through the muted broker answers in time; once the proxy drops the
+    connection, the broker sees it end and whatever it granted is free. `options`: both
+    Brokers'."""
+    direct = set_up_direct(brokers, amqp_url, kind, name, **options)
+    through = brokers(amqp_proxy.url(), heartbeat=30.0, **options)
+    assert_answers_in_time(lock_of(through, kind, name, readers=2), amqp_proxy, warm=warm)
+    amqp_proxy.reset()
+    assert_free(kind, direct, name)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_sync_acquire_keeps_its_timeout_through_a_mute_broker(
     kind: str, amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
 ) -> None:
-    direct = brokers(amqp_url)
-    set_up(kind, direct, name)
-    through = brokers(amqp_proxy.url(), heartbeat=30.0)
-    lock = sync_lock(kind, through, name)
-    lock.acquire(timeout=5).release()  # connected, every lazy step taken once
-    amqp_proxy.mute()
-    lease, took = timed(lambda: lock.acquire(timeout=T))
-    assert lease is None
-    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
-    amqp_proxy.reset()  # the broker sees the connection end: whatever it granted is freed
-    assert_free(kind, direct, name)
+    cut_when_mute(kind, amqp_url, amqp_proxy, brokers, name, warm=5)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_aio_acquire_keeps_its_timeout_through_a_mute_broker(
     kind: str, amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
 ) -> None:
-    direct = brokers(amqp_url)
-    set_up(kind, direct, name)
+    direct = set_up_direct(brokers, amqp_url, kind, name)
 
     async def main() -> tuple[Any, float]:
         async with aio.Broker(amqp_proxy.url(), heartbeat=30.0) as through:
-            lock = aio_lock(kind, through, name)
+            lock = lock_of(through, kind, name, aio, readers=2)
             await (await lock.acquire(timeout=5)).release()
             amqp_proxy.mute()
             start = time.monotonic()
@@ -151,32 +149,56 @@ def test_aio_acquire_keeps_its_timeout_through_a_mute_broker(
     assert_free(kind, direct, name)
 
 
-def test_first_acquire_keeps_its_timeout_when_the_handshake_is_never_answered(
-    amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+@pytest.mark.parametrize("kind", KINDS)
+def test_first_acquire_through_an_unanswered_handshake_is_unreachable_not_busy(
+    kind: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
 ) -> None:
-    """No connection yet: connection.start never arrives (connect_timeout is 10 s)."""
+    """No connection yet: connection.start never arrives (connect_timeout is 10 s). The
+    acquire still answers within T + 1 s, with BrokerUnreachable: the lock was never
+    asked for, so None ("someone else holds it") would be a lie."""
     through = brokers(amqp_proxy.url(), heartbeat=30.0)
     amqp_proxy.mute()
-    lease, took = timed(lambda: Mutex(through, name).acquire(timeout=T))
-    assert lease is None
+    start = time.monotonic()
+    with pytest.raises(BrokerUnreachable, match="no connection was made"):
+        lock_of(through, kind, name, readers=2).acquire(timeout=T)
+    took = time.monotonic() - start
     assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+
+
+def test_aio_first_acquire_through_an_unanswered_handshake_is_unreachable(
+    amqp_proxy: FaultProxy, name: str
+) -> None:
+    async def main() -> float:
+        async with aio.Broker(amqp_proxy.url(), heartbeat=30.0) as through:
+            amqp_proxy.mute()
+            start = time.monotonic()
+            with pytest.raises(BrokerUnreachable):
+                await aio.Mutex(through, name).acquire(timeout=T)
+            took = time.monotonic() - start
+            amqp_proxy.reset()
+            return took
+
+    took = asyncio.run(main())
+    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+
+
+def test_admin_mutex_wait_through_an_unanswered_handshake_is_unreachable(
+    amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
+) -> None:
+    """Not AdminLockTimeout ("another administrator holds it"): nobody was asked."""
+    through = brokers(amqp_proxy.url(), heartbeat=30.0)
+    amqp_proxy.mute()
+    start = time.monotonic()
+    with pytest.raises(BrokerUnreachable):
+        SemaphoreAdmin(through, name, mutex_timeout=T).create(1)
+    assert time.monotonic() - start < BOUND
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_cluster_mode_acquire_keeps_its_timeout_through_a_mute_broker(
     kind: str, amqp_url: str, amqp_proxy: FaultProxy, brokers: Callable[..., Broker], name: str
 ) -> None:
-    direct = brokers(amqp_url, cluster=True)
-    set_up(kind, direct, name)
-    through = brokers(amqp_proxy.url(), heartbeat=30.0, cluster=True)
-    lock = sync_lock(kind, through, name)
-    lock.acquire(timeout=10).release()
-    amqp_proxy.mute()
-    lease, took = timed(lambda: lock.acquire(timeout=T))
-    assert lease is None
-    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
-    amqp_proxy.reset()
-    assert_free(kind, direct, name)
+    cut_when_mute(kind, amqp_url, amqp_proxy, brokers, name, warm=10, cluster=True)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -185,15 +207,9 @@ def test_a_late_grant_is_given_back_not_kept(
 ) -> None:
     """The broker's answers arrive after the caller got None (held back, then delivered):
     the grant they make is released at once, on a connection that stays up."""
-    direct = brokers(amqp_url)
-    set_up(kind, direct, name)
+    direct = set_up_direct(brokers, amqp_url, kind, name)
     through = brokers(amqp_proxy.url(), heartbeat=30.0)
-    lock = sync_lock(kind, through, name)
-    lock.acquire(timeout=5).release()
-    amqp_proxy.mute(hold=True)
-    lease, took = timed(lambda: lock.acquire(timeout=T))
-    assert lease is None
-    assert took < BOUND, f"acquire(timeout={T}) took {took:.2f}s"
+    assert_answers_in_time(lock_of(through, kind, name, readers=2), amqp_proxy, hold=True)
     amqp_proxy.heal()  # every answer held back arrives now
     assert_free(kind, direct, name)
     assert amqp_proxy.connections >= 1  # freed by a release, not by a dropped connection

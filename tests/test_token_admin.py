@@ -104,7 +104,7 @@ def test_token_admin_waits_for_the_admin_mutex(amqp_url: str, broker: Broker, na
 
 def test_token_admin_bad_input(broker: Broker, name: str) -> None:
     with pytest.raises(InvalidName):
-        TokenAdmin(broker, f"{name}.semaphore")
+        TokenAdmin(broker, f"{name}.rwlock")
     with pytest.raises(ConfigurationError):
         TokenAdmin(broker, name, mutex_timeout=-1)
     admin = TokenAdmin(broker, name)

@@ -55,7 +55,7 @@ def test_bad_input(broker: Broker, name: str) -> None:
     with pytest.raises(ConfigurationError):
         TokenSemaphore(broker, name, priority=2**31)
     with pytest.raises(InvalidName):
-        TokenSemaphore(broker, "x.semaphore")
+        TokenSemaphore(broker, "x.mutex")  # cluster-mode Mutex("x")'s token semaphore
     with pytest.raises(TokenSemaphoreNotFound):
         TokenSemaphore(broker, name).acquire(blocking=False)
     with pytest.raises(TokenSemaphoreNotFound):

@@ -86,7 +86,7 @@ def test_urls() -> None:
     ]
     assert broker_urls(split("amqp://h")) == ["amqp://h/"]
     assert encode_id(b"abc-1") == "abc-1"
-    assert encode_id(b"a.b") == "~" + b"a.b".hex()
+    assert encode_id(b"a.b") == "+" + b"a.b".hex()
     assert encode_id(b"x" * 200).startswith("#")
 
 

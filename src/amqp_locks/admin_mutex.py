@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from .errors import AdminLockTimeout, PreconditionFailed, QueueNotFound, ResourceLocked
 from .fencing import take_token
-from .names import sentinel_queue, wakeup_queue
+from .names import mutex_queue, sentinel_queue, wakeup_queue
 from .queue_lease import LeaseState, grant
 from .transport.broker import BrokerCore
 from .transport.session import Session
@@ -28,10 +28,11 @@ from .waiting import Backoff, acquire_loop
 async def mutex_held(session: Session, name: str) -> bool | None:
     """True: the exclusive queue `name` is held by a connection; False: it exists unheld
     (a queue that is not a mutex); None: no such queue (the mutex is free)."""
-    if name in session.held:  # held through this very connection (the declare would pass)
+    queue = mutex_queue(name)
+    if queue in session.held:  # held through this very connection (the declare would pass)
         return True
     try:
-        await session.call(name, lambda ch: ch.queue_declare(name, passive=True))
+        await session.declare_passive_counts(queue)
     except ResourceLocked:
         return True
     except QueueNotFound:
@@ -48,17 +49,18 @@ async def try_mutex(
     core: BrokerCore, session: Session, name: str, *, fencing: bool
 ) -> LeaseState | None:
     """One attempt: declare `N` exclusive; None if someone (maybe this process) holds it."""
-    if name in session.held:
+    queue = mutex_queue(name)
+    if queue in session.held:
         return None
-    session.held.add(name)
+    session.held.add(queue)
     state = LeaseState(
         core=core,
         session=session,
         kind="mutex",
         name=name,
         number=1,
-        held_queue=name,
-        watch_queues=(name,),
+        held_queue=queue,
+        watch_queues=(queue,),
         must_exist=(),
         notice_key=wakeup_queue(name, "mutex"),
         sentinels=sentinel_queue(name, "mutex"),
@@ -66,12 +68,12 @@ async def try_mutex(
     try:
         granted = await grant(state, None, fence=mutex_fence if fencing else None)
     except ResourceLocked:
-        if await session.exists_passive(name):
+        if await session.exists_passive(queue):
             # We may use it, so it is not another connection's exclusive queue.
             raise PreconditionFailed(
-                f"queue {name!r} exists but is not exclusive, so it can never be locked; "
+                f"queue {queue!r} exists but is not exclusive, so it can never be locked; "
                 "delete it or choose another lock name",
-                name,
+                queue,
             ) from None
         return None
     if not granted:  # deleted by someone between our declare and our consume
@@ -114,6 +116,8 @@ async def held_mutex(
         acquire_mutex(core, name, blocking=True, timeout=timeout, fencing=False, backoff=backoff),
         timeout,
         _release,
+        # No connection at all is "broker down", never "another administrator holds it".
+        cut=lambda: core.unconnected_error(timeout or 0.0, f"administration mutex {name!r}"),
     )
     if state is None:
         raise AdminLockTimeout(

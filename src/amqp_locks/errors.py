@@ -12,7 +12,18 @@ class ConfigurationError(AmqpLocksError, ValueError):
 
 
 class InvalidName(ConfigurationError):
-    """A lock name that is empty, too long, or could collide with another lock's queues."""
+    """A lock name outside the rule of names.py (empty, too long, a control character, an
+    ``amq.`` prefix, or a ``.mutex``/``.slots``/``.rwlock`` ending that is another lock's)."""
+
+
+class InvalidQueueName(InvalidName):
+    """The AMQP client refused a queue or exchange name the library built (``queue``
+    names it): names.py maps every valid lock name to names it accepts, so this is a bug
+    in amqp-locks (please report it with the lock name)."""
+
+    def __init__(self, message: str, queue: str | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
 
 
 class ModeMismatch(ConfigurationError):
@@ -98,6 +109,26 @@ class LockError(AmqpLocksError):
     """A lock operation could not be completed."""
 
 
+class LockShapeMismatch(PreconditionFailed, LockError):
+    """A lock's queue or token says another shape than this client expects: another kind
+    of lock, another permit count, or a lock delay shorter than this client needs. Its
+    text names the queue, the value it holds, this client's value and the fix; ``held``
+    and ``wanted`` carry the two values. A :class:`PreconditionFailed` (the queue exists
+    with another shape) and a :class:`LockError` (what a count mismatch raised before)."""
+
+    def __init__(
+        self,
+        message: str,
+        queue: str | None = None,
+        *,
+        held: object = None,
+        wanted: object = None,
+    ) -> None:
+        super().__init__(message, queue)
+        self.held = held
+        self.wanted = wanted
+
+
 class LockTimeout(LockError, TimeoutError):
     """``with lock:`` gave up: the lock was not obtained within the lock's `timeout` (or at
     once, with ``blocking=False``). Also a :class:`TimeoutError`, as users of filelock and
@@ -136,8 +167,10 @@ class WrongProcess(LockError):
 
 
 class FenceMissing(LockError):
-    """The fence queue exists but holds no fence message (purged by hand, or dropped by a
-    delivery limit an operator policy imposed)."""
+    """No fencing token could be taken: a fence shard's counter was deleted by hand (its
+    marker is left: rebuild it above your resources' highest token with
+    ``SemaphoreAdmin.repair_fence(floor)``, never restarted low), or neither its message
+    nor a new generation answered in time (fencing.py)."""
 
 
 # --- lockers (master/standby) --------------------------------------------------------------

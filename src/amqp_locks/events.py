@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -61,6 +61,9 @@ class Event:
     #: keep_alive: "ok" | "failed" | "error" | "timeout"; connection: "up" | "reconnected"
     #: | "down: <reason>"
     detail: str = ""
+    #: release/lost: the held lock's state (``amqp_locks.held.HeldState``), so a tracer
+    #: can end the span of that very hold (several holds can share a kind and name)
+    source: Any = field(default=None, repr=False, compare=False)
 
 
 Listener = Callable[[Event], None]

@@ -22,6 +22,8 @@ EXTRAS = {
     "metrics": "Prometheus metrics (prometheus-client)",
     "tooz": "the tooz driver (tooz)",
     "celery": "Celery tasks that hold a lock while they run, amqp_locks.celery (celery)",
+    "otel": "OpenTelemetry traces and metrics, amqp_locks.otel (opentelemetry-api, "
+    "opentelemetry-instrumentation)",
 }
 
 #: Database dialect -> (the extra for it, the driver that extra installs, its module).

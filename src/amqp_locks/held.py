@@ -20,10 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiormq.abc import AbstractChannel
-
 from . import events
 from .errors import ReleaseUnconfirmed, WrongProcess
+from .transport.channel_ops import release_barrier as release_barrier
 
 if TYPE_CHECKING:
     from .transport.broker import BrokerCore
@@ -86,7 +85,7 @@ class HeldState:
         self.lost_reason = reason
         self.lost_event.set()
         held = time.monotonic() - self.acquired_at
-        events.emit(events.Event("lost", self.kind, self.name, held, reason))
+        events.emit(events.Event("lost", self.kind, self.name, held, reason, source=self))
         log.warning(
             "lost %s %d of %r (token %d) after %.3fs: %s",
             self.kind,
@@ -137,7 +136,7 @@ class HeldState:
         """A release of a lock not already counted as lost (observers count each once)."""
         if self.lost_reason is None:
             held = time.monotonic() - self.acquired_at
-            events.emit(events.Event("release", self.kind, self.name, held))
+            events.emit(events.Event("release", self.kind, self.name, held, source=self))
 
     async def verify(self) -> bool:
         raise NotImplementedError
@@ -172,15 +171,6 @@ class HeldState:
                 f"release of {self.kind} {self.number} of {self.name!r} not confirmed: "
                 f"{self.release_failure}; the broker frees it when it sees the connection end"
             )
-
-
-async def release_barrier(ch: AbstractChannel) -> None:
-    """One round trip on `ch` after a release written to it (a reject, a cancel): the
-    broker handles a channel's methods in order, so its answer means it has taken the
-    release, and nothing that happens to us afterwards (exit, crash, lost connection)
-    can keep the lock held. ``basic.qos`` with the prefetch every holder channel already
-    has (1) changes nothing else."""
-    await ch.basic_qos(prefetch_count=1)
 
 
 def _run_callbacks(callbacks: list[Callable[[], Any]]) -> None:

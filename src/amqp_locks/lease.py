@@ -86,7 +86,11 @@ class Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        """Leaving the block waits for the broker to confirm the release (bounded: see
+        :meth:`BrokerCore.release_leaving`), so whatever the process does next, such as
+        telling another that the lock is free, happens after it."""
+        self._state.check_process()
+        self._state.core.release_leaving(self._state)
 
     def __repr__(self) -> str:
         s = self._state

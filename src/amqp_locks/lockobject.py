@@ -38,14 +38,21 @@ def timeout_error(lock: object, blocking: bool, timeout: float | None) -> LockTi
     return LockTimeout(f"{lock!r} was not obtained {how}; another holder has it")
 
 
-def check_blocking(blocking: bool, timeout: float | None) -> float | None:
-    """Validate the constructor's wait settings (a timeout without blocking is a mistake)."""
-    timeout = check_timeout(timeout)
-    if not blocking and timeout is not None:
-        raise ConfigurationError(
-            "timeout given with blocking=False: a non-blocking acquire never waits"
-        )
-    return timeout
+def check_wait(blocking: bool, timeout: float | None) -> float | None:
+    """An acquire's wait settings, read as ``threading.Lock.acquire`` reads them: a
+    timeout with ``blocking=False`` would be ignored, so it is a ValueError
+    (:class:`ConfigurationError`); ``-1`` means no timeout. Returns the timeout of the
+    wait (None: for ever, or not blocking)."""
+    if timeout == -1:
+        return None
+    if not blocking:
+        if timeout is not None:
+            raise ConfigurationError(
+                f"timeout={timeout!r} given with blocking=False: a non-blocking acquire "
+                "never waits (threading.Lock refuses it too)"
+            )
+        return None
+    return check_timeout(timeout)
 
 
 class LockObject(ABC):
@@ -64,7 +71,7 @@ class LockObject(ABC):
 
     def _init_wait(self, blocking: bool, timeout: float | None) -> None:
         self.blocking = bool(blocking)
-        self.timeout = check_blocking(self.blocking, timeout)
+        self.timeout = check_wait(self.blocking, timeout)  # what `with lock:` waits
         self._local = threading.local()
 
     @abstractmethod
@@ -75,14 +82,27 @@ class LockObject(ABC):
     async def _acquire(self, blocking: bool, timeout: float | None) -> HeldState | None:
         """One acquire, observed (its "acquire" event: granted, timeout or error). A
         timeout is a promise: the answer comes within ``timeout`` + 1 s even from a broker
-        that keeps the connection alive but answers nothing (`within`)."""
-        bound = check_timeout(timeout) if blocking else None
+        that keeps the connection alive but answers nothing (`within`): None. A wait cut
+        while no connection is up (the broker accepts TCP but never answers the
+        handshake, or a reconnect hangs) never asked for the lock: it raises
+        :class:`BrokerUnreachable`, so "busy" and "broker down" are never confused."""
+        bound = timeout = check_wait(blocking, timeout)
+        core = self.broker._core
+
+        def unconnected() -> BaseException | None:
+            assert bound is not None  # only a bounded wait is cut
+            return core.unconnected_error(bound, repr(self))
+
         return await observed(
-            self.kind, self.name, within(self._wait(blocking, timeout), bound, _undo)
+            self.kind,
+            self.name,
+            within(self._wait(blocking, timeout), bound, _undo, cut=unconnected),
         )
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
-        """Hold the lock: a :class:`Lease`, or None when not blocking / timed out."""
+        """Hold the lock: a :class:`Lease`, or None when not blocking / timed out.
+        ``blocking=False`` with a timeout is a ValueError, as for ``threading.Lock``."""
+        check_wait(blocking, timeout)  # before any I/O
         state = self.broker._core.run(self._acquire(blocking, timeout))
         return None if state is None else Lease(state)
 
@@ -103,7 +123,7 @@ class LockObject(ABC):
         return lease
 
     def __exit__(self, *exc: object) -> None:
-        self._stack().pop().release()
+        self._stack().pop().__exit__(*exc)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

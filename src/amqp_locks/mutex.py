@@ -90,6 +90,7 @@ class Mutex(LockObject, HolderQueries):
             self._token = TokenSemaphore(
                 broker, quorum_mutex_name(self.name), quorum=True, fencing=fencing, first_use=True
             )
+            self._token.as_mutex(f"Mutex {self.name!r}")
 
     async def _wait(self, blocking: bool, timeout: float | None) -> HeldState | None:
         if self._token is None:
@@ -127,7 +128,7 @@ class Mutex(LockObject, HolderQueries):
                     if granted:  # granted, but the check failed or we were cancelled
                         await asyncio.shield(granted.release())
         # A missing queue is made on first use (tokens/fresh.py).
-        return await self._token._wait(blocking, timeout)
+        return await self._token.wait_permit(blocking, timeout)
 
     async def _check_mode(self) -> None:
         """Once per connection: refuse a mutex that cluster-mode clients hold as a token

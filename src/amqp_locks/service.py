@@ -20,19 +20,26 @@ whatever the keep-alive is doing.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
 import logging
 import math
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any, Protocol
 
 from . import events
 from .errors import ConfigurationError, KeepAliveTimeout, LockerStopped
 from .lockers.base import Locker
+from .signals import handlers
 
 log = logging.getLogger("amqp_locks.service")
+
+#: What stops a `LockableService.run()` in the main thread, as `stop()` would.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class State(enum.Enum):
@@ -134,6 +141,8 @@ class LockableService:
         #: Why `run()` ended with an exception (also logged), e.g. when run on `start()`'s
         #: background thread.
         self.error: BaseException | None = None
+        #: The signal that stopped `run()` (SIGINT or SIGTERM), else None.
+        self.signal_received: signal.Signals | None = None
 
     @classmethod
     def from_config(cls, path: str, work: Work, **options: Any) -> LockableService:
@@ -172,8 +181,40 @@ class LockableService:
     # --- life cycle -----------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until `stop()` or until the work returns by itself."""
+        """Serve until `stop()`, SIGINT/SIGTERM, or until the work returns by itself.
+
+        Run in the main thread, `run()` takes SIGINT (Ctrl-C) and SIGTERM (``kill``,
+        systemd, Kubernetes) for the time it runs: either is a `stop()` — the work's stop
+        event is set, the work joined, the lock released — and `run()` returns normally
+        (no KeyboardInterrupt traceback); ``signal_received`` says which signal it was.
+        The previous handlers are restored when `run()` returns. Elsewhere (a thread,
+        `start()`) signals stay the caller's business: call `stop()`."""
         self._stop.clear()
+        self.signal_received = None
+        with self._stop_on_signals():
+            self._serve()
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM stop the service while `run()` runs (main thread only: Python
+        runs signal handlers there and nowhere else)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # Only flags: a handler interrupts the main thread anywhere (inside a lock
+            # acquire, a join); the loop it interrupted sees them and winds down.
+            self.signal_received = signal.Signals(signum)
+            log.warning("%s received: stopping (%r)", self.signal_received.name, self.locker)
+            self._stop.set()
+            self._wake.set()
+            self.locker.interrupt()
+
+        with handlers(on_signal, STOP_SIGNALS):
+            yield
+
+    def _serve(self) -> None:
         try:
             while not self._stop.is_set():
                 if not self.use_lock:
@@ -181,7 +222,7 @@ class LockableService:
                     return
                 self._set(State.STANDBY)
                 try:
-                    self.locker.start()
+                    self.locker.start(self._stop)  # stop() or a signal ends it
                 except LockerStopped:
                     return
                 except Exception as exc:

@@ -46,7 +46,7 @@ async def read_lock_status(
     several: a semaphore and its administration mutex share it), or one ``absent`` entry.
     With `records`, also ask the holders who they are, waiting up to `timeout` seconds for
     silent ones (amqp_locks/holders.py)."""
-    name = validate_name(name)
+    name = validate_name(name, admin=True)
     if timeout < 0:
         raise ConfigurationError(f"timeout must be >= 0 seconds, got {timeout}")
     readings: list[Reading] = []

@@ -10,14 +10,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aiormq.exceptions
-
 from .errors import AmqpLocksError, ClusterUnreachable, ConfigurationError, ConnectionLost
 from .transport.broker import BrokerCore
 from .transport.errors import channel_error
 from .transport.session import Session
 from .transport.shield import shielded
 from .transport.wakeups import subscribe
+from .transport.wire import AMQPError
 
 T = TypeVar("T")
 
@@ -182,7 +181,7 @@ async def _attempt(coro: Coroutine[Any, Any, T | None]) -> T | None:
         return await shielded(coro, _release)
     except AmqpLocksError:
         raise
-    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+    except (AMQPError, ConnectionError) as exc:
         raise channel_error(exc) from exc
 
 

@@ -60,71 +60,64 @@ def _body(task: Singleton, key: str, seconds: float) -> dict[str, Any]:
     return {"pid": os.getpid(), "token": lease.fencing_token}
 
 
-@app.task(base=Singleton, bind=True, lock_key=by_key, lock_timeout=120)
+def singleton(**options: Any) -> Any:
+    """`app.task` for a bound `Singleton` task: what each task below varies is its options."""
+    return app.task(base=Singleton, bind=True, **options)
+
+
+def _brief_if_redelivered(task: Singleton, key: str, seconds: float) -> dict[str, Any]:
+    """The body, run for 0.2 s only when this delivery is a redelivery (after a death)."""
+    redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+    return _body(task, key, 0.2 if redelivered else seconds)
+
+
+#: A task acknowledged after its run and delivered again when its worker dies.
+LATE = {"acks_late": True, "reject_on_worker_lost": True}
+
+
+@singleton(lock_key=by_key, lock_timeout=120)
 def hold(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """One call per key at a time, waiting for the lock."""
     return _body(self, key, seconds)
 
 
-@app.task(base=Singleton, bind=True, lock_key=["key"], lock_limit=3, lock_timeout=120)
+@singleton(lock_key=["key"], lock_limit=3, lock_timeout=120)
 def limited(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """At most three calls per key at a time."""
     return _body(self, key, seconds)
 
 
-@app.task(base=Singleton, bind=True, lock_key=by_key, on_conflict="skip")
+@singleton(lock_key=by_key, on_conflict="skip")
 def skipper(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """Does not run while `hold` (same key) runs."""
     return _body(self, key, seconds)
 
 
-@app.task(
-    base=Singleton,
-    bind=True,
-    lock_key=by_key,
-    on_conflict="retry",
-    lock_retry_countdown=0.3,
-    max_retries=100,
-)
+@singleton(lock_key=by_key, on_conflict="retry", lock_retry_countdown=0.3, max_retries=100)
 def retrier(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """Retries every 0.3 s while `hold` (same key) runs."""
     return _body(self, key, seconds)
 
 
-@app.task(
-    base=Singleton,
-    bind=True,
-    lock_key=by_key,
-    on_conflict="retry",
-    lock_retry_countdown=0.1,
-    max_retries=1,
-)
+@singleton(lock_key=by_key, on_conflict="retry", lock_retry_countdown=0.1, max_retries=1)
 def retrier_short(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """Gives up (TaskLockTimeout) after one retry."""
     return _body(self, key, seconds)
 
 
-@app.task(base=Singleton, bind=True, lock_key=by_key, lock_timeout=0.5)
+@singleton(lock_key=by_key, lock_timeout=0.5)
 def impatient(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """Waits half a second at most (TaskLockTimeout)."""
     return _body(self, key, seconds)
 
 
-@app.task(
-    base=Singleton,
-    bind=True,
-    lock_key=by_key,
-    lock_timeout=120,
-    acks_late=True,
-    reject_on_worker_lost=True,
-)
+@singleton(lock_key=by_key, lock_timeout=120, **LATE)
 def durable(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """Delivered again when its worker dies; the second delivery runs briefly."""
-    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    return _body(self, key, 0.2 if redelivered else seconds)
+    return _brief_if_redelivered(self, key, seconds)
 
 
-@app.task(base=Singleton, bind=True, once=True, lock_key=["key"])
+@singleton(once=True, lock_key=["key"])
 def once(self: Singleton, key: str, seconds: float, fail: bool = False) -> dict[str, Any]:
     """At most one call per key queued or running."""
     result = _body(self, key, seconds)
@@ -133,48 +126,32 @@ def once(self: Singleton, key: str, seconds: float, fail: bool = False) -> dict[
     return result
 
 
-@app.task(
-    base=Singleton,
-    bind=True,
-    once=True,
-    lock_key=["key"],
-    acks_late=True,
-    reject_on_worker_lost=True,
-)
+@singleton(once=True, lock_key=["key"], **LATE)
 def once_late(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """`once` acknowledged after the run (delivered again when its worker dies)."""
     return _body(self, key, seconds)
 
 
-@app.task(
-    base=Singleton,
-    bind=True,
-    once=True,
-    lock_key=["key"],
-    acks_late=True,
-    reject_on_worker_lost=True,
-)
+@singleton(once=True, lock_key=["key"], **LATE)
 def once_redelivered(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """`once`, delivered again when its worker dies; the second delivery runs briefly."""
-    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    return _body(self, key, 0.2 if redelivered else seconds)
+    return _brief_if_redelivered(self, key, seconds)
 
 
-@app.task(base=Singleton, bind=True, once=True, lock_key=["key"])
+@singleton(once=True, lock_key=["key"])
 def once_early(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """`once`, acknowledged early; a delivery after a death (the solo pool's) runs briefly."""
-    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    return _body(self, key, 0.2 if redelivered else seconds)
+    return _brief_if_redelivered(self, key, seconds)
 
 
-@app.task(base=Singleton, bind=True, once=True, lock_key=["key"], acks_late=True)
+@singleton(once=True, lock_key=["key"], acks_late=True)
 def once_late_acked(self: Singleton, key: str, seconds: float) -> dict[str, Any]:
     """`acks_late` without `reject_on_worker_lost`: a killed prefork child's message is
     acknowledged by its parent, never delivered again."""
     return _body(self, key, seconds)
 
 
-@app.task(base=Singleton, bind=True, once=True, lock_key=["key"], max_retries=1)
+@singleton(once=True, lock_key=["key"], max_retries=1)
 def once_retrying(self: Singleton, key: str, countdown: float) -> int:
     """Retries itself once after `countdown` s: the key stays queued meanwhile."""
     note("start", key, id=self.request.id, retries=self.request.retries)

@@ -3,7 +3,10 @@ queues made on first use, expiring), on one node: a worker of 4 prefork children
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +14,7 @@ import pytest
 
 from amqp_locks import Broker
 from amqp_locks.celery import AlreadyQueued
-from amqp_locks.celery.once import busy
+from amqp_locks.celery.once import ALIVE_EXPIRES_MS, Mark, busy, claim, claim_exchange
 from amqp_locks_dev import devbroker
 
 from .app import hold, limited, once
@@ -67,3 +70,61 @@ def test_once_in_cluster_mode(cluster_worker: Worker, broker: Broker) -> None:
     again = once.apply_async((k, 0.0), queue=cluster_worker.queue)
     again.get(timeout=60)
     assert len(cluster_worker.events_of(k)) == 4
+
+
+#: The quorum tick: how often RabbitMQ checks a quorum queue's expiry (5 s by default).
+QUORUM_TICK = 5.0
+
+
+def test_once_key_of_a_killed_child_in_cluster_mode(
+    cluster_worker: Worker,
+    broker: Broker,
+    node: devbroker.NodeInfo,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """Cluster mode keeps no exclusive queue: the running call's binding is to its
+    connection's quorum alive queue, which a killed child's connection leaves unused, and
+    which then expires (ALIVE_EXPIRES_MS, checked on the quorum tick): the key is free
+    within that, not at once as with one node's exclusive queue."""
+    k = key()
+    name = once.lock_name((k, 60.0))
+    once.apply_async((k, 60.0), queue=cluster_worker.queue)
+    victim = cluster_worker.wait_events(k, "start", 1)[0].pid
+    out = devbroker.rabbitmqctl(
+        node, "list_bindings", "source_name", "destination_name", "--no-table-headers", "-q"
+    )
+    bound = [line.split("\t")[1] for line in out.splitlines()
+             if line.split("\t")[0] == claim_exchange(name)]  # fmt: skip
+    assert len(bound) == 1 and bound[0].startswith("amqp-locks.once-alive."), bound
+    out = devbroker.rabbitmqctl(node, "list_queues", "name", "type", "--no-table-headers", "-q")
+    assert f"{bound[0]}\tquorum" in out.splitlines(), "a quorum queue, never exclusive"
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until("the killed call's key to be free", lambda: not busy(broker, name), 20)
+    took = time.monotonic() - killed
+    print(f"\nonce, cluster mode: SIGKILL of the child -> key free: {took:.2f} s")
+    record_property("child_kill_to_key_free_s", round(took, 2))
+    assert took <= ALIVE_EXPIRES_MS / 1000 + 2 * QUORUM_TICK
+    again = once.apply_async((k, 0.0), queue=cluster_worker.queue)
+    again.get(timeout=60)
+
+
+def test_a_deleted_alive_queue_is_replaced(node: devbroker.NodeInfo) -> None:
+    """An alive queue deleted under its connection (by an operator) frees the keys bound to
+    it (the broker deletes a claim with its last binding); the connection's next call
+    finds no queue to bind and declares and consumes a new one."""
+    with Broker(node.url, cluster=True) as b:
+        first, second = (f"celery.test.{key()}" for _ in range(2))
+        assert claim(b, first)
+        mark = Mark(b, first, "task-1", comes_back=False)
+        mark.start(retried=False)
+        assert busy(b, first) and mark.alive is not None
+        devbroker.rabbitmqctl(node, "delete_queue", mark.alive)
+        wait_until("the key bound to the deleted queue to be free", lambda: not busy(b, first), 10)
+        assert claim(b, second)
+        again = Mark(b, second, "task-2", comes_back=False)
+        again.start(retried=False)
+        assert again.alive not in (None, mark.alive)
+        assert busy(b, second)
+        again.end(hand_over=False)
+        assert not busy(b, second)

@@ -1,14 +1,15 @@
 """Without a worker: the lock broker's URL from Celery's settings, call keys, option checks
-at definition, a lock_limit that disagrees with the semaphore already set up."""
+at definition, a lock_limit that disagrees with the semaphore already set up (LockShapeMismatch)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from celery import Celery
 
-from amqp_locks import Broker, ConfigurationError, TokenSemaphore
+from amqp_locks import Broker, ConfigurationError, LockShapeMismatch, TokenSemaphore
 from amqp_locks.celery import Singleton, lock_urls
 
 from .conftest import key
@@ -41,18 +42,25 @@ def test_a_broker_that_is_not_amqp_needs_amqp_locks_url() -> None:
         urls(broker_url="redis://localhost:6379/0")
 
 
-def test_keys_bind_arguments_and_select_them() -> None:
+def keyed_tasks(lock_key: Callable[..., Any]) -> tuple[Any, Any, Any]:
+    """Three Singleton tasks `(a, b=2)` of an app of their own, keyed by every argument,
+    by `a` alone, and by the callable `lock_key`."""
     app = Celery("t", set_as_current=False)
 
     @app.task(base=Singleton, shared=False)
-    def every(a: int, b: int = 2) -> None: ...
+    def every(a: Any, b: Any = 2) -> None: ...
 
     @app.task(base=Singleton, lock_key=["a"], shared=False)
-    def some(a: int, b: int = 2) -> None: ...
+    def some(a: Any, b: Any = 2) -> None: ...
 
-    @app.task(base=Singleton, lock_key=lambda a, b=2: f"x{a}", shared=False)
-    def shared(a: int, b: int = 2) -> None: ...
+    @app.task(base=Singleton, lock_key=lock_key, shared=False)
+    def by_callable(a: Any, b: Any = 2) -> None: ...
 
+    return every, some, by_callable
+
+
+def test_keys_bind_arguments_and_select_them() -> None:
+    every, some, shared = keyed_tasks(lambda a, b=2: f"x{a}")
     assert every.lock_name((1,)) == every.lock_name((), {"a": 1}) == every.lock_name((1, 2))
     assert every.lock_name((1, 3)) != every.lock_name((1, 2))
     assert some.lock_name((1, 3)) == some.lock_name((1, 4)) != some.lock_name((2, 3))
@@ -91,10 +99,10 @@ def test_lock_limit_other_than_the_semaphore_is_refused(celery_app: Any, broker:
     lease = first.acquire(timeout=10)
     assert lease is not None
     lease.release(wait=True)
-    with pytest.raises(ConfigurationError, match=r"lock_limit is 3, but .*with 2 permit"):
+    with pytest.raises(LockShapeMismatch, match=r"lock_limit is 3, but .*with 2 permit"):
         limited(made, 0.0)
     TokenSemaphore(broker, limited.lock_name((set_up, 0.0))).setup(2)
-    with pytest.raises(ConfigurationError, match=r"lock_limit is 3, but .*set up with 2 permit"):
+    with pytest.raises(LockShapeMismatch, match=r"lock_limit is 3, but .*set up with 2 permit"):
         limited(set_up, 0.0)
 
 
@@ -126,17 +134,7 @@ class Named(Plain):
 def test_a_key_holding_an_address_is_refused_naming_the_argument() -> None:
     from amqp_locks.celery import UnidentifiableKey
 
-    app = Celery("t", set_as_current=False)
-
-    @app.task(base=Singleton, shared=False)
-    def every(a: Any, b: Any = 2) -> None: ...
-
-    @app.task(base=Singleton, lock_key=["a"], shared=False)
-    def some(a: Any, b: Any = 2) -> None: ...
-
-    @app.task(base=Singleton, lock_key=lambda a, b=2: [b], shared=False)
-    def by_b(a: Any, b: Any = 2) -> None: ...
-
+    every, some, by_b = keyed_tasks(lambda a, b=2: [b])
     for args in [(1, Plain(1)), (1, [2, {"x": Plain(1)}]), (1, key)]:  # key: a function
         with pytest.raises(UnidentifiableKey, match=r"argument 'b' .* at 0x.*lock_key="):
             every.lock_name(args)

@@ -152,3 +152,25 @@ def test_the_command_starts_no_server(cli: Cli) -> None:
     r = cli.run("broker", "start")
     assert r.returncode == 64 and "No such command 'broker'" in r.stderr
     assert "broker start" not in cli.run("--help").stdout
+
+
+def test_status_prints_whole_fencing_tokens_at_80_columns(
+    cli: Cli, amqp_url: str, name: str
+) -> None:
+    """Tokens are ~2**52 (16 digits): neither a pipe at COLUMNS=80 nor an 80-column
+    terminal cuts one."""
+    from rich.console import Console
+
+    from amqp_locks import Broker, Mutex
+    from amqp_locks.cli.status import _table, collect, show
+
+    with Broker(amqp_url) as b, Mutex(b, name) as lease:
+        token = str(lease.fencing_token)
+        assert len(token) >= 16
+        piped = cli.run("status", name, env=child_env(COLUMNS="80"))
+        assert piped.returncode == 0 and token in piped.stdout, piped.stdout
+        assert name in piped.stdout and "…" not in piped.stdout
+        terminal = Console(width=80, force_terminal=True, record=True, color_system=None)
+        show(terminal, _table(collect(b, name), b.url))
+        text = terminal.export_text()
+        assert token in text and name in text, text  # the terminal wraps; nothing is cut

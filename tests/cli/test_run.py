@@ -124,7 +124,7 @@ def test_bad_input_exit_codes(cli: Cli, name: str) -> None:
         ["run", name, "-n", "0", "--", "true"],
         ["run", name, "--nonblock", "-w", "1", "--", "true"],
         ["run", name],
-        ["run", name + "-fence", "--", "true"],
+        ["run", name + ".mutex", "--", "true"],
         ["run", name, "--kind", "persistent", "--", "true"],
         ["--url", "amqp://guest:guest@127.0.0.1:1/", "run", name, "--", "true"],
         ["--url", bad_password, "run", name, "--", "true"],

@@ -92,27 +92,29 @@ def test_wait_line_on_a_terminal_only(cli: Cli, name: str) -> None:
         "run", name, "-n", "1", "--holder-id", "build-7", "-c", "echo held; exec sleep 60"
     )
     holder.expect("held")
-    waiter = cli.argv(["run", name, "--kind", "semaphore", "-w", "2.5", "--", "true"])
+    # Waits long enough for a loaded machine to connect first (a wait that ends before
+    # any connection was made is exit 69, not "lock not obtained").
+    waiter = cli.argv(["run", name, "--kind", "semaphore", "-w", "6.5", "--", "true"])
 
     rc, screen = _on_terminal(waiter, child_env())
     assert rc == 1
     assert f"waiting for semaphore {name!r}, " in screen
     # elapsed of the timeout; who holds what, as the holder answered
     who = f"slot 1 held by build-7 (host {socket.gethostname()}, pid {holder.popen.pid}) since "
-    assert f"of 2s; {who}" in screen
+    assert f"of 6s; {who}" in screen
     assert "(1 of 1 slot(s))" in screen
     assert "lock not obtained" in screen
 
     rc, screen = _on_terminal(
-        cli.argv(["run", name, "--kind", "semaphore", "-w", "1", "-q", "--", "true"]), child_env()
+        cli.argv(["run", name, "--kind", "semaphore", "-w", "5", "-q", "--", "true"]), child_env()
     )
     assert (rc, screen) == (1, "")  # -q: nothing at all
 
     piped = cli.run(
-        "run", name, "--kind", "semaphore", "-w", "1", "--", "true"
+        "run", name, "--kind", "semaphore", "-w", "5", "--", "true"
     )  # stderr not a terminal
     assert piped.returncode == 1
-    assert piped.stderr == f"amqp-locks: {name}: lock not obtained (timed out after 1s)\n"
+    assert piped.stderr == f"amqp-locks: {name}: lock not obtained (timed out after 5s)\n"
 
     holder.popen.send_signal(signal.SIGTERM)
     holder.finish()
@@ -127,14 +129,14 @@ def test_wait_line_names_mutex_and_token_holders(cli: Cli, name: str) -> None:
     mutex.expect("held")
     token.expect("held")
     host = socket.gethostname()
-    rc, screen = _on_terminal(cli.argv(["run", name, "-w", "2", "--", "true"]), child_env())
+    rc, screen = _on_terminal(cli.argv(["run", name, "-w", "6", "--", "true"]), child_env())
     assert rc == 1
     assert (
         f"waiting for mutex {name!r}, " in screen
         and f"; held by w-m (host {host}, pid {mutex.popen.pid}) since " in screen
     )
     rc, screen = _on_terminal(
-        cli.argv(["run", name + "t", "--kind", "token", "-w", "2", "--", "true"]), child_env()
+        cli.argv(["run", name + "t", "--kind", "token", "-w", "6", "--", "true"]), child_env()
     )
     assert rc == 1
     assert f"; permit 1 held by w-t (host {host}, pid {token.popen.pid}) since " in screen
@@ -145,7 +147,8 @@ def test_wait_line_names_mutex_and_token_holders(cli: Cli, name: str) -> None:
 
 
 def test_elect_standby_line_on_a_terminal(cli: Cli, name: str) -> None:
-    master = cli.start("elect", name, "--interval", "0.5", "-c", "echo master; exec sleep 60")
+    # The COMMAND outlives the test's patience by far: only a forwarded SIGTERM ends it.
+    master = cli.start("elect", name, "--interval", "0.5", "-c", "echo master; exec sleep 600")
     master.expect("master")
     argv = [
         "timeout",
@@ -160,7 +163,7 @@ def test_elect_standby_line_on_a_terminal(cli: Cli, name: str) -> None:
     assert f"standby for amqp lock {name!r}, " in screen
     assert f"held by {socket.gethostname()}:{master.popen.pid} since " in screen
     master.popen.send_signal(signal.SIGTERM)
-    assert master.finish()[0] == 0
+    assert master.finish(timeout=60.0)[0] == 0  # a loaded machine's stop takes its time
 
 
 # --- 3. warnings visible by default --------------------------------------------------------------

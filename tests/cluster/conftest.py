@@ -16,7 +16,7 @@ from typing import TypeVar
 import pytest
 
 from amqp_locks import Broker, TokenSemaphore
-from amqp_locks_dev import devcluster, mesh, partition
+from amqp_locks_dev import devbroker, devcluster, mesh, partition
 
 from .. import waiting
 from ..nodes import node_name, test_home
@@ -44,6 +44,14 @@ def all_nodes_up(cluster: devcluster.ClusterInfo) -> None:
     for index, (_node, up) in enumerate(devcluster.status(CLUSTER, _base_dir()).items(), 1):
         if not up:
             devcluster.start_node(CLUSTER, index, _base_dir())
+
+
+def only_on_43(what: str) -> pytest.MarkDecorator:
+    """Skips a module of the network-namespace harnesses unless the tests run RabbitMQ 4.3
+    (the figures they assert are 4.3.6's, a Khepri cluster)."""
+    return pytest.mark.skipif(
+        devbroker.default_version() != "4.3", reason=f"{what}: AMQP_LOCKS_RABBITMQ=4.3 (4.3.6)"
+    )
 
 
 class Nodes:

@@ -7,15 +7,16 @@ from __future__ import annotations
 import queue
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import amqp_locks
 from amqp_locks import (
     Broker,
     Lease,
     Mutex,
-    PersistentSemaphore,
     ReadWriteLock,
     SemaphoreAdmin,
     TokenSemaphore,
@@ -39,15 +40,17 @@ def set_up(broker: Broker, kind: str, name: str) -> None:
         ReadWriteLock(broker, name).setup()
 
 
-def lock_of(broker: Broker, kind: str, name: str) -> Any:
+def lock_of(broker: Any, kind: str, name: str, api: Any = amqp_locks, **rw: Any) -> Any:
+    """The lock of `kind` ("read", "write": that side of a ``ReadWriteLock`` made with
+    `rw`) from `api`: the package's classes, or their twins in ``amqp_locks.aio``."""
     if kind == "token":
-        return TokenSemaphore(broker, name)
+        return api.TokenSemaphore(broker, name)
     if kind == "semaphore":
-        return PersistentSemaphore(broker, name)
+        return api.PersistentSemaphore(broker, name)
     if kind == "mutex":
-        return Mutex(broker, name)
-    rw = ReadWriteLock(broker, name)
-    return rw.read_lock if kind == "read" else rw.write_lock
+        return api.Mutex(broker, name)
+    lock = api.ReadWriteLock(broker, name, **rw)
+    return lock.read_lock if kind == "read" else lock.write_lock
 
 
 @dataclass
@@ -70,6 +73,25 @@ def take(broker: Broker, kind: str, name: str, timeout: float, waiter: bool = Fa
     )
     assert lease is not None, f"{kind} not granted within {timeout} s"
     return Held(lease, lease.release)
+
+
+def start_waiter(
+    broker: Broker, kind: str, name: str, timeout: float, box: dict[str, Any]
+) -> threading.Thread:
+    """A started thread that waits behind a holder of `kind` (:func:`take` as the waiter);
+    it puts in `box` when it was granted (``"at"``) and what it holds (``"held"``), or the
+    error that ended it (``"error"``, for the test to report)."""
+
+    def wait() -> None:
+        try:
+            held = take(broker, kind, name, timeout, waiter=True)
+            box["at"], box["held"] = time.monotonic(), held
+        except BaseException as exc:  # reported by the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float) -> str | None:

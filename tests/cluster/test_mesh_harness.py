@@ -29,13 +29,10 @@ from amqp_locks import Broker
 from amqp_locks_dev import devbroker, localserver, mesh, partition
 
 from .. import nodes
-from .conftest import MakeMesh, wait_until
+from .conftest import MakeMesh, only_on_43, wait_until
 
 pytestmark = [
-    pytest.mark.skipif(
-        devbroker.default_version() != "4.3",
-        reason="the harness's figures are RabbitMQ 4.3.6's (Khepri): AMQP_LOCKS_RABBITMQ=4.3",
-    ),
+    only_on_43("the harness's figures are RabbitMQ 4.3.6's (Khepri)"),
 ]
 
 NET_TICKTIME = 10
@@ -58,6 +55,16 @@ HEAL_BOUND = 90.0
 @pytest.fixture(autouse=True)
 def all_nodes_up() -> None:
     """Not the shared test cluster: this module makes its own (one cluster at a time)."""
+
+
+def _heal(mc: mesh.MeshCluster, which: str) -> None:
+    """Heals every link; prints how long the links and then every node took to be back."""
+    healed_at = time.monotonic()
+    mc.heal()
+    links_at = time.monotonic()
+    wait_until(lambda: _all_running(mc), HEAL_BOUND, f"{which} running after the heal")
+    done = time.monotonic()
+    print(f"heal: links up in {links_at - healed_at:.2f} s, all running {done - healed_at:.2f} s")
 
 
 def _names(mc: mesh.MeshCluster, *indexes: int) -> set[str]:
@@ -99,12 +106,7 @@ def test_a_cut_link_parts_only_its_two_nodes(make_mesh: MakeMesh) -> None:
     assert mc.node(2).node not in mc.running_nodes(1)
     assert set(mc.running_nodes(3)) == _names(mc, 1, 2, 3)
 
-    healed_at = time.monotonic()
-    mc.heal()
-    links_at = time.monotonic()
-    wait_until(lambda: _all_running(mc), HEAL_BOUND, "all three running after the heal")
-    done = time.monotonic()
-    print(f"heal: links up in {links_at - healed_at:.2f} s, all running {done - healed_at:.2f} s")
+    _heal(mc, "all three")
 
     mc.kill(3)
     mc.wait_node_down(1, 3, timeout=30)
@@ -139,12 +141,7 @@ def test_a_split_of_five_parts_the_groups(make_mesh: MakeMesh) -> None:
     assert unreachable == [f"{net.address(i)}:{port}" for i in (2, 3)]
     assert all(partition._listening(net.address(i), port) for i in range(1, 6))
 
-    healed_at = time.monotonic()
-    mc.heal()
-    links_at = time.monotonic()
-    wait_until(lambda: _all_running(mc), HEAL_BOUND, "all five running after the heal")
-    done = time.monotonic()
-    print(f"heal: links up in {links_at - healed_at:.2f} s, all running {done - healed_at:.2f} s")
+    _heal(mc, "all five")
 
     net = mc.net
     mc.teardown()
@@ -225,5 +222,5 @@ def test_a_killed_harness_is_swept_by_the_next() -> None:
     assert mesh.mesh_leftovers(net)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert set(net.namespaces) <= set(partition.sweep_stale())
+    assert set(net.namespaces) <= set(mesh.sweep_stale())
     _gone(net)

@@ -78,7 +78,7 @@ def test_cluster_mode_permissions(nodes: Nodes, name: str) -> None:
     locks = r"(images|reindex)(\.(mutex|slots))?(\.semaphore(-ledger)?|-fence)?"
     extra = (
         r"|amqp-locks\.quorum-guard\..*|amqp-locks\.holder(s|\.[0-9a-f]{32})"
-        r"|amqp-locks-shard-[0-9]+-fence"
+        r"|amqp-locks-fence-[0-9]+(-g[0-9]+(-done)?)?"
     )
     full = f"^({locks}{extra})$"
     write = r"^(amq\.default|amqp-locks\.holder(s|\.[0-9a-f]{32}))$"

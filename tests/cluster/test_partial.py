@@ -29,35 +29,28 @@ turn: ``write``); ``-m slow`` runs every primitive:
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from yarl import URL
 
 from amqp_locks import Broker
-from amqp_locks.names import fence_shard
+from amqp_locks.names import fence_generation, fence_shard_index
 from amqp_locks.transport.quorum_guard import probe_queue
 from amqp_locks_dev import devbroker
 from amqp_locks_dev.mesh import MeshCluster
 
-from .conftest import MakeMesh
-from .locks import KINDS, holder_told, set_up, take
-
-ROOT = Path(__file__).resolve().parents[2]
+from ..spawn import spawn_held
+from .conftest import MakeMesh, only_on_43
+from .locks import KINDS, holder_told, set_up, start_waiter
 
 pytestmark = [
     pytest.mark.timeout(1800),
-    pytest.mark.skipif(
-        devbroker.default_version() != "4.3",
-        reason="partial partitions of a Khepri cluster: AMQP_LOCKS_RABBITMQ=4.3 (4.3.6)",
-    ),
+    only_on_43("partial partitions of a Khepri cluster"),
 ]
 
 NET_TICKTIME = 10
@@ -82,8 +75,11 @@ def shards(mc: MeshCluster, name: str) -> list[str]:
     fencing token needs its shard's majority too, so the split puts them with the lock."""
     out = mc.rabbitmqctl(2, "list_queues", "-q", "name", "--formatter", "json")
     made = {row["name"] for row in json.loads(out)}
-    wanted = {fence_shard(n) for n in (name, f"{name}.rwlock", f"{name}.mutex", f"{name}.slots")}
-    return sorted(wanted & made)
+    wanted = {
+        fence_generation(fence_shard_index(n), 0)[:-1]
+        for n in (name, f"{name}.rwlock", f"{name}.mutex", f"{name}.slots")
+    }
+    return sorted(q for q in made for w in wanted if q.startswith(w) and q[len(w) :].isdigit())
 
 
 def members(mc: MeshCluster, queue: str) -> set[int]:
@@ -133,23 +129,15 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
     Heals before returning (also on failure)."""
     admin = Broker([mc.node_url(2)], cluster=True, heartbeat=5)
     waiter_broker = Broker([mc.node_url(3)], cluster=True, heartbeat=5)
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     holder: subprocess.Popen[str] | None = None
     try:
         set_up(admin, kind, name)
         waiter_broker.connect()
-        argv = [sys.executable, "-m", "tests.cluster.partition_holder", mc.node_url(1)]
-        holder = mc.run_in_namespace(
-            1,
-            [*argv, name, kind, "0", "0"],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
+        holder, [token] = spawn_held(
+            "tests.cluster.partition_holder",
+            *(mc.node_url(1), name, kind, "0", "0"),
+            popen=functools.partial(mc.run_in_namespace, 1),
         )
-        assert holder.stdout is not None
-        held = holder.stdout.readline().split()
-        assert held[:1] == ["HELD"], held
         if fault == "split":
             # Every queue of the lock (its fence too, made by the first grant) and the
             # waiter's probe queue on {1, 2, 3}: their majority is on the small side of
@@ -159,16 +147,7 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
                 place(mc, queue, {1, 2, 3})
             place(mc, guard_queue(mc, 1), {1, 4, 5})
         box: dict[str, Any] = {}
-
-        def waiter() -> None:
-            try:
-                got = take(waiter_broker, kind, name, GRANT_BOUND + 30, waiter=True)
-                box["at"], box["held"] = time.monotonic(), got
-            except BaseException as exc:  # reported by the test
-                box["error"] = exc
-
-        t = threading.Thread(target=waiter, daemon=True)
-        t.start()
+        t = start_waiter(waiter_broker, kind, name, GRANT_BOUND + 30, box)
         cut_at = time.monotonic()
         if fault == "partial":
             mc.cut_link(1, 2)
@@ -184,7 +163,7 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
         assert told_at < box["at"], f"two holders at once: told {told:.2f}, granted {granted:.2f}"
         assert granted <= GRANT_BOUND, f"the waiter waited {granted:.2f} s"
         assert mc.cut_links, "the links came back before the grant"
-        assert box["held"].lease.fencing_token > int(held[1])
+        assert box["held"].lease.fencing_token > token
         box["held"].release()
         return told, granted
     finally:

@@ -26,32 +26,23 @@ Every scenario's figures are printed (``-s``) as a table row.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from amqp_locks import Broker
-from amqp_locks_dev import devbroker
 from amqp_locks_dev.partition import PartitionCluster
 
-from .conftest import MakePartition
-from .locks import KINDS, holder_told, set_up, take
-
-ROOT = Path(__file__).resolve().parents[2]
+from ..spawn import spawn_held
+from .conftest import MakePartition, only_on_43
+from .locks import KINDS, holder_told, set_up, start_waiter
 
 pytestmark = [
     pytest.mark.timeout(3600),
-    pytest.mark.skipif(
-        devbroker.default_version() != "4.3",
-        reason="partitions of a Khepri cluster: AMQP_LOCKS_RABBITMQ=4.3 (4.3.6)",
-    ),
+    only_on_43("partitions of a Khepri cluster"),
 ]
 
 HEADER = (
@@ -88,15 +79,6 @@ class Row:
         )
 
 
-def _waiter(broker: Broker, kind: str, name: str, timeout: float, box: dict[str, Any]) -> None:
-    try:
-        held = take(broker, kind, name, timeout, waiter=True)
-        box["lease"], box["stop"] = held.lease, held.release
-        box["at"] = time.monotonic()
-    except BaseException as exc:  # reported by the test
-        box["error"] = exc
-
-
 def scenario(
     pc: PartitionCluster,
     kind: str,
@@ -112,42 +94,23 @@ def scenario(
     bound = grant_bound(ntt)
     tick = ntt if told else None
     majority = Broker([pc.node_url(2), pc.node_url(3)], heartbeat=5, net_ticktime=tick)
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     holder: subprocess.Popen[str] | None = None
     try:
         if leaders == "majority":
             set_up(majority, kind, name)
-        holder = pc.run_in_namespace(
-            [
-                sys.executable,
-                "-m",
-                "tests.cluster.partition_holder",
-                pc.node_url(1),
-                name,
-                kind,
-                str(tick or 0),
-                "1" if leaders == "minority" else "0",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
+        holder, [token] = spawn_held(
+            "tests.cluster.partition_holder",
+            *(pc.node_url(1), name, kind, str(tick or 0), "1" if leaders == "minority" else "0"),
+            popen=pc.run_in_namespace,
         )
-        assert holder.stdout is not None
-        held = holder.stdout.readline().split()
-        assert held[:1] == ["HELD"], held
-        token = int(held[1])
         box: dict[str, Any] = {}
-        waiter = threading.Thread(
-            target=_waiter, args=(majority, kind, name, bound + 30, box), daemon=True
-        )
-        waiter.start()
+        waiter = start_waiter(majority, kind, name, bound + 30, box)
         cut_at = time.monotonic()
         pc.cut(heard=heard)
         told_at, why = holder_told(holder, bound + 30, box, cut_at)
         waiter.join(bound + 30)
         assert "error" not in box, f"the majority waiter failed: {box['error']!r}"
-        assert box.get("lease") is not None, "the majority side was never granted the lock"
+        assert "held" in box, "the majority side was never granted the lock"
         granted_at = box["at"]
         row = Row(
             kind,
@@ -163,8 +126,8 @@ def scenario(
         assert told_at < granted_at, f"two holders at once: {row}"
         assert granted_at - cut_at <= bound, f"the majority waited too long: {row}"
         assert pc.is_cut, "the link came back before the grant"
-        assert box["lease"].fencing_token > token
-        box["stop"]()
+        assert box["held"].lease.fencing_token > token
+        box["held"].release()
         return row
     finally:
         if pc.is_cut:

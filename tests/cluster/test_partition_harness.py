@@ -24,16 +24,13 @@ import time
 
 import pytest
 
-from amqp_locks_dev import devbroker, partition
+from amqp_locks_dev import partition
 
-from .conftest import MakePartition
+from .conftest import MakePartition, only_on_43
 
 pytestmark = [
     pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        devbroker.default_version() != "4.3",
-        reason="the harness's figures are RabbitMQ 4.3.6's (Khepri): AMQP_LOCKS_RABBITMQ=4.3",
-    ),
+    only_on_43("the harness's figures are RabbitMQ 4.3.6's (Khepri)"),
 ]
 
 NET_TICKTIME = 10
@@ -91,7 +88,9 @@ def test_a_cut_stops_quorum_confirms_on_the_minority_side_until_the_heal(
     assert set(pc.running_nodes(2)) == {n.node for n in pc.nodes}
     client = pc.run_in_namespace(
         [sys.executable, "-c", CLIENT, pc.node_url(1), name],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     lines = _lines(client)
     assert lines.get(timeout=60) == "ready"

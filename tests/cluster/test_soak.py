@@ -19,12 +19,12 @@ from amqp_locks import (
     Broker,
     Lease,
     Mutex,
-    PersistentSemaphore,
     SemaphoreAdmin,
     TokenSemaphore,
 )
 
 from .conftest import Nodes
+from .locks import lock_of
 from .resource import FencedResource
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -117,12 +117,16 @@ def _victim(resource: FencedResource, *, holders_node: bool) -> int:
     return idle[0] if idle else 3
 
 
-def _soak(
-    nodes: Nodes,
-    permits: int,
-    acquire: Callable[[Broker], Lease | None],
-    key_of: Callable[[Lease], object],
-) -> tuple[FencedResource, Stats]:
+def _soak(nodes: Nodes, kind: str, name: str, permits: int) -> tuple[FencedResource, Stats]:
+    """Workers contend for lock `name` of `kind` (tests/cluster/locks.py's names) through
+    every node; a semaphore's resource key is the slot or permit a grant holds."""
+
+    def acquire(b: Broker) -> Lease | None:
+        return lock_of(b, kind, name).acquire(timeout=5)
+
+    def key_of(lease: Lease) -> object:
+        return name if kind == "mutex" else lease.number
+
     resource = FencedResource(permits=permits)
     stats = Stats()
     stop = threading.Event()
@@ -173,7 +177,7 @@ def _soak(
 
 
 def test_soak_mutex(nodes: Nodes, name: str) -> None:
-    _soak(nodes, 1, lambda b: Mutex(b, name).acquire(timeout=5), lambda lease: name)
+    _soak(nodes, "mutex", name, 1)
     with nodes.broker(2) as b:
         lease = Mutex(b, name).acquire(timeout=10)
         assert lease is not None
@@ -182,24 +186,14 @@ def test_soak_mutex(nodes: Nodes, name: str) -> None:
 
 def test_soak_persistent_semaphore(nodes: Nodes, name: str) -> None:
     SemaphoreAdmin(nodes.broker(1), name, quorum=True).create(2)
-    _soak(
-        nodes,
-        2,
-        lambda b: PersistentSemaphore(b, name).acquire(timeout=5),
-        lambda lease: lease.number,
-    )
+    _soak(nodes, "semaphore", name, 2)
     admin = SemaphoreAdmin(nodes.broker(2), name, quorum=True)
     assert admin.holders(beyond=2) == [] and admin.max_slots() == 2
 
 
 def test_soak_token_semaphore(nodes: Nodes, name: str) -> None:
     TokenSemaphore(nodes.broker(1), name, quorum=True).setup(2)
-    _soak(
-        nodes,
-        2,
-        lambda b: TokenSemaphore(b, name).acquire(timeout=5),
-        lambda lease: lease.number,
-    )
+    _soak(nodes, "token", name, 2)
     sem = TokenSemaphore(nodes.broker(3), name)
     status = sem.status()
     assert (status.permits, status.ready) == (2, 2), status

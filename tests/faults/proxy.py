@@ -12,6 +12,14 @@ touching either end:
   nothing: heartbeat frames (type 8) from the server still pass, every other server->client
   frame is swallowed (``hold=True``: held back, and delivered in order by ``heal()``, as a
   late answer). Client->server bytes flow as usual.
+- ``cut_after(n)`` — (AMQP only) forward the next `n` frames clients send (heartbeats not
+  counted), then close every proxied connection with RST and refuse new ones until the
+  next ``cut_after``/``count_frames``: a client process that dies right after any frame of
+  a multi-step path (tests/test_crash_points.py). ``frames_sent`` counts the frames
+  clients sent since the last ``count_frames()``. With ``effects_only=True`` the frames
+  that change nothing are neither counted nor cut after: ``basic.qos`` (the session's
+  pings) and existence probes (a publish with an empty body), so a batch of probes is one
+  cut point, before it (tests/test_fence_generations.py).
 - ``heal()`` lifts the blackhole and the mute; ``passthrough()`` also removes the delay.
 
 Each connection is two pump threads (one per direction) so a delay adds latency without
@@ -57,6 +65,14 @@ class FaultProxy:
         #: Frames held back by mute(hold=True), per connection, until heal().
         self._held: dict[int, list[bytes]] = {}
         self._down_chunks = 0
+        #: cut_after(): frames still to forward before the cut (None: not armed).
+        self._cut_after: int | None = None
+        #: Client frames (not heartbeats) forwarded since count_frames().
+        self._up_frames = 0
+        #: Count only frames with an effect (not pings, not probes): see cut_after.
+        self._effects_only = False
+        #: cut_after() fired: the client is dead, new connections are refused.
+        self._refusing = False
         self._pairs: list[_Pair] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True, name="faultproxy")
@@ -89,6 +105,38 @@ class FaultProxy:
         with self._cond:
             self._mute = "hold" if hold else "swallow"
             self._cond.notify_all()
+
+    def cut_after(self, frames: int, *, effects_only: bool = False) -> None:
+        """Forward the next `frames` frames clients send (heartbeats are not counted),
+        then reset every proxied connection (RST both ways), as the death of the client
+        process would. Disarmed once it fired."""
+        if not self.amqp:
+            raise RuntimeError("cut_after() needs FaultProxy(..., amqp=True)")
+        if frames < 0:
+            raise ValueError(f"frames must be >= 0, got {frames}")
+        with self._cond:
+            self._cut_after = frames
+            self._up_frames = 0
+            self._refusing = False
+            self._effects_only = effects_only
+
+    def count_frames(self, *, effects_only: bool = False) -> None:
+        """Start counting the frames clients send (:attr:`frames_sent`) from zero."""
+        with self._cond:
+            self._up_frames = 0
+            self._refusing = False
+            self._effects_only = effects_only
+
+    @property
+    def frames_sent(self) -> int:
+        with self._cond:
+            return self._up_frames
+
+    @property
+    def fired(self) -> bool:
+        """Whether the last ``cut_after`` cut a connection."""
+        with self._cond:
+            return self._cut_after is None
 
     def heal(self) -> None:
         """Let bytes flow again both ways (a delay set earlier stays); frames a
@@ -174,6 +222,11 @@ class FaultProxy:
                 client, _addr = self._listener.accept()
             except (OSError, ValueError):
                 return
+            with self._cond:
+                refusing = self._refusing
+            if refusing:  # a dead client does not come back
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -193,6 +246,7 @@ class FaultProxy:
     def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket, way: str) -> None:
         pending: collections.deque[tuple[float, bytes]] = collections.deque()
         frames = _Frames() if way == "down" and self.amqp else None
+        up_frames = _Frames(header=True) if way == "up" and self.amqp else None
         eof = False
         try:
             while not pair.closed:
@@ -235,7 +289,16 @@ class FaultProxy:
                     data = self._filter(id(pair), frames, data)
                     if not data:
                         continue
-                pending.append((time.monotonic() + self._delay, data))
+                cut = False
+                if up_frames is not None:
+                    data, cut = self._count_up(up_frames, data)
+                if data:
+                    pending.append((time.monotonic() + self._delay, data))
+                if cut:
+                    while pending:  # what came before the cut arrives; nothing after it
+                        dst.sendall(pending.popleft()[1])
+                    self.reset()  # the client process is gone: all its connections
+                    break
         except (OSError, ValueError):
             pass
         if frames is not None:
@@ -259,6 +322,33 @@ class FaultProxy:
                     self._held.setdefault(key, []).append(frame)
         return b"".join(out)
 
+    def _count_up(self, frames: _Frames, data: bytes) -> tuple[bytes, bool]:
+        """Whole client frames of `data` to forward now, counted; and whether the armed
+        ``cut_after`` fired on one of them (then nothing after it goes on)."""
+        out: list[bytes] = []
+        for frame in frames.feed(data):
+            heartbeat = frame[:1] == bytes([_HEARTBEAT]) and len(frame) == 8
+            if heartbeat or frame.startswith(b"AMQP"):  # not counted: not the client's steps
+                out.append(frame)
+                continue
+            if self._effects_only and not _has_effect(frames, frame):
+                out.append(frame)
+                continue
+            with self._cond:
+                if self._cut_after is not None and self._cut_after <= 0:
+                    self._cut_after = None
+                    self._refusing = True
+                    return b"".join(out), True
+                self._up_frames += 1
+                out.append(frame)
+                if self._cut_after is not None:
+                    self._cut_after -= 1
+                    if self._cut_after == 0:
+                        self._cut_after = None
+                        self._refusing = True
+                        return b"".join(out), True
+        return b"".join(out), False
+
     def _wait_open(self, pair: _Pair, way: str) -> None:
         with self._cond:
             while way in self._cut and not pair.closed and not self._stop.is_set():
@@ -269,17 +359,49 @@ _HEARTBEAT = 8
 _FRAME_END = 0xCE
 
 
+_QOS = struct.pack("!HH", 60, 10)  # basic.qos: class 60, method 10
+_PUBLISH = struct.pack("!HH", 60, 40)  # basic.publish
+
+
+def _has_effect(frames: _Frames, frame: bytes) -> bool:
+    """For ``effects_only``: False for ``basic.qos`` and for every frame of an empty-body
+    publish (a probe). A publish's method frame is never a cut point of its own (a
+    publish cut before its content is dropped by the broker: the cut before it); its
+    content header is, unless the body is empty."""
+    if frame[0] == 1 and frame[7:11] == _QOS:
+        return False
+    if frame[0] == 1 and frame[7:11] == _PUBLISH:
+        frames.publish_pending = True
+        return False
+    if frames.publish_pending:
+        frames.publish_pending = False
+        if frame[0] == 2 and struct.unpack_from("!Q", frame, 11)[0] == 0:
+            return False
+    return True
+
+
 class _Frames:
     """Cuts an AMQP 0-9-1 server->client byte stream into whole frames (type, channel,
     size, payload, frame-end), for ``FaultProxy(amqp=True)``. Bytes that turn out not to
     be AMQP framing are passed on as they come."""
 
-    def __init__(self) -> None:
+    def __init__(self, header: bool = False) -> None:
         self._buf = b""
+        #: The client's stream starts with the 8-byte protocol header, not a frame.
+        self._header = header
+        #: A basic.publish method frame was seen; its content header decides (effects_only).
+        self.publish_pending = False
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buf += data
         out: list[bytes] = []
+        if self._header:  # a client's stream may open with the protocol header
+            if len(self._buf) < 8 and b"AMQP".startswith(self._buf[:4]):
+                return out
+            if self._buf.startswith(b"AMQP"):
+                out.append(self._buf[:8])
+                self._buf = self._buf[8:]
+            self._header = False
         while len(self._buf) >= 7:
             size = struct.unpack_from("!I", self._buf, 3)[0]
             if len(self._buf) < 8 + size:

@@ -85,6 +85,14 @@ class Soak:
     def pick(self) -> Worker:
         return self.rng.choice(self.live)
 
+    def pick_for(self, fault: str, lease: float) -> tuple[Worker, float]:
+        """A worker for `fault` and how long it lasts (up to two leases), noted."""
+        w = self.pick()
+        seconds = self.rng.uniform(0.05, 2.0 * lease)
+        was = "master" if w.is_master() else "standby"
+        self.note(f"{fault} {w.who} ({was}) for {seconds:.2f}s")
+        return w, seconds
+
     def step(self) -> None:
         t = self.target
         lease = t.cfg["lease"] if t.kind == "lease" else 3.0 * t.cfg.get("heartbeat", 1.0)
@@ -101,19 +109,13 @@ class Soak:
             self.live.remove(w)
             self.note(f"kill {w.who} ({was}); spawn {self.spawn().who}")
         elif action == "pause":
-            w = self.pick()
-            seconds = self.rng.uniform(0.05, 2.0 * lease)
-            was = "master" if w.is_master() else "standby"
-            self.note(f"pause {w.who} ({was}) for {seconds:.2f}s")
+            w, seconds = self.pick_for(action, lease)
             w.pause()
             time.sleep(seconds)  # the fault: a pause this long
             w.resume()
         elif action == "partition":
-            w = self.pick()
+            w, seconds = self.pick_for(action, lease)
             proxy = self.proxies[w.who]
-            seconds = self.rng.uniform(0.05, 2.0 * lease)
-            was = "master" if w.is_master() else "standby"
-            self.note(f"partition {w.who} ({was}) for {seconds:.2f}s")
             proxy.blackhole()
             time.sleep(seconds)  # the fault: a partition this long
             proxy.heal()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import Any, TypeVar
 
 from .. import fencing as _fencing
@@ -175,6 +175,11 @@ class _Acquirable:
         return self._sync.name
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> _AcquireCall:
+        """Hold the lock: a coroutine whose result is a :class:`Lease`, or None when not
+        blocking / timed out (``blocking=False`` with a timeout: ValueError). Await it,
+        hand it to ``asyncio.create_task``, ``TaskGroup.create_task`` or
+        ``asyncio.wait_for``, or use it as ``async with lock.acquire(...) as lease:``
+        (raises LockTimeout instead of giving None; releases at the end)."""
         return _AcquireCall(self, blocking, timeout)
 
     async def __aenter__(self) -> Lease:
@@ -182,7 +187,7 @@ class _Acquirable:
         leases = self._held.setdefault(asyncio.current_task(), [])
         if leases and not sync.reentrant_with:
             raise LockError(f"{self!r} is already held by this task's enclosing `async with`")
-        lease = await self.acquire(sync.blocking, sync.timeout)._go()
+        lease = await self.acquire(sync.blocking, sync.timeout)
         if lease is None:
             raise timeout_error(self, sync.blocking, sync.timeout)
         leases.append(lease)
@@ -200,23 +205,45 @@ class _Acquirable:
         return f"aio.{self._sync!r}"
 
 
-class _AcquireCall:
+class _AcquireCall(Coroutine[Any, Any, "Lease | None"]):
+    """What ``acquire()`` returns: a coroutine (``collections.abc.Coroutine``, so asyncio
+    takes it wherever it takes one: ``create_task``, ``TaskGroup``, ``wait_for``,
+    ``gather``) that is also an async context manager, as aiohttp's ``session.get()`` is.
+    The underlying coroutine is made on first use: an acquire never awaited costs nothing
+    and warns of nothing."""
+
     def __init__(self, owner: _Acquirable, blocking: bool, timeout: float | None) -> None:
         self._owner = owner
         self._blocking = blocking
         self._timeout = timeout
         self._lease: Lease | None = None
+        self._coro: Coroutine[Any, Any, Lease | None] | None = None
 
     async def _go(self) -> Lease | None:
         broker = self._owner._broker
         state = await broker._run(self._owner._start(self._blocking, self._timeout))
         return None if state is None else Lease(state, broker)
 
-    def __await__(self) -> Any:
-        return self._go().__await__()
+    def _inner(self) -> Coroutine[Any, Any, Lease | None]:
+        if self._coro is None:
+            self._coro = self._go()
+        return self._coro
+
+    def send(self, value: Any) -> Any:
+        return self._inner().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._inner().throw(*args)
+
+    def close(self) -> None:
+        if self._coro is not None:
+            self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, Lease | None]:
+        return self._inner().__await__()
 
     async def __aenter__(self) -> Lease:
-        self._lease = await self._go()
+        self._lease = await self._inner()
         if self._lease is None:
             raise timeout_error(self._owner, self._blocking, self._timeout)
         return self._lease
@@ -224,6 +251,9 @@ class _AcquireCall:
     async def __aexit__(self, *exc: object) -> None:
         if self._lease is not None:
             await self._lease.release()
+
+    def __repr__(self) -> str:
+        return f"<{self._owner!r}.acquire(blocking={self._blocking}, timeout={self._timeout})>"
 
 
 class _HolderQueries:
@@ -313,8 +343,8 @@ class TokenSemaphore(_HolderQueries, _Acquirable):
     async def repair(self, timeout: float = 5.0) -> _tokens.Audit:
         return await self.admin.repair(timeout)
 
-    async def destroy(self) -> None:
-        await self.admin.destroy()
+    async def destroy(self, *, purge_fence: bool = False) -> None:
+        await self.admin.destroy(purge_fence=purge_fence)
 
 
 class TokenAdmin:
@@ -344,8 +374,8 @@ class TokenAdmin:
     async def repair(self, timeout: float = 5.0) -> _tokens.Audit:
         return await self._broker._run(self._ops.repair(timeout))
 
-    async def destroy(self) -> None:
-        await self._broker._run(self._ops.destroy())
+    async def destroy(self, *, purge_fence: bool = False) -> None:
+        await self._broker._run(self._ops.destroy(purge_fence=purge_fence))
 
     def __repr__(self) -> str:
         return f"aio.TokenAdmin({self.name!r})"

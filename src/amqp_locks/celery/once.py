@@ -24,10 +24,18 @@ once), the call binds something to the exchange, chosen by what happens to its m
 the process dies mid-run:
 
 - the message is gone (acknowledged before the run, Celery's default): the call binds
-  its connection's exclusive *alive* queue (keyed by the task id, one binding per call).
-  A killed process's connection takes that
-  queue with it, the binding goes, and an auto-delete exchange whose last binding goes
-  is deleted by the broker: the key is free at once.
+  its connection's *alive* queue (keyed by the task id, one binding per call). When the
+  queue goes, its bindings go, and an auto-delete exchange whose last binding goes is
+  deleted by the broker: the key is free. On one node the alive queue is exclusive: a
+  killed process's connection takes it with it, so the key is free at once. In cluster
+  mode it is a quorum queue consumed by its connection and expiring
+  (:data:`ALIVE_EXPIRES_MS`) once that consumer is gone: an exclusive queue of a node
+  that dies stays on a Khepri cluster until the node returns (RabbitMQ 4.2+), keeping
+  the key busy all that time, while a consumer on a lost node stops counting as use at
+  once. The key is then free when the broker next checks the queue's expiry (every 5 s,
+  RabbitMQ's quorum tick): about 5 s after the worker's node or process dies on 4.3.6,
+  about 10 s on 3.10.8 (docs/celery.md). The consumer runs on a channel of its own, so
+  no other call's error can cancel it.
 - the message comes back (``acks_late`` with ``reject_on_worker_lost``, or ``acks_late``
   on a pool whose worker process runs the task): the call binds the *keeper*, an
   exchange-to-exchange binding to ``amq.direct`` keyed by the task id, which no
@@ -42,25 +50,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import amqp
-from aiormq.abc import AbstractChannel
-from amqp import spec
-from vine import promise
-
+from .. import names
 from ..errors import AccessRefused, BrokerError, BrokerTimeout, PreconditionFailed, QueueNotFound
+from ..names import validate_name
 from ..transport import Broker
+from ..transport.exchanges import (
+    bind_exchange,
+    bind_queue,
+    consume_on_own_channel,
+    declare_exchange,
+    declare_exclusive,
+    delete_exchange,
+    exchange_exists,
+    unbind_exchange,
+    unbind_queue,
+)
 from ..transport.session import Session
-
-#: Loop steps a claim waits for aiormq to write its declare before the caller goes on.
-SEND_STEPS = 3
+from ..transport.shield import close_quietly
+from ..transport.wire import AbstractChannel
+from .amqp_compat import ClaimChannel, open_claim_channel, producer_connection, send_declare
 
 #: The exchange a keeper binding goes to: built in, durable, never deleted.
 KEEPER = "amq.direct"
@@ -73,22 +90,33 @@ IN_POOL_CHILD = False
 #: death even when acknowledged early (the acknowledgement is not sent until the call ends).
 SOLO_WORKER = False
 
-#: Each connection's exclusive alive queue (declared once per connection).
-_alive: weakref.WeakKeyDictionary[Session, str] = weakref.WeakKeyDictionary()
+log = logging.getLogger("amqp_locks.celery")
+
+#: Each connection's alive queue (declared once per connection; see _alive_queue).
+_alive: weakref.WeakKeyDictionary[Session, asyncio.Future[str]] = weakref.WeakKeyDictionary()
+
+#: Cluster mode: how long (ms) an alive queue outlives the last use of it (its consumer's
+#: end, or its creation before the consumer is there). The broker checks it on its quorum
+#: tick (5 s), so a shorter value frees a key little sooner; a longer one only later.
+ALIVE_EXPIRES_MS = 1000
+
+#: Cluster mode: alive queues made and lost before their consumer was there, at most,
+#: before a call's start fails (each retry is a new name; one loss needs a stall > 1 s).
+ALIVE_TRIES = 3
 
 
 def claim_exchange(name: str) -> str:
-    """The claim exchange of the lock `name` (exists while the key is busy)."""
-    return f"{name}.once"
+    """The claim exchange of the lock `name` (exists while the key is busy): ``N.once``,
+    escaped where AMQP clients would refuse it (names.py)."""
+    return names.claim_exchange(validate_name(name))
 
 
 def keeper_key(task_id: str) -> str:
     return f"amqp-locks.once-keep.{task_id}"
 
 
-async def _call(broker: Broker, what: str, op: Callable[[AbstractChannel], Awaitable[Any]]) -> Any:
-    session = await broker._core.session()
-    return await session.call(what, op)
+async def _session(broker: Broker) -> Session:
+    return await broker._core.session()
 
 
 async def _declare_claim(
@@ -98,28 +126,16 @@ async def _declare_claim(
     ``durable``: it survives a broker restart (a disk write per claim, about 0.7 ms more
     here); transient claims are lost with a restart, freeing the keys of queued calls."""
     unique: dict[str, Any] = {"alternate-exchange": f"amqp-locks.claim.{uuid.uuid4().hex}"}
-
-    async def declare(ch: AbstractChannel) -> Any:
-        reply = asyncio.ensure_future(
-            ch.exchange_declare(
-                exchange,
-                exchange_type="fanout",
-                durable=durable,
-                auto_delete=True,
-                arguments=unique,
-            )
-        )
-        if sent is not None:
-            # A few loop steps take the method through aiormq's writer onto the socket.
-            for _ in range(SEND_STEPS):
-                if reply.done():
-                    break
-                await asyncio.sleep(0)
-            sent()
-        return await reply
-
     try:
-        await _call(broker, exchange, declare)
+        await declare_exchange(
+            await _session(broker),
+            exchange,
+            "fanout",
+            durable=durable,
+            auto_delete=True,
+            arguments=unique,
+            on_sent=sent,
+        )
     except PreconditionFailed:
         return False
     return True
@@ -140,47 +156,14 @@ def claim_soon(broker: Broker, name: str, durable: bool = True) -> Callable[[], 
     # Until the declare is on the socket: the I/O thread needs the GIL to write it, which
     # the caller's building of the message would otherwise hold for a switch interval.
     sent.wait()
-    return lambda: core._wait(future)
+    return lambda: core.wait(future)
 
 
 #: Seconds a claim sent on the producer's connection waits for its answer.
 CLAIM_TIMEOUT = 10.0
 
 #: Each producer connection's claim channel (py-amqp reopens it after a refusal closes it).
-_claim_channels: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def _py_amqp(producer: Any) -> Any:
-    """The producer's py-amqp connection, connected, or None (another transport)."""
-    connection = getattr(producer, "connection", None)
-    if connection is None or getattr(connection, "transport_cls", None) not in (
-        "amqp",
-        "pyamqp",
-        "amqps",
-    ):
-        return None
-    raw = connection.connection  # connects if it is not yet
-    return raw if isinstance(raw, amqp.Connection) and raw.connected else None
-
-
-class _ClaimChannel(amqp.Channel):
-    """A channel of a producer's py-amqp connection for claims. Its close (a refused
-    claim) is recorded, not raised: Celery may read the connection (a queue declare of its
-    own) before the claim's answer is asked for, and py-amqp raises a channel's close in
-    whichever call reads it."""
-
-    closed_with: tuple[int, str] | None = None
-
-    def _on_close(self, reply_code: int, reply_text: str, *_: Any) -> None:
-        self.closed_with = (reply_code, reply_text)
-        self.send_method(spec.Channel.CloseOk)
-        self.collect()
-
-
-def _claim_channel(raw: Any) -> Any:
-    channel = _ClaimChannel(raw)
-    channel.open()
-    return channel
+_claim_channels: weakref.WeakKeyDictionary[Any, ClaimChannel] = weakref.WeakKeyDictionary()
 
 
 def claim_on(producer: Any, name: str, durable: bool = True) -> Callable[[], bool] | None:
@@ -188,22 +171,18 @@ def claim_on(producer: Any, name: str, durable: bool = True) -> Callable[[], boo
     py-amqp: the locks' broker must be Celery's); the returned callable reads its answer
     (cached: ask as often as needed). None: not possible here, claim on the lock
     connection instead. Only the thread using the producer may call either."""
-    raw = _py_amqp(producer)
+    raw = producer_connection(producer)
     if raw is None:
         return None
     channel = _claim_channels.get(raw)
     if channel is None or not channel.is_open:
-        channel = _claim_channels[raw] = _claim_channel(raw)
+        channel = _claim_channels[raw] = open_claim_channel(raw)
     unique: dict[str, Any] = {"alternate-exchange": f"amqp-locks.claim.{uuid.uuid4().hex}"}
     exchange = claim_exchange(name)
-    # Registered before the declare is sent: whoever reads the connection first (Celery
-    # declaring its queue, or the answer's reader below) hands the answer to it.
-    ok = promise()
-    channel._pending[spec.Exchange.DeclareOk] = ok
-    channel.send_method(
-        spec.Exchange.Declare,
-        "BssbbbbbF",
-        (0, exchange, "fanout", False, durable, True, False, False, unique),
+    # Whoever reads the connection first (Celery declaring its queue, or the answer's
+    # reader below) hands the answer to `ok` (amqp_compat.py).
+    ok = send_declare(
+        channel, exchange, "fanout", durable=durable, auto_delete=True, arguments=unique
     )
     answer: list[bool | BaseException] = []
 
@@ -217,13 +196,14 @@ def claim_on(producer: Any, name: str, durable: bool = True) -> Callable[[], boo
             raw.drain_events(timeout=left)
         if ok.ready:
             return True
+        assert channel.closed_with is not None  # what ended the loop
         code, text = channel.closed_with
         if _claim_channels.get(raw) is channel:
             # The next claim's channel, opened now: an accepted claim stays one round trip.
             # If it cannot be, the next claim opens one (the answer here stands).
             _claim_channels.pop(raw, None)
             with contextlib.suppress(Exception):
-                _claim_channels[raw] = _claim_channel(raw)
+                _claim_channels[raw] = open_claim_channel(raw)
         if code == 406:  # PRECONDITION_FAILED: another claim's argument: the key is busy
             return False
         if code == 403:
@@ -248,11 +228,7 @@ def busy(broker: Broker, name: str) -> bool:
     exchange = claim_exchange(name)
 
     async def go() -> bool:
-        try:
-            await _call(broker, exchange, lambda ch: ch.exchange_declare(exchange, passive=True))
-        except QueueNotFound:
-            return False
-        return True
+        return await exchange_exists(await _session(broker), exchange)
 
     return broker._core.run(go())
 
@@ -267,14 +243,13 @@ def forget(broker: Broker, name: str, task_id: str | None = None, force: bool = 
         if task_id is not None:
             key = keeper_key(task_id)
             try:
-                await _call(broker, exchange, lambda ch: ch.exchange_unbind(KEEPER, exchange, key))
+                await unbind_exchange(await _session(broker), KEEPER, exchange, key)
             except QueueNotFound:
                 return False  # already free
-        if not force and not await _exists(broker, exchange):
+        if not force and not await exchange_exists(await _session(broker), exchange):
             return False
-        unused = not force
         try:
-            await _call(broker, exchange, lambda ch: ch.exchange_delete(exchange, if_unused=unused))
+            await delete_exchange(await _session(broker), exchange, if_unused=not force)
         except PreconditionFailed:  # bound: a call runs (or a retry is handed the key)
             return False
         return True
@@ -282,27 +257,83 @@ def forget(broker: Broker, name: str, task_id: str | None = None, force: bool = 
     return broker._core.run(go())
 
 
-async def _exists(broker: Broker, exchange: str) -> bool:
-    try:
-        await _call(broker, exchange, lambda ch: ch.exchange_declare(exchange, passive=True))
-    except QueueNotFound:
-        return False
-    return True
-
-
 async def _alive_queue(broker: Broker) -> str:
-    """This connection's exclusive alive queue (declared on first use per connection)."""
-    session = await broker._core.session()
-    queue = _alive.get(session)
-    if queue is None:
-        queue = f"amqp-locks.once-alive.{uuid.uuid4().hex}"
+    """This connection's alive queue, made on its first use per connection (concurrent
+    first uses share one declaration: a quorum queue costs 8-40 ms to make)."""
+    session = await _session(broker)
+    made = _alive.get(session)
+    if made is None or (made.done() and (made.cancelled() or made.exception() is not None)):
+        made = _alive[session] = asyncio.ensure_future(_make_alive(session))
+    return await asyncio.shield(made)
+
+
+def _forget_alive(session: Session, queue: str) -> None:
+    """Make the session's next call declare a new alive queue (this one is gone)."""
+    made = _alive.get(session)
+    if (
+        made is not None
+        and made.done()
+        and not made.cancelled()
+        and made.exception() is None
+        and made.result() == queue
+    ):
+        del _alive[session]
+
+
+async def _make_alive(session: Session) -> str:
+    queue = f"amqp-locks.once-alive.{uuid.uuid4().hex}"
+    if not session.cluster:
         # Nothing is published to a claim exchange; x-max-length 0 drops it if it were.
-        await session.call(
-            queue,
-            lambda ch: ch.queue_declare(queue, exclusive=True, arguments={"x-max-length": 0}),
-        )
-        _alive[session] = queue
+        await declare_exclusive(session, queue, {"x-max-length": 0})
+        return queue
+    for attempt in range(1, ALIVE_TRIES + 1):
+        try:
+            return await _consumed_queue(session, queue)
+        except QueueNotFound:
+            # Expired between its declare and the consume (the caller stalled over
+            # ALIVE_EXPIRES_MS): a new name, never a queue someone else may have made.
+            if attempt == ALIVE_TRIES:
+                raise
+            queue = f"amqp-locks.once-alive.{uuid.uuid4().hex}"
+    raise AssertionError("unreachable")
+
+
+async def _consumed_queue(session: Session, queue: str) -> str:
+    """Cluster mode: declare `queue` (quorum, expiring once unused) and consume it on a
+    channel of its own for the connection's life. If that channel closes while the
+    connection lives, the queue expires and frees the keys of the calls bound to it: a
+    WARNING says so, and the next call declares another."""
+    arguments: dict[str, Any] = {
+        "x-queue-type": "quorum",
+        "x-expires": ALIVE_EXPIRES_MS,
+        "x-max-length": 0,  # nothing is ever delivered: nobody publishes to it
+    }
+    ch = await consume_on_own_channel(session, queue, arguments)
+
+    owner = weakref.ref(session)  # the channel must not keep its session alive
+
+    def closed(_: object) -> None:
+        session = owner()
+        if session is None or _consumers.get(session) is not ch:
+            return  # the session ended, or this queue was replaced (deleted under us)
+        _forget_alive(session, queue)
+        if session.alive:
+            log.warning(
+                "the once alive queue %s lost its consumer (channel closed): the once keys "
+                "of calls running through it are freed within seconds",
+                queue,
+            )
+
+    ch.closing.add_done_callback(closed)
+    replaced = _consumers.get(session)
+    _consumers[session] = ch  # kept open (and referenced) while the session lives
+    if replaced is not None:  # its queue was deleted (the bind found no queue)
+        session.spawn(close_quietly(replaced))
     return queue
+
+
+#: Each cluster-mode session's alive-queue consumer channel.
+_consumers: weakref.WeakKeyDictionary[Session, AbstractChannel] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -326,11 +357,21 @@ class Mark:
     async def _bind(self) -> None:
         exchange, key = self.exchange, keeper_key(self.task_id)
         if self.comes_back:
-            await _call(self.broker, exchange, lambda ch: ch.exchange_bind(KEEPER, exchange, key))
+            await bind_exchange(await _session(self.broker), KEEPER, exchange, key)
         else:
-            queue = self.alive = await _alive_queue(self.broker)
-            # Keyed by the task id too: two calls on one connection hold two bindings.
-            await _call(self.broker, exchange, lambda ch: ch.queue_bind(queue, exchange, key))
+            for last in (False, True):
+                queue = self.alive = await _alive_queue(self.broker)
+                try:
+                    # Keyed by the task id too: two calls on one connection hold two
+                    # bindings.
+                    await bind_queue(await _session(self.broker), queue, exchange, key)
+                    return
+                except QueueNotFound as exc:
+                    # The claim is missing (the caller claims it), or our alive queue
+                    # expired (its consumer's channel closed): then once with a new one.
+                    if last or f"no queue '{queue}'" not in str(exc):
+                        raise
+                    _forget_alive(await _session(self.broker), queue)
 
     async def _start(self, retried: bool) -> None:
         try:
@@ -344,7 +385,7 @@ class Mark:
             # A retry was handed the key by the keeper (hand_over): our alive queue now
             # holds it, so a killed process frees it.
             exchange, key = self.exchange, keeper_key(self.task_id)
-            await _call(self.broker, exchange, lambda ch: ch.exchange_unbind(KEEPER, exchange, key))
+            await unbind_exchange(await _session(self.broker), KEEPER, exchange, key)
 
     def start(self, retried: bool) -> None:
         """Queued -> running."""
@@ -363,16 +404,11 @@ class Mark:
 
         async def ends() -> None:
             if hand_over and not self.comes_back:
-                await _call(
-                    self.broker, exchange, lambda ch: ch.exchange_bind(KEEPER, exchange, key)
-                )
+                await bind_exchange(await _session(self.broker), KEEPER, exchange, key)
             if self.alive is not None:
-                queue = self.alive
-                await _call(self.broker, exchange, lambda ch: ch.queue_unbind(queue, exchange, key))
+                await unbind_queue(await _session(self.broker), self.alive, exchange, key)
             elif not hand_over:
-                await _call(
-                    self.broker, exchange, lambda ch: ch.exchange_unbind(KEEPER, exchange, key)
-                )
+                await unbind_exchange(await _session(self.broker), KEEPER, exchange, key)
 
         self.broker._core.run(go())
 

@@ -22,7 +22,13 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.result import AsyncResult
 
-from ..errors import AmqpLocksError, ConfigurationError, LockError, LockTimeout
+from ..errors import (
+    AmqpLocksError,
+    ConfigurationError,
+    LockError,
+    LockShapeMismatch,
+    LockTimeout,
+)
 from ..lease import Lease
 from ..lockobject import LockObject
 from ..mutex import Mutex
@@ -311,10 +317,18 @@ class Singleton(Task[..., Any]):
     def _acquire(self, lock: LockObject, wait: bool) -> Lease | None:
         """Acquire the run lock. A semaphore (``lock_limit > 1``) is a first-use token
         semaphore: the first acquire makes its queue with ``lock_limit`` permits, and each
-        process's first acquire of a key checks the count, refusing a limit other workers
-        gave differently."""
+        grant checks the count its token says, refusing a limit other workers gave
+        differently (LockShapeMismatch)."""
         try:
             return self._wait_or_try(lock, wait)
+        except LockShapeMismatch as exc:  # another count (or lock delay): says which
+            raise LockShapeMismatch(
+                f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker must "
+                "agree",
+                exc.queue,
+                held=exc.held,
+                wanted=exc.wanted,
+            ) from exc
         except LockError as exc:
             if type(exc) is not LockError or not isinstance(lock, TokenSemaphore):
                 raise  # LockTimeout & co.

@@ -102,6 +102,27 @@ def sem_destroy(name: str, purge_fence: bool, overshoot: int, admin_timeout: flo
     click.echo(_removal_text(_with_broker(f"semaphore destroy {name}", act)))
 
 
+@semaphore.command("repair-fence")
+@click.argument("name")
+@click.option(
+    "--floor",
+    type=click.IntRange(min=0),
+    required=True,
+    help="The highest fencing token any of your resources accepted from a lock of NAME's shard.",
+)
+@ADMIN_TIMEOUT
+def sem_repair_fence(name: str, floor: int, admin_timeout: float) -> None:
+    """Rebuild the fencing counter of NAME's shard if it was deleted by hand, with every
+    token above FLOOR (prints whether it was rebuilt)."""
+    name = lock_name(name)
+
+    def act(b: Broker) -> bool:
+        return SemaphoreAdmin(b, name, mutex_timeout=admin_timeout).repair_fence(floor)
+
+    rebuilt = _with_broker(f"semaphore repair-fence {name}", act)
+    click.echo("rebuilt" if rebuilt else "present: nothing to rebuild")
+
+
 @semaphore.command("add")
 @click.argument("name")
 @click.argument("count", type=click.IntRange(min=1))
@@ -229,7 +250,7 @@ def _tokens(b: Broker, name: str, admin_timeout: float = 30.0, quorum: bool = Fa
 @ADMIN_TIMEOUT
 def tok_setup(name: str, permits: int, quorum: bool, admin_timeout: float) -> None:
     """Set up token semaphore NAME with PERMITS permits (idempotent for the same count)."""
-    name = lock_name(name)
+    name = lock_name(name, admin=True)
     click.echo(
         _with_broker(
             f"token setup {name}", lambda b: _tokens(b, name, admin_timeout, quorum).setup(permits)
@@ -243,7 +264,7 @@ def tok_setup(name: str, permits: int, quorum: bool, admin_timeout: float) -> No
 @ADMIN_TIMEOUT
 def tok_add(name: str, count: int, admin_timeout: float) -> None:
     """Add COUNT permits; prints their ids."""
-    name = lock_name(name)
+    name = lock_name(name, admin=True)
     ids = _with_broker(
         f"token add {name}", lambda b: _tokens(b, name, admin_timeout).add_permits(count)
     )
@@ -260,7 +281,7 @@ def tok_add(name: str, count: int, admin_timeout: float) -> None:
 @ADMIN_TIMEOUT
 def tok_remove(name: str, count: int, timeout: float | None, admin_timeout: float) -> int:
     """Take COUNT permits out of circulation; prints the removed ids."""
-    name = lock_name(name)
+    name = lock_name(name, admin=True)
     ids = _with_broker(
         f"token remove {name}",
         lambda b: _tokens(b, name, admin_timeout).remove_permits(count, timeout),
@@ -274,7 +295,7 @@ def tok_remove(name: str, count: int, timeout: float | None, admin_timeout: floa
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def tok_status(name: str, as_json: bool) -> None:
     """Permits, ready, held, consumers and waiters of NAME."""
-    name = lock_name(name)
+    name = lock_name(name, admin=True)
     st = _with_broker(f"token status {name}", lambda b: _tokens(b, name).status())
     data = {
         "name": name,
@@ -324,7 +345,7 @@ AUDIT_TIMEOUT = seconds_option(
 def tok_audit(name: str, timeout: float, as_json: bool, admin_timeout: float) -> int:
     """Count every token of NAME against the ledger (exit 65 if some are missing or
     duplicated)."""
-    name = lock_name(name)
+    name = lock_name(name, admin=True)
     a = _with_broker(
         f"token audit {name}", lambda b: _tokens(b, name, admin_timeout).audit(timeout)
     )
@@ -338,7 +359,7 @@ def tok_audit(name: str, timeout: float, as_json: bool, admin_timeout: float) ->
 @ADMIN_TIMEOUT
 def tok_repair(name: str, timeout: float, as_json: bool, admin_timeout: float) -> None:
     """Audit NAME, re-publish missing tokens and drop duplicates (prints what it found)."""
-    name = lock_name(name)
+    name = lock_name(name, admin=True)
     a = _with_broker(
         f"token repair {name}", lambda b: _tokens(b, name, admin_timeout).repair(timeout)
     )
@@ -347,8 +368,17 @@ def tok_repair(name: str, timeout: float, as_json: bool, admin_timeout: float) -
 
 @token.command("destroy")
 @click.argument("name")
+@click.option(
+    "--purge-fence",
+    is_flag=True,
+    help="Also delete its fencing-token queue NAME-fence (kept by default, so tokens keep "
+    "rising if NAME is set up again).",
+)
 @ADMIN_TIMEOUT
-def tok_destroy(name: str, admin_timeout: float) -> None:
+def tok_destroy(name: str, purge_fence: bool, admin_timeout: float) -> None:
     """Delete the token queue and ledger of NAME (holders lose their permits)."""
-    name = lock_name(name)
-    _with_broker(f"token destroy {name}", lambda b: _tokens(b, name, admin_timeout).destroy())
+    name = lock_name(name, admin=True)
+    _with_broker(
+        f"token destroy {name}",
+        lambda b: _tokens(b, name, admin_timeout).destroy(purge_fence=purge_fence),
+    )

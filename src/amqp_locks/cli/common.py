@@ -22,6 +22,7 @@ from ..errors import (
     ConnectionLost,
     FeatureUnavailable,
     LockError,
+    LockShapeMismatch,
     PreconditionFailed,
     SemaphoreNotFound,
 )
@@ -239,10 +240,11 @@ def error_line(message: str) -> None:
     print(f"amqp-locks: error: {message}", file=sys.stderr, flush=True)
 
 
-def lock_name(name: str) -> str:
-    """Validate a lock name (exit 64 when invalid)."""
+def lock_name(name: str, *, admin: bool = False) -> str:
+    """Validate a lock name (exit 64 when invalid); ``admin``: a token semaphore's, which
+    may be cluster mode's ``X.mutex`` or ``X.slots`` (names.validate_name)."""
     try:
-        return validate_name(name)
+        return validate_name(name, admin=admin)
     except ConfigurationError as exc:
         raise CliError(Exit.USAGE, str(exc)) from None
 
@@ -260,6 +262,8 @@ def exit_code_for(exc: BaseException) -> tuple[int, str]:
         return Exit.NOPERM, text
     if isinstance(exc, (BrokerUnreachable, ConnectionLost)):
         return Exit.UNAVAILABLE, text
+    if isinstance(exc, LockShapeMismatch):
+        return Exit.SHAPE, f"lock shape mismatch: {text}"
     if isinstance(exc, PreconditionFailed):
         return Exit.DATAERR, text
     if isinstance(exc, ConfigurationError):

@@ -11,7 +11,8 @@ import enum
 
 class Exit(enum.IntEnum):
     OK = 0
-    #: `run`: the lock was not obtained (`--nonblock`, `-w` timeout); `-E` changes it.
+    #: `run`: the lock is busy (`--nonblock`, or `-w` ran out while the broker answered);
+    #: `-E` changes it. A broker that never answered is UNAVAILABLE whatever `-E` says.
     NOT_OBTAINED = 1
     #: A feature of this command needs an extra that is not installed (the message names
     #: it: ``pip install 'amqp-locks[postgresql]'``), or an OS facility this system lacks.
@@ -22,13 +23,18 @@ class Exit(enum.IntEnum):
     #: state conflicts with the request (created with another count, other queue flags),
     #: or an audit found missing/surplus tokens.
     DATAERR = 65
-    #: EX_UNAVAILABLE: broker unreachable, connection lost, database unavailable.
+    #: EX_UNAVAILABLE: broker unreachable or silent (no connection within `-w` or the
+    #: connect timeout), connection lost, database unavailable.
     UNAVAILABLE = 69
     #: EX_SOFTWARE: a bug (unexpected exception); run with -v for the traceback.
     SOFTWARE = 70
     #: EX_TEMPFAIL: `run`: the lock was lost while COMMAND ran (COMMAND was stopped);
     #: admin commands: the administration mutex or a wait timed out. Retrying may work.
     TEMPFAIL = 75
+    #: EX_PROTOCOL: the lock's queue (or its token) says another shape than this client
+    #: gives: another kind of lock, another permit count, or a lock delay shorter than its
+    #: quorum_timeout needs (LockShapeMismatch; the message names both values and the fix).
+    SHAPE = 76
     #: EX_NOPERM: bad credentials, or no permission on the vhost/queue.
     NOPERM = 77
     #: EX_CONFIG: the `--config` file of `elect` is missing or invalid.

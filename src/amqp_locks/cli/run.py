@@ -9,6 +9,7 @@ from types import FrameType
 
 import click
 
+from ..signals import handlers
 from .acquire import acquire, holders_probe
 from .common import (
     REPORTED_BY_COMMAND,
@@ -21,7 +22,7 @@ from .common import (
     seconds_option,
 )
 from .exitcodes import Exit
-from .supervisor import FORWARDED, Supervisor, exit_status, handlers, own_group
+from .supervisor import FORWARDED, Supervisor, exit_status, own_group
 from .waitline import WaitLine, wanted
 
 #: Signals that stop `amqp-locks` while it still waits for the lock.
@@ -55,8 +56,15 @@ COMMAND sees AMQP_LOCKS_NAME, AMQP_LOCKS_KIND, AMQP_LOCKS_SLOT (slot or permit n
 reader token, 0 for --exclusive), AMQP_LOCKS_MODE (shared or exclusive, read-write locks)
 and AMQP_LOCKS_FENCING_TOKEN (rises with every grant: pass it to what you protect).
 Exit status: COMMAND's (128+N if killed by signal N); -E CODE (default 1) when the lock
-was not obtained; 75 when the lock was lost and COMMAND was stopped; 126/127 when COMMAND
-cannot be executed / is not found.""",
+is busy (--nonblock, or -w ran out while the broker answered); 69 when the broker is
+unreachable or silent, whatever -w and -E say; 75 when the lock was lost and COMMAND was
+stopped; 126/127 when COMMAND cannot be executed / is not found.
+
+Lasting objects: a mutex (no -n) and --shared/--exclusive leave nothing lasting (their
+wake-up queues expire a minute or so after the last use).
+-n SLOTS makes the semaphore's queues NAME-1-A..NAME-SLOTS-A (remove them with
+'amqp-locks semaphore destroy NAME'); --kind token -n makes NAME.semaphore,
+NAME.semaphore-ledger and NAME-fence ('amqp-locks token destroy NAME --purge-fence').""",
 )
 @click.argument("name")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -66,8 +74,8 @@ cannot be executed / is not found.""",
     type=click.IntRange(min=1),
     default=None,
     metavar="SLOTS",
-    help="Use a semaphore of SLOTS slots, created if missing; one that exists with another "
-    "count is refused (exit 65).",
+    help="Use a semaphore of SLOTS slots, created if missing (it stays: see below); one "
+    "that exists with another count is refused (exit 65).",
 )
 @click.option(
     "--kind",
@@ -88,7 +96,11 @@ cannot be executed / is not found.""",
     help="Take the write hold of the read-write lock NAME (no reader, no other writer).",
 )
 @seconds_option(
-    "-w", "--wait", "--timeout", "wait", help="Give up after SECONDS without the lock (exit CODE)."
+    "-w",
+    "--wait",
+    "--timeout",
+    "wait",
+    help="Give up after SECONDS without the lock (exit CODE; 69 if no connection was made).",
 )
 @click.option("--nonblock", is_flag=True, help="Give up at once if the lock is busy (exit CODE).")
 @click.option(
@@ -98,7 +110,7 @@ cannot be executed / is not found.""",
     default=1,
     show_default=True,
     metavar="CODE",
-    help="Exit status when the lock was not obtained.",
+    help="Exit status when the lock is busy (not for an unreachable broker: 69).",
 )
 @SHELL_COMMAND
 @seconds_option(

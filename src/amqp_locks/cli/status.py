@@ -31,8 +31,8 @@ def since_text(since: datetime | None, now: datetime | None = None) -> str:
 
 
 def holder_text(rec: HolderRecord, *, number: bool = True) -> str:
-    """``slot 2: worker-7 (host a, pid 123) since 12:00:01, token 5``; an unknown holder
-    is said to be one, never guessed."""
+    """``slot 2: worker-7 (host a, pid 123) since 12:00:01, token 4503599644147719``; an
+    unknown holder is said to be one, never guessed."""
     label = ""
     if number and rec.kind != "mutex":
         what = "slot" if rec.kind == "semaphore" else "permit"
@@ -40,6 +40,22 @@ def holder_text(rec: HolderRecord, *, number: bool = True) -> str:
     if not rec.known:
         return f"{label}unknown holder (did not answer)"
     return f"{label}{rec.describe()} since {since_text(rec.since)}, token {rec.fencing_token}"
+
+
+#: Wider than any table `status` makes (it is only as wide as its cells).
+WIDE = 1000
+
+
+def show(console: Any, table: Any) -> None:
+    """Print `table` at its natural width, even past the terminal's or a pipe's 80
+    columns: a cell cut to fit ("45035996…") would hide a lock name or a fencing token
+    (~2**52, 16 digits), which are what `status` is read for; a terminal narrower than
+    the table wraps its lines instead."""
+    from rich.measure import Measurement
+
+    natural = Measurement.get(console, console.options.update_width(WIDE), table).maximum
+    console.width = max(console.width, natural)
+    console.print(table, crop=False)
 
 
 def collect(b: Broker, name: str, timeout: float = HOLDER_TIMEOUT) -> list[dict[str, Any]]:
@@ -94,14 +110,16 @@ def _row(name: str, st: LockStatus) -> dict[str, Any]:
     return row
 
 
-def _table(rows: list[dict[str, Any]], url: str) -> Any:
+def _table(rows: list[dict[str, Any]], url: str, fold: bool = False) -> Any:
+    """The status table; `fold`: a cell too wide for its column wraps on, cut nowhere
+    (`--watch` redraws within the terminal's width)."""
     from rich.table import Table
 
     table = Table(title=f"amqp-locks status ({url})", title_justify="left")
     with_records = any("records" in r for r in rows)
     cols = ["name", "kind", "capacity", "held", "free/ready", "holders", "waiting"]
     for col in cols + (["held by"] if with_records else []):
-        table.add_column(col)
+        table.add_column(col, overflow="fold" if fold else "ellipsis")
     for r in rows:
         kind = r["kind"]
         if kind == "semaphore":
@@ -170,7 +188,7 @@ def status(
     holds), mutex (queue NAME, also the admin mutex of a semaphore NAME
     while an admin command runs), absent.
     """
-    checked = [lock_name(n) for n in names]
+    checked = [lock_name(n, admin=True) for n in names]
     g = get_globals()
     broker = g.broker("status")
     try:
@@ -189,15 +207,17 @@ def status(
 
         console = Console()
         if not watch:
-            console.print(_table(snapshot(), broker.url))
+            show(console, _table(snapshot(), broker.url))
             return
         from rich.live import Live
 
-        with Live(_table(snapshot(), broker.url), console=console, auto_refresh=False) as live:
+        with Live(
+            _table(snapshot(), broker.url, fold=True), console=console, auto_refresh=False
+        ) as live:
             try:
                 while True:
                     time.sleep(interval)
-                    live.update(_table(snapshot(), broker.url), refresh=True)
+                    live.update(_table(snapshot(), broker.url, fold=True), refresh=True)
             except KeyboardInterrupt:
                 pass
     finally:

@@ -10,11 +10,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import FrameType
-from typing import Any
 
+from ..signals import handlers
 from .common import CliError, Globals, error_line
 from .exitcodes import Exit
 
@@ -30,18 +29,6 @@ FORWARDED = (
     signal.SIGWINCH,
     signal.SIGCONT,
 )
-
-
-@contextmanager
-def handlers(
-    handler: Callable[[int, FrameType | None], Any], sigs: tuple[int, ...]
-) -> Iterator[None]:
-    old = {s: signal.signal(s, handler) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def exit_status(returncode: int) -> int:

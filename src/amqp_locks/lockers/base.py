@@ -147,12 +147,14 @@ class Locker(ABC):
     def held(self) -> bool:
         return self._held
 
-    def start(self) -> None:
-        """Block until the lock is held (standby waits here)."""
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Block until the lock is held (standby waits here). `stop`: the caller's own
+        event, which ends the wait too once set, even when it was set just before this
+        call, which `interrupt()` then cannot be (start() forgets earlier interrupts)."""
         self._stopping.clear()
         attempt = 0
         while True:
-            if self._stopping.is_set():
+            if self._stopping.is_set() or (stop is not None and stop.is_set()):
                 raise LockerStopped(f"{self!r}: stopped while waiting for the lock")
             with self._state_lock:
                 if self._held:

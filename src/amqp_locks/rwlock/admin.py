@@ -25,21 +25,21 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from pamqp.commands import Basic
-
 from ..errors import (
     ConfigurationError,
-    InvalidName,
     LockError,
+    LockShapeMismatch,
     PreconditionFailed,
     QueueNotFound,
 )
 from ..holders import Reading
-from ..names import MAX_QUEUE_NAME_BYTES, validate_name
+from ..names import rwlock_admin_name, rwlock_queue, token_message_id, validate_name
 from ..records import LockStatus
+from ..shape import READERS, WRITER, delay_refusal, forget, held_delay, shape_headers
 from ..stamps import new_stamp, read_count
 from ..transport import features
 from ..transport.broker import BrokerCore
+from ..transport.channel_ops import take
 from ..transport.errors import channel_error
 from ..transport.features import (
     broker_version,
@@ -47,9 +47,11 @@ from ..transport.features import (
     lock_queue_arguments,
     min_lock_delay_ms,
 )
-from ..transport.line_args import held_value, short_delay, short_delay_message
+from ..transport.line_args import held_value, short_delay
+from ..transport.refusals import inequivalent
 from ..transport.session import Session
 from ..transport.shield import close_quietly
+from ..transport.wire import Basic
 
 log = logging.getLogger("amqp_locks.rwlock")
 
@@ -59,33 +61,32 @@ MAX_READERS = 10_000
 
 
 def base_name(name: str) -> str:
-    """The prefix of every queue of read-write lock `name` (its administration mutex)."""
-    return f"{name}.rwlock"
+    """The administration mutex of read-write lock `name` (``N.rwlock``, names.py)."""
+    return rwlock_admin_name(name)
 
 
 def readers_queue(name: str) -> str:
-    return f"{base_name(name)}-readers"
+    return rwlock_queue(name, "readers")
 
 
 def writer_queue(name: str) -> str:
-    return f"{base_name(name)}-writer"
+    return rwlock_queue(name, "writer")
 
 
 def ledger_queue(name: str) -> str:
-    return f"{base_name(name)}-ledger"
+    return rwlock_queue(name, "ledger")
 
 
-#: The longest queue name of a read-write lock: its admin mutex's wake-up queue.
-_LONGEST = ".rwlock-mutex-wakeups"
+def waiting_queue(queue: str) -> str:
+    """The queue waiters of the readers or writer queue `queue` register on while they
+    wait (it never holds a message; tokens/heal.py counts holders with it; names.py
+    reserves its suffix)."""
+    return f"{queue}-waiting"
 
 
 def check_name(name: str) -> str:
-    """A lock name whose every read-write lock queue name fits in 255 bytes."""
-    name = validate_name(name)
-    most = MAX_QUEUE_NAME_BYTES - len(_LONGEST)
-    if len(name.encode("utf-8")) > most:
-        raise InvalidName(f"a read-write lock's name must be at most {most} bytes of UTF-8")
-    return name
+    """A valid lock name (names.py maps any to queue names that fit)."""
+    return validate_name(name)
 
 
 def check_readers(readers: int | None) -> int | None:
@@ -103,7 +104,7 @@ async def read_ledger(session: Session, name: str) -> int | None:
     its channel is closed with the record unacked)."""
     ch = await session.open_channel()
     try:
-        message = await ch.basic_get(ledger_queue(name), no_ack=False)
+        message = await take(ch, ledger_queue(name))
     except Exception as exc:
         err = channel_error(exc, ledger_queue(name))
         if isinstance(err, QueueNotFound):
@@ -111,7 +112,7 @@ async def read_ledger(session: Session, name: str) -> int | None:
         raise err from exc
     finally:
         await close_quietly(ch)
-    if not isinstance(message.delivery, Basic.GetOk):
+    if message is None:
         return None
     return int(json.loads(message.body)["readers"])
 
@@ -138,6 +139,7 @@ async def first_use(
     """What an acquire that found a queue missing makes: a reader needs the readers queue
     only; a writer both (the turn carries R, which the readers queue says). Returns R."""
     session = await core.session()
+    forget(session, readers_queue(name), writer_queue(name))  # found missing: stale
     count = await ensure_readers(session, name, readers, quorum)
     if not shared:
         await ensure_writer(session, name, count, quorum)
@@ -149,8 +151,13 @@ async def ensure_readers(session: Session, name: str, readers: int | None, quoru
     returns the lock's R (ours if we made it, else the one its stamp or ``x-max-length``
     says; an explicit `readers` that differs is refused)."""
     count = readers or DEFAULT_READERS
-    args = {**_lock_arguments(session, quorum, True), "x-max-length": new_stamp(count)}
-    tokens = [(str(k).encode(), _props(f"{name}#r{k}")) for k in range(1, count + 1)]
+    base = lock_arguments(session, quorum, True)
+    args = {**base, "x-max-length": new_stamp(count)}
+    shape = shape_headers(READERS, count, args)
+    tokens = [
+        (str(k).encode(), _props(token_message_id(name, f"r{k}"), shape))
+        for k in range(1, count + 1)
+    ]
     try:
         await session.declare_and_publish(readers_queue(name), args, tokens)
     except PreconditionFailed as exc:
@@ -160,6 +167,7 @@ async def ensure_readers(session: Session, name: str, readers: int | None, quoru
             have = await lock_readers(session, name)
         if readers is not None and have != readers:
             raise _other_count(name, have, readers) from None
+        await _check_delay(session, name, readers_queue(name), base, held)
         return have
     log.info("made read-write lock %r's readers queue (%d reader tokens)", name, count)
     return count
@@ -168,12 +176,19 @@ async def ensure_readers(session: Session, name: str, readers: int | None, quoru
 async def ensure_writer(session: Session, name: str, count: int, quorum: bool) -> None:
     """The writer queue with its turn (which carries R), made by a test-and-set unless it
     exists (then its turn is its own: held, ready, or with a writer)."""
-    args = {**_lock_arguments(session, quorum, False), "x-max-length": new_stamp()}
-    turn = [(str(count).encode(), _props(f"{name}#w"))]
+    base = lock_arguments(session, quorum, False)
+    args = {**base, "x-max-length": new_stamp()}
+    turn = [
+        (
+            str(count).encode(),
+            _props(token_message_id(name, "w"), shape_headers(WRITER, count, args)),
+        )
+    ]
     try:
         await session.declare_and_publish(writer_queue(name), args, turn)
     except PreconditionFailed as exc:
-        _refused_by(exc, writer_queue(name), session)
+        held = _refused_by(exc, writer_queue(name), session)
+        await _check_delay(session, name, writer_queue(name), base, held)
         return
     log.info("made read-write lock %r's writer queue", name)
 
@@ -182,21 +197,58 @@ def _refused_by(exc: PreconditionFailed, queue: str, session: Session) -> int | 
     """The queue's ``x-max-length`` when a test-and-set was refused because the queue
     exists (None: it differs from ours in another argument first). Re-raises any other
     refusal; refuses a queue whose lock delay is too short for this Broker."""
-    text = str(exc)
-    if "inequivalent arg" not in text:
+    if inequivalent(exc) is None:
         raise exc
+    text = str(exc)
     min_delay_ms = min_lock_delay_ms(session)
     short = short_delay(text, min_delay_ms)
     if short is not None:
-        raise PreconditionFailed(short_delay_message(queue, short, min_delay_ms)) from exc
+        raise delay_refusal(queue, short, f"this client of {queue!r}", min_delay_ms) from exc
     return held_value(text, "x-max-length")
 
 
-def _props(ident: str) -> Basic.Properties:
-    return Basic.Properties(delivery_mode=2, message_id=ident, app_id="amqp-locks")
+async def _check_delay(
+    session: Session, name: str, queue: str, base: dict[str, Any], held: int | None
+) -> None:
+    """Refuse a queue found with a lock delay shorter than this client needs: the 406
+    that told us it exists named its ``x-max-length`` (`held`), compared before the
+    delay, which is read by a declaration the broker refuses either way (shape.py)."""
+    need = min_lock_delay_ms(session)
+    if need <= 0 or held is None:
+        return
+    delay = await held_delay(session, queue, {**base, "x-max-length": held})
+    if delay is not None and delay < need:
+        raise delay_refusal(queue, delay, f"read-write lock {name!r}", need)
 
 
-def _lock_arguments(session: Session, quorum: bool, readers: bool) -> dict[str, Any]:
+async def read_shape(
+    session: Session, name: str, readers: bool, need_delay: bool
+) -> tuple[int | None, int | None]:
+    """(R, lock delay ms) of lock `name`'s readers (or writer) queue, from its arguments:
+    what a token of an earlier release, which says no shape, is checked against."""
+    queue = readers_queue(name) if readers else writer_queue(name)
+    try:
+        count: int | None = await lock_readers(session, name)
+    except (QueueNotFound, LockError):  # gone (our consumer is cancelled), or not ours
+        count = None
+    delay = None
+    for quorum in (session.cluster, not session.cluster) if need_delay else ():
+        args = lock_arguments(session, quorum, readers)
+        try:
+            held = await session.held_max_length(queue, args)
+        except QueueNotFound:
+            break
+        if held is not None:
+            delay = await held_delay(session, queue, {**args, "x-max-length": held})
+            break
+    return count, delay
+
+
+def _props(ident: str, headers: dict[str, Any]) -> Basic.Properties:
+    return Basic.Properties(delivery_mode=2, message_id=ident, app_id="amqp-locks", headers=headers)
+
+
+def lock_arguments(session: Session, quorum: bool, readers: bool) -> dict[str, Any]:
     """A readers or writer queue's arguments but its ``x-max-length``: expiring, the
     readers queue half as late again as the writer queue. Why: the turn carries R, so a
     writer queue must never outlive its readers queue (a readers queue made again with
@@ -215,10 +267,13 @@ def _queue_arguments(session: Session, quorum: bool) -> dict[str, Any]:
     }
 
 
-def _other_count(name: str, have: int, wanted: int) -> LockError:
-    return LockError(
+def _other_count(name: str, have: int, wanted: int) -> LockShapeMismatch:
+    return LockShapeMismatch(
         f"read-write lock {name!r} has {have} reader tokens, not {wanted}; destroy() it to "
-        "set it up with another count (or let it expire unused)"
+        "set it up with another count (or let it expire unused)",
+        readers_queue(name),
+        held=have,
+        wanted=wanted,
     )
 
 
@@ -232,7 +287,7 @@ async def lock_readers(session: Session, name: str) -> int:
     if legacy is not None:
         return legacy
     for quorum in (session.cluster, not session.cluster):  # a lock of either type
-        args = _lock_arguments(session, quorum, True)
+        args = lock_arguments(session, quorum, True)
         held = await session.held_max_length(readers_queue(name), args)
         if held is not None and held >= 1:
             return read_count(held)

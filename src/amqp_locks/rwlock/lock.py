@@ -63,6 +63,7 @@ class _Half(LockObject):
                     deadline=deadline,
                     nonblocking=nonblocking,
                     fence=self.rw.fence if self.rw.fencing else None,
+                    readers=self.rw.readers,
                 )
             except QueueNotFound:
                 # First use, or expired: make what is missing (test-and-sets, admin.py),

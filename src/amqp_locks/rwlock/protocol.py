@@ -12,17 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiormq.abc import AbstractChannel, DeliveredMessage
-from pamqp.commands import Basic
-
-from ..errors import ConnectionLost, LeaseReleased, LockError
+from ..errors import ConnectionLost, LeaseReleased, LockError, QueueNotFound
 from ..fencing import take_token
 from ..held import HeldState
+from ..shape import READERS, WRITER, Expected
+from ..shape import check as check_shape
+from ..tokens import heal
 from ..transport.broker import BrokerCore
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
-from .admin import readers_queue, writer_queue
+from ..transport.wire import AbstractChannel, Basic, DeliveredMessage
+from .admin import lock_arguments, read_shape, readers_queue, waiting_queue, writer_queue
 
 log = logging.getLogger("amqp_locks.rwlock")
 
@@ -61,6 +62,9 @@ class _Inbox:
         self.full.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
         self.on_end: Callable[[str], None] | None = None
         self.ended: str | None = None
+        #: The broker cancelled our consumer: the queue was deleted (destroyed, expired
+        #: or replaced by a waiter that found it without its tokens: tokens/heal.py).
+        self.deleted = False
 
     async def consume(self, priority: int) -> None:
         self.ch.on_consumer_cancel_callbacks.add(self._cancelled)
@@ -93,6 +97,7 @@ class _Inbox:
 
     def _cancelled(self, frame: Basic.Cancel) -> None:
         if frame.consumer_tag == self.tag:
+            self.deleted = True
             self._end(f"the broker cancelled our consumer on {self.queue!r} (queue deleted?)")
 
     def _closed(self, fut: asyncio.Future[Any]) -> None:
@@ -114,11 +119,105 @@ class _Inbox:
             self.ch.closing.remove_done_callback(self._closed)
 
 
-def _ended(session: Session, name: str, exc: _Ended) -> Exception:
-    """Why waiting stopped, as a typed error: connection gone, or the lock destroyed."""
+def _ended(session: Session, name: str, exc: _Ended, *boxes: _Inbox | None) -> Exception:
+    """Why waiting stopped, as a typed error: connection gone, or a queue deleted
+    (QueueNotFound: the acquire makes it again, as on first use), or else."""
     if not session.alive:
         return ConnectionLost(f"connection lost while waiting for {name!r}: {session.lost_reason}")
+    if any(box is not None and box.deleted for box in boxes):
+        return QueueNotFound(f"read-write lock {name!r}: {exc} while we waited")
     return LockError(f"read-write lock {name!r}: {exc} while we waited")
+
+
+# --- healing a lock that lost tokens at its creation (tokens/heal.py) ---------------------
+
+
+def _quorum_types(session: Session) -> tuple[bool, bool]:
+    return (session.cluster, not session.cluster)
+
+
+async def _stamped(session: Session, queue: str, readers: bool) -> int | None:
+    for quorum in _quorum_types(session):
+        count = await heal.stamped_permits(session, queue, lock_arguments(session, quorum, readers))
+        if count is not None:
+            return count
+    return None
+
+
+async def _replace_both(session: Session, name: str) -> None:
+    """Replace a readers queue: the writer queue first (its turn carries R, and must never
+    outlive the readers queue it counted), then the readers queue; the next acquire
+    makes both again."""
+    await session.delete(writer_queue(name))
+    await session.delete(readers_queue(name))
+
+
+def reader_plan(session: Session, name: str) -> heal.Plan:
+    """A reader waiting for a reader token. A writer with the turn holds any number of
+    tokens on one consumer, so a reader judges only while nobody holds the turn."""
+    readers, writer = readers_queue(name), writer_queue(name)
+
+    async def permits() -> int | None:
+        return await _stamped(session, readers, True)
+
+    async def visible() -> heal.Sample | None:
+        try:
+            turns, turn_holders, _ = await heal.holder_counts(
+                session, writer, waiting_queue(writer)
+            )
+        except QueueNotFound:
+            turns, turn_holders = 1, 0
+        if turns == 0 and turn_holders > 0:
+            return None  # a writer may hold the turn, and reader tokens
+        return await heal.visible_tokens(session, readers, waiting_queue(readers))
+
+    async def delete() -> None:
+        await _replace_both(session, name)
+
+    return heal.Plan(readers, waiting_queue(readers), permits, visible, delete)
+
+
+def turn_plan(session: Session, name: str) -> heal.Plan:
+    """A writer waiting for the turn (one token in the writer queue)."""
+    writer = writer_queue(name)
+
+    async def permits() -> int | None:
+        return await _stamped(session, writer, False)
+
+    async def visible() -> heal.Sample | None:
+        return await heal.visible_tokens(session, writer, waiting_queue(writer))
+
+    async def delete() -> None:
+        await session.delete(writer)
+
+    return heal.Plan(writer, waiting_queue(writer), permits, visible, delete)
+
+
+def gather_plan(session: Session, name: str, tokens: _Inbox) -> heal.Plan:
+    """The writer with the turn, gathering all R reader tokens on one consumer of its own
+    (not registered: it counts what it holds itself)."""
+    readers = readers_queue(name)
+
+    async def permits() -> int | None:
+        return await _stamped(session, readers, True)
+
+    async def visible() -> heal.Sample | None:
+        return await heal.visible_tokens(
+            session, readers, waiting_queue(readers), held=len(tokens.messages)
+        )
+
+    async def delete() -> None:
+        await _replace_both(session, name)
+
+    return heal.Plan(readers, None, permits, visible, delete)
+
+
+def _watch(
+    session: Session, plan: heal.Plan, box: _Inbox, nonblocking: bool
+) -> asyncio.Task[None] | None:
+    if nonblocking:
+        return None
+    return session.spawn(heal.watch(session, plan, box.full))
 
 
 async def _give_back(session: Session, box: _Inbox, confirm: bool = False) -> str | None:
@@ -225,11 +324,32 @@ class HoldState(HeldState):
 # --- acquiring ----------------------------------------------------------------------------
 
 
+async def _check_token(
+    session: Session, name: str, message: DeliveredMessage, readers: bool, count: int | None
+) -> None:
+    """Refuse (LockShapeMismatch) a reader token or turn whose shape is not this lock's
+    (shape.py): another kind, another R than `count`, or a lock delay too short."""
+    queue = readers_queue(name) if readers else writer_queue(name)
+    expected = Expected(
+        frozenset({READERS if readers else WRITER}), count, f"read-write lock {name!r}"
+    )
+    await check_shape(
+        session, queue, message, expected, lambda need: read_shape(session, name, readers, need)
+    )
+
+
 async def acquire_read(
-    core: BrokerCore, name: str, *, deadline: float | None, nonblocking: bool, fence: str | None
+    core: BrokerCore,
+    name: str,
+    *,
+    deadline: float | None,
+    nonblocking: bool,
+    fence: str | None,
+    readers: int | None = None,
 ) -> HoldState | None:
     """One reader token (push). None at the deadline, or when not blocking and none is free.
-    Raises QueueNotFound when the lock is not set up."""
+    Raises QueueNotFound when the lock is not set up; LockShapeMismatch (the token given
+    back) when the token says another lock than this one (`readers`: R, if given)."""
     session = await core.session()
     if nonblocking:
         if await session.declare_passive_count(readers_queue(name)) == 0:
@@ -237,14 +357,20 @@ async def acquire_read(
         deadline = time.monotonic() + NONBLOCKING_GRACE
     ch = await shielded(session.holder_channel(transactional=False), close_quietly)
     box = _Inbox(ch, readers_queue(name), 1)
+    healer = None
     try:
         await shielded(box.consume(READER_PRIORITY), lambda _: close_quietly(ch))
+        healer = _watch(session, reader_plan(session, name), box, nonblocking)
         try:
-            if not await box.wait(deadline):
+            got = await box.wait(deadline)
+            # Withdraw our registration before we hold, or stop consuming.
+            await heal.stop(healer, strict=got)
+            if not got:
                 await close_quietly(ch)  # returns a token that may be arriving right now
                 return None
         except _Ended as exc:
-            raise _ended(session, name, exc) from None
+            raise _ended(session, name, exc, box) from None
+        await _check_token(session, name, box.messages[0], True, readers)
         token = 0 if fence is None else await shielded(_fence(core, session, fence), _no_undo)
         state = HoldState(
             core=core,
@@ -260,15 +386,25 @@ async def acquire_read(
         box.detach()
         session.spawn(close_quietly(ch))
         raise
+    finally:
+        await heal.stop(healer, strict=False)
     state.attach()
     return state
 
 
 async def acquire_write(
-    core: BrokerCore, name: str, *, deadline: float | None, nonblocking: bool, fence: str | None
+    core: BrokerCore,
+    name: str,
+    *,
+    deadline: float | None,
+    nonblocking: bool,
+    fence: str | None,
+    readers: int | None = None,
 ) -> HoldState | None:
     """The turn, then every reader token (push, ahead of the readers). None at the
-    deadline, or when not blocking and a writer or reader holds."""
+    deadline, or when not blocking and a writer or reader holds. LockShapeMismatch
+    (all given back) when the turn or a reader token says another lock: another R than
+    `readers` (if given) or than the turn's, or a lock delay too short."""
     session = await core.session()
     if nonblocking:
         if await session.declare_passive_count(writer_queue(name)) == 0:
@@ -279,11 +415,16 @@ async def acquire_write(
     channels = [turn_ch, tokens_ch]
     turn = _Inbox(turn_ch, writer_queue(name), 1)
     tokens: _Inbox | None = None
+    healer = None
     try:
         await shielded(turn.consume(READER_PRIORITY), lambda _: close_quietly(turn_ch))
-        if not await turn.wait(deadline):
+        healer = _watch(session, turn_plan(session, name), turn, nonblocking)
+        got = await turn.wait(deadline)
+        await heal.stop(healer, strict=got)  # withdrawn before we hold the turn
+        if not got:
             await _give_up(channels, turn, tokens)
             return None
+        await _check_token(session, name, turn.messages[0], False, readers)
         readers = _token_id(turn.messages[0])
         if readers < 1:
             raise LockError(f"the writer's turn of {name!r} holds {turn.messages[0].body!r}")
@@ -292,9 +433,15 @@ async def acquire_write(
             return None
         tokens = _Inbox(tokens_ch, readers_queue(name), readers)
         await shielded(tokens.consume(WRITER_PRIORITY), lambda _: close_quietly(tokens_ch))
-        if not await tokens.wait(deadline):
+        healer = _watch(session, gather_plan(session, name, tokens), tokens, nonblocking)
+        got = await tokens.wait(deadline)
+        await heal.stop(healer, strict=False)  # it never registered
+        if not got:
             await _give_up(channels, turn, tokens)
             return None
+        # A readers queue of another R than the turn's: R tokens would not exclude them all.
+        for message in tokens.messages:
+            await _check_token(session, name, message, True, readers)
         token = 0 if fence is None else await shielded(_fence(core, session, fence), _no_undo)
         state = HoldState(
             core=core,
@@ -308,10 +455,12 @@ async def acquire_write(
         )
     except _Ended as exc:
         _abandon(session, channels, turn, tokens)
-        raise _ended(session, name, exc) from None
+        raise _ended(session, name, exc, turn, tokens) from None
     except BaseException:
         _abandon(session, channels, turn, tokens)
         raise
+    finally:
+        await heal.stop(healer, strict=False)
     state.attach()
     return state
 

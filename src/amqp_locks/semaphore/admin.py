@@ -278,8 +278,8 @@ class SemaphoreAdminCore:
             raise ConfigurationError(f"base must be an int >= 0, got {base!r}")
         if self._cluster is not None:
             raise self._cluster.no_fence()
-        # The shard is shared by many locks: its own lock keeps two repairs from both
-        # putting a message back.
+        # The shard is shared by many locks: its own lock keeps two rebuilds from making
+        # two counters.
         shard = fence_shard_lock(self.name)
         async with held_mutex(self._core, shard, self.mutex_timeout, self.backoff) as m:
             return await repair_fence(m.session, self.name, base)
@@ -363,9 +363,11 @@ class SemaphoreAdmin:
         return self._core.run(self._ops.wait_for_holders(slots, timeout, interval=interval))
 
     def repair_fence(self, base: int) -> bool:
-        """Replace a lost fence message (queue purged by hand) with one whose tokens start
-        above `base`; `base` must be at least the highest token already handed out.
-        Returns whether a message was missing."""
+        """Rebuild the fencing counter of this lock's shard if it was deleted by hand (its
+        marker exists, no generation does: grants raise FenceMissing until then), with every
+        token above `base`: the highest token any resource accepted from a lock of that
+        shard (the floor). A counter that only lost its message needs nothing: the library
+        heals it (fencing.py). Returns whether it was rebuilt."""
         return self._core.run(self._ops.repair_fence(base))
 
     def __repr__(self) -> str:

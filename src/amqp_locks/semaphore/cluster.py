@@ -35,6 +35,7 @@ from ..held import HeldState
 from ..holders import read_holders
 from ..names import slot_queue, slots_name, token_queue
 from ..records import HOLDER_TIMEOUT
+from ..shape import SLOTS
 from ..tokens.admin import TokenAdminCore
 from ..tokens.client import TokenSemaphore
 from ..tokens.ledger import read_ledger_settled, read_token
@@ -56,7 +57,7 @@ async def acquire_slot(
     """Wait for a slot token (push); its id is the slot number."""
     tokens = TokenSemaphore(broker, slots_name(name), quorum=True)
     try:
-        return await tokens._wait(blocking, timeout)
+        return await tokens.wait_permit(blocking, timeout)
     except TokenSemaphoreNotFound:
         session = await broker._core.session()
         seed = False
@@ -79,7 +80,7 @@ class ClusterSlots:
         self.broker = broker
         self.name = name
         self.tokens = TokenAdminCore(
-            broker, slots_name(name), quorum=True, mutex_timeout=mutex_timeout
+            broker, slots_name(name), quorum=True, mutex_timeout=mutex_timeout, kind=SLOTS
         )
 
     async def _ids(self) -> list[int]:

@@ -7,26 +7,29 @@ destroy. Every action but `status` holds the administration mutex `N`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-
-from aiormq.abc import AbstractChannel
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from ..admin_mutex import held_mutex
 from ..errors import ConfigurationError, LockError
 from ..fencing import ensure_name_fence, fence_arguments
-from ..names import quorum_mutex_name, token_queue, validate_name
+from ..names import fence_queue, quorum_mutex_name, token_queue, validate_name
 from ..replication import choose_quorum
+from ..shape import MUTEX, SEMAPHORE, shape_headers
 from ..transport.broker import BrokerCore, BrokerLike
+from ..transport.channel_ops import publish_all
 from ..transport.features import min_lock_delay_ms
+from ..transport.line_args import DISCONNECTED
 from ..transport.session import Session
 from ..transport.shield import admin_deadline, answered
 from ..waiting import Backoff, check_timeout
+from . import fresh
 from .arguments import token_arguments
 from .drain import collect, drain
 from .fencing import mint_headers, shard_headers
+from .heal import cancels_reach_holders
 from .ledger import (
     Audit,
     Ledger,
@@ -40,6 +43,7 @@ from .ledger import (
     write_ledger,
 )
 from .message import token_properties
+from .shapes import read_token_shape
 
 log = logging.getLogger("amqp_locks.tokens")
 
@@ -75,32 +79,31 @@ def _resizable(ledger: Ledger, name: str) -> Ledger:
 
 
 async def publish_tokens(
-    session: Session, name: str, ids: list[int], quorum: bool, first_use: bool = False
+    session: Session,
+    name: str,
+    ids: list[int],
+    quorum: bool,
+    first_use: bool = False,
+    kind: str = SEMAPHORE,
+    permits: int | None = None,
 ) -> None:
     """Publish tokens `ids` (persistent, mandatory, confirmed, all in flight at once).
     A first-use queue's tokens take their fencing tokens from the shard (tokens/fresh.py):
-    no per-name fence is made for them."""
+    no per-name fence is made for them. Each says its queue's shape (shape.py): `kind`,
+    `permits` (None: a set-up semaphore, whose count is its ledger's) and the lock delay
+    the queue was declared with, read from the queue."""
     queue = token_queue(name)
     if first_use:
         headers = shard_headers()
     else:
         await ensure_name_fence(session, name)
         headers = await mint_headers(session, name, quorum)
+    _, delay = await read_token_shape(session, name, need_delay=quorum)
+    held = {} if delay is None else {DISCONNECTED: delay}
+    headers = {**headers, **shape_headers(kind, permits, held)}
 
-    async def publish(ch: AbstractChannel) -> None:
-        await asyncio.gather(
-            *(
-                ch.basic_publish(
-                    str(i).encode(),
-                    routing_key=queue,
-                    mandatory=True,
-                    properties=token_properties(name, i, headers),
-                )
-                for i in ids
-            )
-        )
-
-    await session.call(queue, publish)
+    tokens = [(str(i).encode(), token_properties(name, i, headers)) for i in ids]
+    await session.call(queue, lambda ch: publish_all(ch, queue, tokens))
 
 
 def _positive(x: int, what: str) -> int:
@@ -124,13 +127,17 @@ class TokenAdminCore:
         quorum: bool | None = None,
         mutex_timeout: float | None = MUTEX_TIMEOUT,
         first_use: bool | None = None,
+        kind: str | None = None,
     ) -> None:
         self.broker = broker
-        self.name = validate_name(name)
+        self.name = validate_name(name, admin=True)
         self.quorum = choose_quorum(broker, quorum, f"token semaphore {name!r}")
         self.mutex_timeout = check_timeout(mutex_timeout)
         if first_use is None:  # cluster mode's mutexes are made on first use (mutex.py)
             first_use = self.name.endswith(quorum_mutex_name(""))
+        #: The kind its tokens say (shape.py): a mutex's, the slots of cluster mode's
+        #: semaphore (semaphore/cluster.py), or a token semaphore's.
+        self.kind = kind or (MUTEX if first_use else SEMAPHORE)
         #: What status/audit/repair take for the ledger of a first-use queue, which has
         #: none (tokens/fresh.py); None: a semaphore without a ledger is not set up.
         self.default_ledger = first_use_ledger() if first_use else None
@@ -159,7 +166,7 @@ class TokenAdminCore:
                     )
                 return permits
             ids = list(range(1, permits + 1))
-            await publish_tokens(session, self.name, ids, self.quorum)
+            await publish_tokens(session, self.name, ids, self.quorum, kind=self.kind)
             await write_ledger(session, self.name, Ledger(0, [], self.quorum).with_ids(ids))
             log.info("set up token semaphore %r with %d permits", self.name, permits)
             return permits
@@ -177,7 +184,7 @@ class TokenAdminCore:
             ledger = _resizable(await require_ledger(session, self.name), self.name)
             start = max(ledger.next_id, 1)
             new = list(range(start, start + count))
-            await publish_tokens(session, self.name, new, ledger.quorum)
+            await publish_tokens(session, self.name, new, ledger.quorum, kind=self.kind)
             await write_ledger(session, self.name, ledger.with_ids(ledger.ids + new))
             log.info("added permits %s to %r", new, self.name)
             return new
@@ -207,11 +214,20 @@ class TokenAdminCore:
 
     async def audit(self, timeout: float = 5.0) -> Audit:
         """See :meth:`TokenAdmin.audit`."""
+        return await self._answered(self._audit, timeout, "audit")
+
+    async def _answered(
+        self,
+        step: Callable[[Session, float], Coroutine[Any, Any, Audit]],
+        timeout: float,
+        what: str,
+    ) -> Audit:
+        """`step(session, wait)` under the admin mutex, answered within the mutex's wait
+        plus `timeout` (its own wait for holders' tokens)."""
         wait = float(check_timeout(timeout) or 0.0)
         deadline = admin_deadline(self.mutex_timeout, wait)
         async with self._mutex() as session:
-            what = f"audit of {self.name!r}"
-            return await answered(self._audit(session, wait), wait, deadline, what)
+            return await answered(step(session, wait), wait, deadline, f"{what} of {self.name!r}")
 
     async def _audit(self, session: Session, wait: float) -> Audit:
         ledger = await require_ledger(session, self.name, self.default_ledger)
@@ -219,28 +235,67 @@ class TokenAdminCore:
 
     async def repair(self, timeout: float = 5.0) -> Audit:
         """See :meth:`TokenAdmin.repair`."""
-        wait = float(check_timeout(timeout) or 0.0)
-        deadline = admin_deadline(self.mutex_timeout, wait)
-        async with self._mutex() as session:
-            what = f"repair of {self.name!r}"
-            return await answered(self._repair(session, wait), wait, deadline, what)
+        return await self._answered(self._repair, timeout, "repair")
 
     async def _repair(self, session: Session, wait: float) -> Audit:
         ledger = await require_ledger(session, self.name, self.default_ledger)
+        queue = token_queue(self.name)
+        # Counted before our own drain consumer comes (a quorum queue's count lags a
+        # closed channel): every consumer now holds a token or waits for one.
+        _, consumers = await session.declare_passive_counts(queue)
         seen = await collect(session, self.name, ledger, wait, drop_surplus=True)
         result = audit_of(ledger, seen)
-        if result.missing:
-            await publish_tokens(
-                session, self.name, list(result.missing), ledger.quorum, ledger.first_use
+        if not result.missing:
+            return result
+        if ledger.first_use:
+            if consumers and not cancels_reach_holders(session):
+                raise LockError(
+                    f"repair of {self.name!r}: permits {list(result.missing)} did not come "
+                    f"back within {wait:g}s while {consumers} consumer(s) hold or wait on "
+                    f"{queue!r}, and on RabbitMQ 3.x its holders would not be told of a "
+                    "replaced queue (a quorum queue declared again at once loses their "
+                    "cancel). Run repair when nobody holds or waits"
+                )
+            # Replaced, never refilled: a token that may still come back (held through a
+            # lost node, by a frozen holder) dies with the queue, so there is never a
+            # second one; its holder, if any, is told (its consumer is cancelled). The
+            # test-and-set makes it again at once (waiters racing it are refused).
+            await session.delete(queue)
+            await fresh.create(session, self.name, ledger.permits, ledger.quorum)
+            log.warning(
+                "replaced first-use token queue %r, which lacked permits %s",
+                queue, result.missing,
             )
-            log.warning("re-published missing permits %s of %r", result.missing, self.name)
+            return result
+        if consumers:
+            # A holder's token is not among those collected: publishing its id again
+            # would make two holders. Held and lost cannot be told apart here.
+            raise LockError(
+                f"repair of {self.name!r}: permits {list(result.missing)} did not come back "
+                f"within {wait:g}s while {consumers} consumer(s) hold or wait on {queue!r}; "
+                "re-publishing them could duplicate a held token. Run repair when nobody "
+                "holds or waits (or with a timeout longer than the longest hold)"
+            )
+        await publish_tokens(
+            session,
+            self.name,
+            list(result.missing),
+            ledger.quorum,
+            ledger.first_use,
+            self.kind,
+            None,  # a set-up queue's count is the ledger's (add/remove_permits change it)
+        )
+        log.warning("re-published missing permits %s of %r", result.missing, self.name)
         return result
 
-    async def destroy(self) -> None:
+    async def destroy(self, *, purge_fence: bool = False) -> None:
         """See :meth:`TokenAdmin.destroy`."""
         async with self._mutex() as session:
             await session.delete(token_queue(self.name))
             await session.delete(ledger_queue(self.name))
+            if purge_fence:
+                await session.delete(fence_queue(self.name))
+                session.fences_known.discard(fence_queue(self.name))
 
 
 class TokenAdmin:
@@ -302,16 +357,19 @@ class TokenAdmin:
         return self._core.run(self._ops.audit(timeout))
 
     def repair(self, timeout: float = 5.0) -> Audit:
-        """Audit, then ack surplus duplicates and re-publish ids not seen. Only safe when
-        every holder returns its token within `timeout` (a token held all along would be
-        duplicated; a later audit+repair removes that duplicate again)."""
+        """Audit, then ack surplus duplicates and make missing permits whole. A first-use
+        queue (no ledger) is replaced by one with all its tokens: a missing token that
+        may still come back dies with the old queue. A set-up queue gets the ids not seen
+        re-published, only while no consumer holds or waits on it (else LockError: a
+        held token would be duplicated); after a node loss, wait out the lock delay
+        first (a token held through the lost node is not counted as a consumer)."""
         return self._core.run(self._ops.repair(timeout))
 
-    def destroy(self) -> None:
+    def destroy(self, *, purge_fence: bool = False) -> None:
         """Delete the token queue and its ledger (holders are told: consumer cancelled).
         The fence queue `N-fence` stays, so fencing tokens keep rising if `N` is set up
-        again."""
-        self._core.run(self._ops.destroy())
+        again; ``purge_fence`` deletes it too (nothing of `N` is left on the broker)."""
+        self._core.run(self._ops.destroy(purge_fence=purge_fence))
 
     def __repr__(self) -> str:
         return f"TokenAdmin({self.name!r})"

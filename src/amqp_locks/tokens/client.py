@@ -9,13 +9,12 @@ method of :class:`_Waiter`, which owns the channel until a :class:`PermitState` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
-from aiormq.abc import AbstractChannel, DeliveredMessage
-from pamqp.commands import Basic
-
 from ..errors import (
+    AmqpLocksError,
     ClusterUnreachable,
     ConfigurationError,
     ConnectionLost,
@@ -27,19 +26,26 @@ from ..lease import Lease
 from ..lockobject import LockObject
 from ..names import token_queue, validate_name
 from ..replication import choose_quorum
+from ..shape import MUTEX, TOKEN_KINDS, Expected, permits_refusal, token_kind
+from ..shape import check as check_shape
 from ..stamps import MAX_PERMITS
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
+from ..transport.wire import AbstractChannel, Basic, DeliveredMessage
 from ..waiting import check_timeout, pause_for_a_node
 from . import fresh
 from .admin import MUTEX_TIMEOUT, TokenAdmin
 from .drain import MAX_PRIORITY
 from .fencing import carried_fencing, fencing_for
+from .heal import stop as stop_healing
+from .heal import token_plan
+from .heal import watch as heal_watch
 from .ledger import Audit, TokenStatus, read_ledger, read_token
 from .message import delivery_tag, token_id
 from .permit import PermitState
+from .shapes import read_token_shape
 
 #: How long a non-blocking acquire waits for a token the broker reported ready.
 NONBLOCKING_GRACE = 1.0
@@ -62,8 +68,13 @@ async def acquire_permit(
     blocking: bool,
     timeout: float | None,
     fencing: bool = True,
+    heal: bool = False,
+    expect: Expected | None = None,
 ) -> PermitState | None:
-    """Consume one token (push). None when not blocking and none is free, or timed out."""
+    """Consume one token (push). None when not blocking and none is free, or timed out.
+    `heal`: the queue was made on first use; a waiter that waits watches it for tokens
+    lost at its creation, and replaces it (tokens/heal.py). The token is checked against
+    `expect` (default: any token semaphore's) before it is granted (shape.py)."""
     session = await core.session()
     if not blocking or timeout == 0:
         # A passive declare is safe during a quorum queue's election on every line (the
@@ -75,9 +86,15 @@ async def acquire_permit(
     # Without fencing the release returns the token as it came (`basic.reject`), which
     # needs no transaction: a plain channel, and no commit to wait for.
     waiter = await _Waiter.open(session, name, transactional=fencing)
+    waiter.expect = expect or Expected(TOKEN_KINDS, None, f"token semaphore {name!r}")
     try:
         consumer_tag = await waiter.consume(priority)
-        message = await waiter.next_token(timeout)
+        healer = (
+            session.spawn(heal_watch(session, token_plan(session, name), waiter.delivered))
+            if heal and blocking and timeout != NONBLOCKING_GRACE
+            else None
+        )
+        message = await waiter.next_token(timeout, healer)
         if message is None:
             return None
         return await waiter.grant(core, consumer_tag, message, fencing)
@@ -102,6 +119,12 @@ async def _spare_holder(session: Session, transactional: bool) -> None:
     session.return_holder_channel(ch, transactional)
 
 
+class DeletedWhileWaiting(TokenSemaphoreNotFound):
+    """The broker cancelled our waiting consumer: the queue was deleted (a heal, an
+    expiry, an operator), and on RabbitMQ 3.x may still be being deleted
+    (:func:`fresh.until_deleted`)."""
+
+
 class _Waiter:
     """One waiting consumer on its own holder channel. The broker pushes it a token,
     cancels it (the queue was deleted) or closes its channel: whichever comes first
@@ -119,6 +142,8 @@ class _Waiter:
             asyncio.get_running_loop().create_future()
         )
         self.state: PermitState | None = None
+        #: What the token must say before it is granted (shape.py).
+        self.expect = Expected(TOKEN_KINDS, None, f"token semaphore {name!r}")
         channel.on_consumer_cancel_callbacks.add(self.on_cancel)
         channel.closing.add_done_callback(self.on_closed)
 
@@ -142,7 +167,7 @@ class _Waiter:
             self.state.on_broker_cancel()
         elif not self.delivered.done():
             self.delivered.set_exception(
-                TokenSemaphoreNotFound(f"{self.queue!r} was deleted while we waited for a token")
+                DeletedWhileWaiting(f"{self.queue!r} was deleted while we waited for a token")
             )
 
     def on_closed(self, _: Any) -> None:
@@ -172,22 +197,41 @@ class _Waiter:
             raise err from exc
         return str(ok.consumer_tag)
 
-    async def next_token(self, timeout: float | None) -> DeliveredMessage | None:
-        """The token the broker pushes us, or None after `timeout`."""
-        if self.delivered.done():  # pushed right behind consume-ok (a ready token)
-            return self.delivered.result()
+    async def next_token(
+        self, timeout: float | None, healer: asyncio.Task[None] | None = None
+    ) -> DeliveredMessage | None:
+        """The token the broker pushes us, or None after `timeout`. A `healer`
+        (tokens/heal.py) is stopped, its registration withdrawn, before we return: a
+        holder never counts as a waiter, and a leaving waiter stops counting as one
+        before it stops consuming."""
         try:
-            return await asyncio.wait_for(asyncio.shield(self.delivered), timeout)
+            if not self.delivered.done():  # else pushed right behind consume-ok
+                await asyncio.wait_for(asyncio.shield(self.delivered), timeout)
         except TimeoutError:
             self.delivered.cancel()  # nobody awaits it any more (on_closed must not set it)
+            await stop_healing(healer, strict=False)
             # Closing the channel returns a token that may be arriving right now.
             await close_quietly(self.channel)
             return None
+        except BaseException:
+            await stop_healing(healer, strict=False)
+            raise
+        await stop_healing(healer)  # raises if not withdrawn: the caller returns the token
+        return self.delivered.result()
 
     async def grant(
         self, core: BrokerCore, consumer_tag: str, message: DeliveredMessage, fencing: bool
     ) -> PermitState:
-        """Read the token's fencing token and hand the channel to the held state."""
+        """Check the token's shape (LockShapeMismatch: the caller's `abandon` closes the
+        channel, which returns the token), read its fencing token and hand the channel to
+        the held state."""
+        await check_shape(
+            self.session,
+            self.queue,
+            message,
+            self.expect,
+            lambda need_delay: read_token_shape(self.session, self.name, need_delay),
+        )
         known = carried_fencing(message, fencing)
         if known is not None:  # the token tells its own value: no round trip
             (fencing_token, carry), quorum = known, False
@@ -306,6 +350,9 @@ class TokenSemaphore(LockObject, HolderQueries):
         self.permits = permits or 1
         #: Whether the queue's count still needs checking (``permits`` was given).
         self._check_count = permits is not None
+        #: The kind its first use mints, and what every grant checks (shape.py).
+        self._kind = token_kind(self.name, self.permits)
+        self._expect = Expected(TOKEN_KINDS, permits, f"token semaphore {self.name!r}")
         self._init_wait(blocking, timeout)
         #: The administration of this semaphore (what `setup` & co. delegate to).
         self.admin = TokenAdmin(
@@ -321,12 +368,25 @@ class TokenSemaphore(LockObject, HolderQueries):
     def _core(self) -> BrokerCore:
         return self.broker._core
 
+    def as_mutex(self, what: str) -> None:
+        """This one-permit semaphore carries cluster mode's mutex: it mints, and accepts
+        only, a mutex's tokens (shape.py). Internal API, for `Mutex`."""
+        self._kind = MUTEX
+        self._expect = Expected(frozenset({MUTEX}), 1, what)
+
     # --- holders --------------------------------------------------------------------------
 
     async def _wait(self, blocking: bool, timeout: float | None) -> PermitState | None:
+        return await self.wait_permit(blocking, timeout)
+
+    async def wait_permit(self, blocking: bool, timeout: float | None) -> PermitState | None:
         """Wait for a token; when the connection dies meanwhile (its node died), wait on a
         new one (the next node of a cluster) for the time that is left. A first-use
-        semaphore whose queue is missing makes it first (tokens/fresh.py)."""
+        semaphore whose queue is missing makes it first (tokens/fresh.py).
+
+        Internal API for the locks a token semaphore carries (cluster mode's `Mutex` and
+        persistent semaphore): the acquire on the I/O loop, not observed (the carrying
+        lock's own acquire is)."""
         timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         retried = False
@@ -346,8 +406,10 @@ class TokenSemaphore(LockObject, HolderQueries):
                     blocking=blocking,
                     timeout=left,
                     fencing=self.fencing,
+                    heal=self.first_use,
+                    expect=self._expect,
                 )
-            except TokenSemaphoreNotFound:
+            except TokenSemaphoreNotFound as exc:
                 # Missing (404), or gone again after we found it made: expired or deleted
                 # in between. Each round makes progress; a name that keeps vanishing is
                 # being deleted by someone, which is worth an error.
@@ -355,6 +417,11 @@ class TokenSemaphore(LockObject, HolderQueries):
                     raise
                 creations += 1
                 create = True
+                if isinstance(exc, DeletedWhileWaiting):
+                    # A failure here (a lost connection) is met again by the creation.
+                    with contextlib.suppress(AmqpLocksError):
+                        session = await self._core.session()
+                        await fresh.until_deleted(session, token_queue(self.name))
             except ConnectionLost:
                 if (not blocking and retried) or (left is not None and left <= 0):
                     raise
@@ -370,7 +437,9 @@ class TokenSemaphore(LockObject, HolderQueries):
         own and meets the error there)."""
         session = await self._core.session()
         made, _ = await asyncio.gather(
-            fresh.create(session, self.name, self.permits, self.quorum),
+            fresh.create(
+                session, self.name, self.permits, self.quorum, self._kind, self._expect.what
+            ),
             _spare_holder(session, self.fencing),
             return_exceptions=True,
         )
@@ -380,7 +449,13 @@ class TokenSemaphore(LockObject, HolderQueries):
             # An administrator's semaphore (TokenAdmin.setup): its ledger has the count.
             ledger = await read_ledger(session, self.name)
             if ledger is not None and ledger.permits != self.permits:
-                raise fresh.mismatch(self.name, self.permits, ledger.permits, "set up")
+                raise permits_refusal(
+                    token_queue(self.name),
+                    ledger.permits,
+                    self.permits,
+                    self._expect.what,
+                    "set up",
+                )
         self._check_count = False
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> Lease | None:
@@ -413,9 +488,10 @@ class TokenSemaphore(LockObject, HolderQueries):
         """Drop surplus tokens, re-publish missing ones (:meth:`TokenAdmin.repair`)."""
         return self.admin.repair(timeout)
 
-    def destroy(self) -> None:
-        """Delete the token queue and its ledger (:meth:`TokenAdmin.destroy`)."""
-        self.admin.destroy()
+    def destroy(self, *, purge_fence: bool = False) -> None:
+        """Delete the token queue and its ledger, with ``purge_fence`` its fence too
+        (:meth:`TokenAdmin.destroy`)."""
+        self.admin.destroy(purge_fence=purge_fence)
 
     def __repr__(self) -> str:
         return f"TokenSemaphore({self.name!r}, priority={self.priority})"

@@ -8,11 +8,12 @@ import asyncio
 import contextlib
 import time
 
-from aiormq.abc import DeliveredMessage
-
 from ..names import token_queue
+from ..transport.channel_ops import ack as ack_message
+from ..transport.channel_ops import consume_unacked
 from ..transport.session import Session
 from ..transport.shield import close_quietly
+from ..transport.wire import DeliveredMessage
 from .ledger import Ledger
 from .message import delivery_tag, token_id
 
@@ -40,14 +41,13 @@ async def drain(
             return  # returned when the channel closes
         taken.append(token_id(message))
         if ack:
-            await ch.basic_ack(delivery_tag(message))
+            await ack_message(ch, delivery_tag(message))
         if len(taken) >= count:
             done.set()
 
     try:
-        await ch.basic_qos(prefetch_count=count)
-        await ch.basic_consume(
-            token_queue(name), on_token, no_ack=False, arguments={"x-priority": DRAIN_PRIORITY}
+        await consume_unacked(
+            ch, token_queue(name), on_token, prefetch=count, priority=DRAIN_PRIORITY
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), timeout)
@@ -70,16 +70,13 @@ async def collect(
     async def on_token(message: DeliveredMessage) -> None:
         permit = token_id(message)
         if drop_surplus and (permit in seen or permit not in known):
-            await ch.basic_ack(delivery_tag(message))
+            await ack_message(ch, delivery_tag(message))
         seen.append(permit)
         if known <= set(seen):
             enough.set()
 
     try:
-        await ch.basic_qos(prefetch_count=0)
-        await ch.basic_consume(
-            token_queue(name), on_token, no_ack=False, arguments={"x-priority": DRAIN_PRIORITY}
-        )
+        await consume_unacked(ch, token_queue(name), on_token, prefetch=0, priority=DRAIN_PRIORITY)
         deadline = time.monotonic() + timeout
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(enough.wait(), timeout)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiormq.abc import DeliveredMessage
-
 from ..fencing import rule_matches, take_epoch, take_token
 from ..transport.features import acquired_count_header, broker_version, counting_rule
 from ..transport.session import Session
+from ..transport.wire import DeliveredMessage
 from .message import (
     BASE_HEADER,
     CARRIED,

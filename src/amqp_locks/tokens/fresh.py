@@ -29,7 +29,8 @@ it once nobody uses it.
   Anyone can read it without changing anything (`Session.held_max_length`: a declaration
   with ``x-max-length: -1``, which the broker refuses whether the queue exists or not,
   naming the stamp in the first case); a creator that loses the race reads it from its
-  own 406, so a user giving another count gets a LockError naming both.
+  own 406, so a user giving another count gets a LockShapeMismatch naming both; each
+  token says the count too (shape.py), and every grant checks it.
 - **Declaration and tokens in one write.** The creator sends the declaration and the
   publishes of the tokens (ids 1..N, persistent, mandatory, confirmed) together
   (`Session.declare_and_publish`): the broker routes the publish right behind an accepted
@@ -49,21 +50,24 @@ node crashes) leaves the queue without its token (or some of its N tokens: fewer
 never more): measured by aborting the connection 0-2
 ms after the write, 39 of 40 times on 3.10.8, 40 of 40 on 4.3.6
 (`benchmarks/first_use_facts.py`). Such a queue has no
-token: waiters wait until their timeout, and the queue expires :data:`EXPIRES_MS` after the
-last one left; the next user makes it again. `TokenAdmin("M.mutex").repair()` re-publishes
-the missing token at once (`TokenAdmin(name).repair()` for a semaphore: it reads N from
-the stamp).
+token: its waiters notice and replace it (tokens/heal.py: within ``lock_delay`` + 2-4 s of
+its first waiter), and `TokenAdmin("M.mutex").repair()` re-publishes the missing token at
+once (`TokenAdmin(name).repair()` for a semaphore: it reads N from the stamp).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any, Literal
 
-from ..errors import LockError, PreconditionFailed, QueueNotFound
+from ..errors import PreconditionFailed, QueueNotFound
 from ..names import token_queue
+from ..shape import delay_refusal, forget, held_delay, permits_refusal, shape_headers, token_kind
 from ..stamps import is_stamp, new_stamp, permits_of
-from ..transport.features import NAME_EXPIRES_MS
+from ..transport.features import NAME_EXPIRES_MS, min_lock_delay_ms
 from ..transport.line_args import held_value
+from ..transport.refusals import inequivalent
 from ..transport.session import Session
 from .arguments import token_arguments
 from .fencing import shard_headers
@@ -72,6 +76,38 @@ from .message import token_properties
 #: How long a first-use token queue lives once nobody uses it (ms). Read at each
 #: declaration, so a test may lower it in its own process.
 EXPIRES_MS = NAME_EXPIRES_MS
+
+
+#: RabbitMQ 3.x: the longest a waiter whose queue was deleted under it waits for the delete
+#: to finish before it makes the queue again (:func:`until_deleted`), and its poll step.
+DELETE_WAIT = 5.0
+DELETE_POLL = 0.02
+
+
+async def until_deleted(session: Session, queue: str) -> None:
+    """After the broker cancelled our consumer because `queue` was deleted (a waiter's
+    heal, an expiry, an operator): on RabbitMQ 3.x, wait until the delete finished before
+    anything is sent to the queue again. 3.10 cancels a quorum queue's consumers once its
+    Raft members stop, before it drops the queue's record; a ``basic.consume`` in between
+    (our first use's test-and-set is refused, the queue still "exists", and we consume)
+    meets no member and the broker closes the whole connection (541; CI, 3.10.8,
+    ``{badmatch,{error,noproc}}`` in ``rabbit_quorum_queue:consume``). A passive declare
+    then answers 0 ready and 0 consumers without a crash (``stat`` of a queue with no
+    leader): polled until the queue is gone (404) or made again (a token or a consumer),
+    at most :data:`DELETE_WAIT` seconds (nothing tells us when the record goes)."""
+    if session.version >= (4, 0):
+        return
+    deadline = time.monotonic() + DELETE_WAIT
+    while time.monotonic() < deadline:
+        try:
+            ready, consumers = await session.declare_passive_counts(queue)
+        except QueueNotFound:
+            return
+        if ready or consumers:
+            return
+        await asyncio.sleep(DELETE_POLL)
+
+
 def fresh_arguments(session: Session, stamp: int, quorum: bool = True) -> dict[str, Any]:
     """A first-use token queue's arguments: the token queue's, expiring, stamped."""
     return {**token_arguments(session, quorum), "x-expires": EXPIRES_MS, "x-max-length": stamp}
@@ -83,37 +119,58 @@ def fresh_arguments(session: Session, stamp: int, quorum: bool = True) -> dict[s
 Created = Literal["made", "found", "other"]
 
 
-async def create(session: Session, name: str, permits: int = 1, quorum: bool = True) -> Created:
+async def create(
+    session: Session,
+    name: str,
+    permits: int = 1,
+    quorum: bool = True,
+    kind: str | None = None,
+    what: str | None = None,
+) -> Created:
     """Make the first-use token queue of the token semaphore `name` with its `permits`
-    tokens (ids 1..permits), unless a queue of that name exists: the stamped declaration
-    and the tokens in one write (test-and-set). Raises LockError when the existing queue's
-    stamp says another count."""
+    tokens (ids 1..permits, their headers saying the queue's shape, shape.py: `kind`,
+    default `shape.token_kind`), unless a queue of that name exists: the stamped
+    declaration and the tokens in one write (test-and-set). A queue found instead is
+    checked as a grant would check its tokens: LockShapeMismatch when its stamp says
+    another count, or (cluster mode, 4.3+) its lock delay is shorter than this client
+    needs (`what` names the client in the message)."""
     queue = token_queue(name)
+    forget(session, queue)  # found missing (or never seen): what we read of it is stale
+    what = what or f"token semaphore {name!r}"
+    arguments = fresh_arguments(session, new_stamp(permits), quorum)
+    headers = {
+        **shard_headers(),
+        **shape_headers(kind or token_kind(name, permits), permits, arguments),
+    }
     messages = [
-        (str(k).encode(), token_properties(name, k, shard_headers()))
-        for k in range(1, permits + 1)
+        (str(k).encode(), token_properties(name, k, headers)) for k in range(1, permits + 1)
     ]
     try:
-        await session.declare_and_publish(
-            queue, fresh_arguments(session, new_stamp(permits), quorum), messages
-        )
+        await session.declare_and_publish(queue, arguments, messages)
     except PreconditionFailed as exc:
-        if "inequivalent arg" not in str(exc):
+        if inequivalent(exc) is None:
             raise
         stamp = held_value(str(exc), "x-max-length")
-        if stamp is None or not is_stamp(stamp):
-            return "other"
-        if permits_of(stamp) != permits:
-            raise mismatch(name, permits, permits_of(stamp)) from None
-        return "found"
+        found: Created = "found" if stamp is not None and is_stamp(stamp) else "other"
+        if stamp is not None and found == "found" and permits_of(stamp) != permits:
+            raise permits_refusal(queue, permits_of(stamp), permits, what) from None
+        await _check_delay(session, queue, stamp if found == "found" else None, quorum, what)
+        return found
     return "made"
 
 
-def mismatch(name: str, ours: int, theirs: int, how: str = "made on first use") -> LockError:
-    return LockError(
-        f"token semaphore {name!r} was {how} with {theirs} permit(s), not {ours}: every "
-        "user of a name must give the same count"
-    )
+async def _check_delay(
+    session: Session, queue: str, stamp: int | None, quorum: bool, what: str
+) -> None:
+    """Refuse a queue found with a lock delay shorter than this client needs: the 406
+    that told us it exists named the stamp, compared before the delay."""
+    need = min_lock_delay_ms(session)
+    if need <= 0:
+        return
+    args = fresh_arguments(session, stamp, quorum) if stamp else token_arguments(session, quorum)
+    held = await held_delay(session, queue, args)
+    if held is not None and held < need:
+        raise delay_refusal(queue, held, what, need)
 
 
 async def held_permits(session: Session, name: str) -> tuple[int, bool] | None:

@@ -13,13 +13,12 @@ import asyncio
 import json
 from dataclasses import dataclass, replace
 
-from pamqp.commands import Basic
-
 from ..errors import LockError, QueueNotFound, TokenSemaphoreNotFound
 from ..holders import Reading
-from ..names import token_queue
+from ..names import token_ledger_queue, token_queue
 from ..records import Kind, LockStatus
 from ..transport.broker import BrokerCore
+from ..transport.channel_ops import ack, take
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly
@@ -28,7 +27,7 @@ from .message import delivery_tag
 
 
 def ledger_queue(name: str) -> str:
-    return f"{token_queue(name)}-ledger"
+    return token_ledger_queue(name)
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,8 @@ async def read_ledger(session: Session, name: str) -> Ledger | None:
         best_version = -1
         try:
             while True:
-                message = await ch.basic_get(queue, no_ack=False)
-                if not isinstance(message.delivery, Basic.GetOk):
+                message = await take(ch, queue)
+                if message is None:
                     break
                 record = json.loads(message.body)
                 if record["version"] > best_version:
@@ -157,11 +156,11 @@ async def write_ledger(session: Session, name: str, ledger: Ledger) -> None:
     ch = await session.open_channel()
     try:
         while True:
-            message = await ch.basic_get(queue, no_ack=False)
-            if not isinstance(message.delivery, Basic.GetOk):
+            message = await take(ch, queue)
+            if message is None:
                 break
             if json.loads(message.body)["version"] < version:
-                await ch.basic_ack(delivery_tag(message))
+                await ack(ch, delivery_tag(message))
     finally:
         await close_quietly(ch)  # the newest record goes back
     session.ledger_versions[name] = version

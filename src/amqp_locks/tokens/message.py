@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiormq.abc import DeliveredMessage
-from pamqp.commands import Basic
+from ..names import token_message_id
+from ..transport.wire import Basic, DeliveredMessage
 
 #: Token header saying where its fencing token comes from: on quorum queues the counting
 #: rule it was minted under (`features.counting_rule`; amqp-locks 0.1 wrote
@@ -53,7 +53,10 @@ def int_header(headers: dict[str, Any], key: str) -> int | None:
 def token_properties(name: str, permit: int, headers: dict[str, Any]) -> Basic.Properties:
     """A new token's properties: persistent, named `N#id`, with its fencing headers."""
     return Basic.Properties(
-        delivery_mode=2, message_id=f"{name}#{permit}", app_id="amqp-locks", headers=headers
+        delivery_mode=2,
+        message_id=token_message_id(name, permit),
+        app_id="amqp-locks",
+        headers=headers,
     )
 
 

@@ -9,12 +9,12 @@ from concurrent import futures
 from typing import Any, TypeVar, cast
 
 import tooz
-from aiormq.abc import AbstractChannel
 from tooz import coordination, utils
 
 from .. import Broker, Lease, Mutex
 from ..errors import AmqpLocksError, ConfigurationError, QueueNotFound
 from ..transport.session import Session
+from ..transport.wire import AbstractChannel
 from .names import as_bytes, broker_urls, encode_id, tooz_name
 from .snapshot import Members, finish_snapshot, read_snapshot, translated
 

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import tooz
-from aiormq.abc import AbstractChannel, DeliveredMessage
-from pamqp.commands import Basic
 from tooz import coordination, utils
 
 from ..errors import AmqpLocksError, BrokerUnreachable, ConnectionLost
+from ..tokens.message import delivery_tag
+from ..transport.channel_ops import ack_through, give_back_through, publish_durable, take
+from ..transport.wire import AbstractChannel
 
 #: Queues whose existence is a member or a leader: probes are dropped, never stored.
 FLAG_ARGS: dict[str, Any] = {"x-max-length": 0}
@@ -24,11 +25,10 @@ async def read_snapshot(ch: AbstractChannel, queue: str) -> tuple[dict[str, Any]
     best: dict[str, Any] | None = None
     last = 0
     while True:
-        msg: DeliveredMessage = await ch.basic_get(queue, no_ack=False)
-        if isinstance(msg.delivery, Basic.GetEmpty):
+        msg = await take(ch, queue)
+        if msg is None:
             return best, last
-        assert isinstance(msg.delivery, Basic.GetOk)
-        tag = int(msg.delivery.delivery_tag or 0)
+        tag = delivery_tag(msg)
         last = max(last, tag)
         try:
             data = utils.loads(msg.body)
@@ -44,16 +44,11 @@ async def finish_snapshot(
 ) -> None:
     """Publish `new` (confirmed) then ack the old messages; or give them back unchanged."""
     if new is not None:
-        await ch.basic_publish(
-            utils.dumps(new),
-            routing_key=queue,
-            mandatory=True,
-            properties=Basic.Properties(delivery_mode=2),
-        )
+        await publish_durable(ch, queue, utils.dumps(new))
         if last:
-            await ch.basic_ack(last, multiple=True)
+            await ack_through(ch, last)
     elif last:
-        await ch.basic_nack(last, multiple=True, requeue=True)
+        await give_back_through(ch, last)
 
 
 def now_ms() -> float:

@@ -19,13 +19,31 @@ breaks one small module, and `tests/test_compat.py` says which:
   reply (a token release's cancel, ack and re-publish) go as one buffer on the channel's
   write queue, as aiormq itself marshals a publish; `session.py`'s bulk probe does the
   same with confirms.
+* **Channel numbers the broker has let go of** (:class:`ChannelNumbers`, `open_numbered`):
+  aiormq frees a number when the broker's ``channel.close`` *arrives*, before its reader
+  has queued the ``close-ok`` (and drops that close-ok when its write queue is full, the
+  cause measured in tests/test_channel_numbers.py), and numbers a new channel ``max(open)
+  + 1``; a ``channel.open`` on a number the broker is still closing makes RabbitMQ close
+  the whole connection (504 "second 'channel.open' seen"; issue 37: 640 of 800 first-use
+  acquires, 20 at a time, lost that way). We number channels ourselves from what crossed
+  the wire (both directions are read through the transport above): a number is free again
+  only after the broker's ``close-ok`` to our ``close``, or after our ``close-ok`` to its
+  ``close`` was written. aiormq's ``channel(channel_number=...)`` is public API. aiormq
+  also queues its close-ok with ``put_nowait`` on its bounded write queue and *drops* it
+  when the queue is full (the broker then holds the channel, closing, for the connection's
+  life): `keep_every_close_ok` makes that queue unbounded.
+* **Many ``basic.get`` in flight on one channel** (`route_gets`, the quorum guard's lock
+  checks): aiormq runs one ``basic.get`` per channel at a time. The replies are taken
+  from its channel reader (``_on_get_frame``, ``_get_frame``, ``rpc_frames``) and
+  matched in order by the caller (tests/test_quorum_guard.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 import aiormq
@@ -40,49 +58,205 @@ from yarl import URL
 #: The loggers aiormq writes connection and channel records to.
 LOGGER_NAMES = ("aiormq.connection", "aiormq.connection.marshall", "aiormq.channel")
 
+#: (class id, method id) of the channel methods :class:`ChannelNumbers` follows.
+CHANNEL_CLOSE = (20, 40)
+CHANNEL_CLOSE_OK = (20, 41)
+_FRAME_HEADER = struct.Struct(">BHI")  # type, channel, payload size
+_METHOD_FRAME = 1
+
+
+class FrameWatch:
+    """Reads an AMQP 0-9-1 byte stream (in any chunks) just far enough to call
+    ``on_method(channel, class_id, method_id)`` for every method frame; the rest of each
+    frame is skipped unread. `protocol_header`: the stream starts with ``AMQP\\0\\0\\9\\1``
+    (what a client writes first)."""
+
+    def __init__(
+        self, on_method: Callable[[int, int, int], None], *, protocol_header: bool = False
+    ) -> None:
+        self._on_method = on_method
+        self._head = bytearray()  # the frame header read so far (7 bytes, then 4 of method)
+        self._skip = 8 if protocol_header else 0  # bytes to pass over unread
+        self._sniff = protocol_header  # whether the header is still to be checked for
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        if self._sniff and n:
+            self._sniff = False
+            if not data.startswith(b"AMQP"[: min(4, n)]):
+                self._skip = 0
+        while i < n:
+            if self._skip:
+                step = min(self._skip, n - i)
+                i += step
+                self._skip -= step
+                continue
+            want = (7 if len(self._head) < 7 else 11) - len(self._head)
+            chunk = data[i : i + want]
+            self._head += chunk
+            i += len(chunk)
+            if len(self._head) == 7:
+                kind, _, size = _FRAME_HEADER.unpack(self._head)
+                if kind != _METHOD_FRAME or size < 4:
+                    self._skip = size + 1  # payload and frame-end octet
+                    self._head.clear()
+            elif len(self._head) == 11:
+                _, channel, size = _FRAME_HEADER.unpack_from(self._head)
+                class_id, method_id = struct.unpack_from(">HH", self._head, 7)
+                self._skip = size - 4 + 1
+                self._head.clear()
+                self._on_method(channel, class_id, method_id)
+
+
+class ChannelNumbers:
+    """The channel numbers of one connection, each free again only once the broker let go
+    of it (the module docstring says why aiormq's own numbering is not enough):
+
+    * after the broker's ``channel.close-ok`` (it answered our ``channel.close``), unless
+      the broker had sent a ``channel.close`` of its own first (the two crossed);
+    * after our ``channel.close-ok`` to the broker's ``channel.close`` was written.
+
+    A number whose channel failed before either (an open cancelled, a close-ok never
+    written) stays taken for the connection's life: safe, and counted in `withheld`.
+    Numbers go round from 1 to the connection's ``channel_max``, so a freed one comes back
+    last."""
+
+    def __init__(self) -> None:
+        self.taken: set[int] = set()
+        #: Numbers whose ``channel.close`` came from the broker, our close-ok not yet written.
+        self.closed_by_broker: set[int] = set()
+        self._next = 1
+
+    def take(self, limit: int, in_use: Container[int] = ()) -> int:
+        """A free number in 1..`limit` (also not in `in_use`: aiormq's own table)."""
+        limit = limit or 65535
+        start = self._next if 1 <= self._next <= limit else 1
+        n = start
+        while n in self.taken or n in in_use:
+            n = n + 1 if n < limit else 1
+            if n == start:
+                raise ChannelInvalidStateError(
+                    f"no channel number free: all {limit} are open or still closing"
+                )
+        self.taken.add(n)
+        self._next = n + 1
+        return n
+
+    @property
+    def withheld(self) -> int:
+        """Numbers taken (open channels, and those never confirmed closed)."""
+        return len(self.taken)
+
+    def heard(self, channel: int, class_id: int, method_id: int) -> None:
+        """A method frame arrived from the broker."""
+        if (class_id, method_id) == CHANNEL_CLOSE:
+            self.closed_by_broker.add(channel)
+        elif (class_id, method_id) == CHANNEL_CLOSE_OK and channel not in self.closed_by_broker:
+            self.taken.discard(channel)
+
+    def wrote(self, channel: int, class_id: int, method_id: int) -> None:
+        """A method frame was written to the socket."""
+        if (class_id, method_id) == CHANNEL_CLOSE_OK and channel in self.closed_by_broker:
+            self.closed_by_broker.discard(channel)
+            self.taken.discard(channel)
+
+
+def keep_every_close_ok(conn: aiormq.Connection) -> None:
+    """Before `conn` connects: an unbounded write queue (``Connection.write_queue``), so
+    aiormq's ``put_nowait`` of a close-ok never fails. (The bound, 10 frames, held back
+    no bytes anyway: aiormq's writer hands each frame to the transport without waiting
+    for it to drain.)"""
+    if conn.started:  # pragma: no cover - a programming error
+        raise RuntimeError("keep_every_close_ok must be called before connect()")
+    conn.write_queue = asyncio.Queue()
+
+
+async def open_numbered(
+    conn: aiormq.Connection, numbers: ChannelNumbers, *, publisher_confirms: bool
+) -> AbstractChannel:
+    """``conn.channel(...)`` on a number from `numbers` (never one the broker still
+    holds)."""
+    await conn.connected.wait()
+    limit = int(getattr(getattr(conn, "connection_tune", None), "channel_max", 0) or 0)
+    number = numbers.take(limit, conn.channels)
+    return await conn.channel(channel_number=number, publisher_confirms=publisher_confirms)
+
 
 class _TimedReader:
-    """A StreamReader proxy calling `on_bytes` whenever bytes arrive."""
+    """A StreamReader proxy calling `on_bytes` whenever bytes arrive (and showing them to
+    `watch`)."""
 
-    def __init__(self, reader: asyncio.StreamReader, on_bytes: Callable[[float], None]) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        on_bytes: Callable[[float], None],
+        watch: FrameWatch | None = None,
+    ) -> None:
         self._reader = reader
         self._on_bytes = on_bytes
+        self._watch = watch
 
     async def readexactly(self, n: int) -> bytes:
         data = await self._reader.readexactly(n)
         self._on_bytes(time.monotonic())
+        if self._watch is not None:
+            self._watch.feed(data)
         return data
 
     async def read(self, n: int = -1) -> bytes:
         data = await self._reader.read(n)
         self._on_bytes(time.monotonic())
+        if self._watch is not None:
+            self._watch.feed(data)
         return data
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reader, name)
 
 
+class _WatchedWriter:
+    """A StreamWriter proxy showing every write to `watch` (in socket order)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, watch: FrameWatch) -> None:
+        self._writer = writer
+        self._watch = watch
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        self._watch.feed(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+
 class TimedTransport(TransportFactory):
     """aiormq's transport for `url`'s scheme (TLS for ``amqps``), reporting each arrival of
     bytes to `on_bytes` and handing the stream writer to `on_writer` (the watchdog aborts
-    the transport through it)."""
+    the transport through it). With `numbers`, the channel methods crossing the wire both
+    ways keep it up to date (:class:`ChannelNumbers`)."""
 
     def __init__(
         self,
         url: URL,
         on_bytes: Callable[[float], None],
         on_writer: Callable[[asyncio.StreamWriter], None],
+        numbers: ChannelNumbers | None = None,
     ) -> None:
         self._inner: TransportFactory = (
             TLSTransportFactory() if url.scheme == "amqps" else TCPTransportFactory()
         )
         self._on_bytes = on_bytes
         self._on_writer = on_writer
+        self._numbers = numbers
 
     async def create(self, url: URL, **kwargs: Any) -> tuple[Any, Any]:
         reader, writer = await self._inner.create(url, **kwargs)
         self._on_writer(writer)
-        return _TimedReader(reader, self._on_bytes), writer
+        if self._numbers is None:
+            return _TimedReader(reader, self._on_bytes), writer
+        heard = FrameWatch(self._numbers.heard)
+        wrote = FrameWatch(self._numbers.wrote, protocol_header=True)
+        return _TimedReader(reader, self._on_bytes, heard), _WatchedWriter(writer, wrote)
 
 
 def connection_blocked(conn: aiormq.Connection | None) -> bool:
@@ -122,3 +296,35 @@ def forget_consumer(ch: AbstractChannel, consumer_tag: str) -> None:
     consumers = getattr(ch, "consumers", None)
     if isinstance(consumers, dict):
         consumers.pop(consumer_tag, None)
+
+
+class _NoGetReplies(asyncio.Queue):  # type: ignore[type-arg]
+    """aiormq's queue of RPC replies, minus ``basic.get``'s (see :func:`route_gets`)."""
+
+    async def put(self, item: Any) -> None:
+        if not isinstance(item, (Basic.GetOk, Basic.GetEmpty)):
+            await super().put(item)
+
+
+def route_gets(ch: AbstractChannel, on_reply: Callable[[int | None], None]) -> None:
+    """Hand every ``basic.get`` reply on `ch` to ``on_reply(delivery_tag)`` (None: empty)
+    instead of aiormq's single waiting getter, so a caller may write many ``basic.get``
+    frames at once (`send_together`) and match the replies in order (AMQP answers a
+    channel's synchronous methods in the order they were sent). aiormq's channel reader
+    calls ``_on_get_frame`` for each reply, reads a GetOk's content with ``_get_frame``,
+    then queues the reply for its ``rpc``: here it is not queued (no ``rpc`` waits for it;
+    a channel routed so must run no other synchronous method)."""
+    chan: Any = ch
+
+    async def on_get(frame: Basic.GetOk | Basic.GetEmpty) -> None:
+        tag = None
+        if isinstance(frame, Basic.GetOk):
+            header = await chan._get_frame()
+            size = getattr(header, "body_size", 0) or 0
+            while size > 0:
+                size -= len((await chan._get_frame()).value)
+            tag = frame.delivery_tag
+        on_reply(tag)
+
+    chan._on_get_frame = on_get
+    chan.rpc_frames = _NoGetReplies()

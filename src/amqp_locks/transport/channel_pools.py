@@ -17,13 +17,21 @@ from aiormq.abc import AbstractChannel
 from yarl import URL
 
 from ..errors import AmqpLocksError, ConnectionLost
+from .aiormq_compat import ChannelNumbers, open_numbered
 from .errors import censor, channel_error
 from .shield import close_quietly
 
 log = logging.getLogger("amqp_locks.transport")
 
 #: What a failing channel operation raises (besides our own typed errors).
-CHANNEL_ERRORS = (ex.AMQPError, ConnectionError, ex.ChannelInvalidStateError, RuntimeError)
+#: ValueError: pamqp refusing a frame's field (a name outside its domain) as it builds it.
+CHANNEL_ERRORS = (
+    ex.AMQPError,
+    ConnectionError,
+    ex.ChannelInvalidStateError,
+    RuntimeError,
+    ValueError,
+)
 #: Idle holder channels kept per kind (more are closed): one per concurrent holder.
 HOLDER_POOL = 16
 #: Spare ready channels kept open for the next leases' watch and sentinel consumers.
@@ -43,8 +51,12 @@ class ChannelPools:
     url: URL
     conn: aiormq.Connection | None
     lost_reason: str | None
+    #: This connection's channel numbers (aiormq_compat.ChannelNumbers: never one the
+    #: broker is still closing).
+    numbers: ChannelNumbers
 
     def _init_pools(self) -> None:
+        self.numbers = ChannelNumbers()  # replaced by each connect's own
         self._idle: list[AbstractChannel] = []
         #: Channels ready to hold a token (prefetch 1 set; transactional ones for the
         #: token semaphore's counter-carrying release), so an acquire opens none.
@@ -66,11 +78,16 @@ class ChannelPools:
 
     # --- channels -----------------------------------------------------------------------
 
-    async def open_channel(self) -> AbstractChannel:
+    async def raw_channel(self, *, publisher_confirms: bool) -> AbstractChannel:
+        """A new channel (aiormq's errors unchanged). Every channel of the session is
+        opened here: its number comes from :attr:`numbers`, never aiormq's own choice."""
         self.check()
         assert self.conn is not None
+        return await open_numbered(self.conn, self.numbers, publisher_confirms=publisher_confirms)
+
+    async def open_channel(self) -> AbstractChannel:
         try:
-            return await self.conn.channel(publisher_confirms=True)
+            return await self.raw_channel(publisher_confirms=True)
         except CHANNEL_ERRORS as exc:
             raise channel_error(exc) from exc
 
@@ -84,11 +101,9 @@ class ChannelPools:
         ch = self.idle_holder_channel(transactional)
         if ch is not None:
             return ch
-        self.check()
-        assert self.conn is not None
         try:
             # Transactions and publisher confirms exclude each other on a channel.
-            ch = await self.conn.channel(publisher_confirms=not transactional)
+            ch = await self.raw_channel(publisher_confirms=not transactional)
             await ch.basic_qos(prefetch_count=1)
             if transactional:
                 await ch.tx_select()
@@ -105,10 +120,8 @@ class ChannelPools:
         return ch
 
     async def _open_ready(self) -> AbstractChannel:
-        self.check()
-        assert self.conn is not None
         try:
-            ch = await self.conn.channel(publisher_confirms=True)
+            ch = await self.raw_channel(publisher_confirms=True)
             await ch.basic_qos(prefetch_count=1)
         except CHANNEL_ERRORS as exc:
             raise channel_error(exc) from exc

@@ -26,6 +26,7 @@ from ..errors import (
     AmqpLocksError,
     AuthenticationFailed,
     BrokerClosed,
+    BrokerUnreachable,
     ClusterUnreachable,
     ConfigurationError,
     ConnectionLost,
@@ -223,6 +224,24 @@ class BrokerCore:
             [(censor(u), e) for u, e in failures],
         )
 
+    @property
+    def connected(self) -> bool:
+        """A connection is up now (opened and not lost)."""
+        session = self._session
+        return session is not None and session.alive
+
+    def unconnected_error(self, seconds: float, what: str) -> BrokerUnreachable | None:
+        """Why a wait cut after `seconds` (transport/shield.py, `within`) got nothing: when
+        no connection is up, the broker was never asked for `what` (it accepts TCP but
+        never answers the handshake, or a reconnect hangs), which is not "busy". None
+        while connected: a hung but connected broker is the caller's plain timeout."""
+        if self.connected:
+            return None
+        return BrokerUnreachable(
+            f"broker {censor(self.url)} did not answer within {seconds:g} s: no connection "
+            f"was made, so {what} could not be asked for"
+        )
+
     def _closed_error(self) -> BrokerClosed:
         what = "closed" if self._closed else "being closed"
         return BrokerClosed(f"the Broker is {what}; open a new Broker")
@@ -259,7 +278,7 @@ class BrokerCore:
             return self._closed_error()
         return None
 
-    def _wait(self, fut: concurrent.futures.Future[T]) -> T:
+    def wait(self, fut: concurrent.futures.Future[T]) -> T:
         """Wait for `fut` in the calling thread. An interrupt (KeyboardInterrupt) cancels
         the coroutine, which undoes any half-made grant before it finishes; an operation
         that close() ended raises BrokerClosed (never an internal CancelledError)."""
@@ -276,7 +295,7 @@ class BrokerCore:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the I/O loop and wait for it (the sync facade's one entry point)."""
-        return self._wait(self.submit(coro))
+        return self.wait(self.submit(coro))
 
     # --- releases -----------------------------------------------------------------------
 
@@ -330,7 +349,28 @@ class BrokerCore:
                     "background", state.kind, state.number, state.name, RELEASE_HANDOFF,
                 )
                 return
-        self._wait(fut)
+        self.wait(fut)
+
+    def release_leaving(self, state: Releasable) -> None:
+        """Leaving a `with` block: the release and the broker's confirmation of it, so a
+        process that reads ``locked()`` next sees the lock free (a queue's delete-ok, a
+        commit-ok, or a barrier on the holding channel: :meth:`HeldState.release_confirmed`).
+        Bounded like a plain release: a broker that stopped answering does not hold the
+        block's exit longer than RELEASE_HANDOFF (the release goes on, tracked), and an
+        unconfirmed release is logged, never raised over the block's own outcome (the
+        broker frees the lock when it sees the connection end; ``on_lost`` reports it)."""
+        if self._closed:
+            return
+        fut = self.submit_release(state, True)
+        try:
+            fut.result(timeout=RELEASE_HANDOFF)
+        except concurrent.futures.TimeoutError:
+            log.warning(
+                "release of %s %s of %r not confirmed within %.0f s: it goes on in the "
+                "background", state.kind, state.number, state.name, RELEASE_HANDOFF,
+            )
+        except ReleaseUnconfirmed as exc:
+            log.warning("%s", exc)
 
     # --- closing ------------------------------------------------------------------------
 

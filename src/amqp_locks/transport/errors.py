@@ -16,6 +16,7 @@ from ..errors import (
     BrokerError,
     BrokerUnreachable,
     ConnectionLost,
+    InvalidQueueName,
     PreconditionFailed,
     QueueNotFound,
     ResourceLocked,
@@ -50,6 +51,13 @@ def channel_error(exc: BaseException, queue: str | None = None) -> AmqpLocksErro
     what = f" (queue {queue!r})" if queue else ""
     if isinstance(exc, AmqpLocksError):
         return exc
+    if isinstance(exc, ValueError):
+        # pamqp validates a frame as it builds it: a name outside its domain, or too long.
+        return InvalidQueueName(
+            f"the AMQP client refused a name{what}: {_text(exc)}; names.py should have "
+            "mapped it to one it accepts (a bug in amqp-locks: please report the lock name)",
+            queue,
+        )
     if isinstance(exc, ex.ChannelNotFoundEntity):
         return QueueNotFound(f"404 NOT_FOUND{what}: {_text(exc)}", queue)
     if isinstance(exc, ex.ChannelLockedResource):

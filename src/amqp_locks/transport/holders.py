@@ -3,8 +3,9 @@
 AMQP lets nobody read another connection's exclusive queues or connection properties, so
 the records live with their holders. Each connection that holds a lock owns one
 exclusive, auto-delete *holder queue*, bound to the direct exchange :data:`EXCHANGE` with
-the name of every lock it holds. A reader publishes a query to that exchange with the
-lock's name as routing key and RabbitMQ's direct reply-to as ``reply_to``; every holder's
+the :func:`~amqp_locks.names.holder_key` of every lock it holds (the lock's name, or its
+escaped form: a routing key is at most 255 bytes). A reader publishes a query to that
+exchange with that key as routing key and RabbitMQ's direct reply-to as ``reply_to``; every holder's
 I/O loop answers with the records of the leases it holds on that name *at that moment*
 (released or lost ones are never reported). A record therefore vanishes with its holder:
 the broker deletes the queue, and its bindings, with the connection.
@@ -40,6 +41,7 @@ from ..errors import (
     PreconditionFailed,
     QueueNotFound,
 )
+from ..names import holder_key
 from .errors import channel_error
 from .ports import Link
 
@@ -98,11 +100,11 @@ class HeldLeases:
     def add(self, state: Any) -> None:
         if state not in self._items:
             self._items[state] = _wall(state.acquired_at)
-            self.responder.held(state.name)
+            self.responder.held(holder_key(state.name))
 
     def discard(self, state: Any) -> None:
         if self._items.pop(state, None) is not None:
-            self.responder.ended(state.name)
+            self.responder.ended(holder_key(state.name))
 
     def since(self, state: Any) -> datetime:
         return self._items.get(state) or _wall(state.acquired_at)
@@ -218,9 +220,7 @@ class HolderResponder:
     async def _setup(self) -> AbstractChannel:
         """Open the holder channel, declare the exchange and our queue, consume queries."""
         session = self.session
-        session.check()
-        assert session.conn is not None
-        ch = await session.conn.channel(publisher_confirms=False)
+        ch = await session.raw_channel(publisher_confirms=False)
         try:
             await ch.exchange_declare(EXCHANGE, exchange_type="direct", durable=True)
         except Exception as exc:
@@ -249,15 +249,15 @@ class HolderResponder:
 
     # --- answering -------------------------------------------------------------------
 
-    def records(self, name: str) -> list[dict[str, Any]]:
-        """The leases held through this session on `name` right now (never a released or
-        lost one)."""
+    def records(self, key: str) -> list[dict[str, Any]]:
+        """The leases held through this session on the lock whose :func:`holder_key` is
+        `key` right now (never a released or lost one)."""
         out: list[dict[str, Any]] = []
         leases = self.leases
         if leases is None:
             return out
         for state in leases:
-            if state.name != name or state.released or state.lost_reason is not None:
+            if holder_key(state.name) != key or state.released or state.lost_reason is not None:
                 continue
             out.append(
                 {
@@ -391,7 +391,7 @@ class HolderReader:
             await ch.basic_publish(
                 name.encode(),
                 exchange=EXCHANGE,
-                routing_key=name,
+                routing_key=holder_key(name),
                 mandatory=True,
                 properties=Basic.Properties(
                     reply_to=REPLY_TO,

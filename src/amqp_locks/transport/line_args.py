@@ -18,9 +18,10 @@ difference, or another value of one of these arguments, stays a
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from typing import Any
+
+from .refusals import inequivalent
 
 #: Unacked messages of a consumer on a lost node go back after this long (4.3+): the
 #: default lock delay (quorum_guard.DEFAULT_LOCK_DELAY; a Broker may set its own).
@@ -59,11 +60,6 @@ log = logging.getLogger("amqp_locks.transport")
 #: Queues already logged (once per process and queue: waiters declare them again and again).
 _noted: set[str] = set()
 
-_INEQUIVALENT = re.compile(
-    r"inequivalent arg '(?P<arg>[^']+)' for queue .*?: received .*? but current is "
-    r"(?:(?P<none>none)|(?:the value )?'(?P<value>[^']*)')"
-)
-
 
 def parse_version(raw: object) -> tuple[int, int]:
     """(major, minor) from a ``server_properties['version']`` value such as ``b"4.0.5"``."""
@@ -95,31 +91,33 @@ def other_line(
     `min_delay_ms` (another client's ``lock_delay``): the queue's own is used. A shorter
     one (an earlier amqp-locks gave 1 s) could grant a cut-off holder's lock before it
     is told, so it stays refused (:func:`short_delay`)."""
-    m = _INEQUIVALENT.search(error)
-    if m is None or (m["arg"] not in LINE_VALUES and m["arg"] != EXPIRES):
+    m = inequivalent(error)
+    if m is None or not m.read or (m.arg not in LINE_VALUES and m.arg != EXPIRES):
         return None
-    arg, args = m["arg"], dict(arguments or {})
+    arg, args = m.arg, dict(arguments or {})
     if arg == EXPIRES and arg in args:  # an earlier release's expiry (or none): its own
-        if m["none"]:
+        if m.current is None:
             del args[arg]
             return args
-        held = _int(m["value"])
+        held = m.current_int
         if held is None:
             return None
         args[arg] = held
         return args
-    if m["none"]:
+    if arg == EXPIRES:  # the queue expires and we declared without: not ours to adapt
+        return None
+    if m.current is None:
         if arg not in args:
             return None
         del args[arg]
         return args
     if arg == DISCONNECTED:
-        held = _int(m["value"])
+        held = m.current_int
         if held is None or held < min_delay_ms:
             return None
         args[arg] = held
         return args
-    if arg in args or m["value"] != str(LINE_VALUES[arg]):
+    if arg in args or m.current != str(LINE_VALUES[arg]):
         return None
     if arg == "x-delivery-limit" and version < (4, 0):
         return None
@@ -130,19 +128,25 @@ def other_line(
 def held_value(error: str, arg: str) -> int | None:
     """The integer value of `arg` that the 406 text `error` says the queue holds (None:
     the error names another argument, or the queue has none)."""
-    m = _INEQUIVALENT.search(error)
-    if m is None or m["arg"] != arg or m["none"]:
+    m = inequivalent(error)
+    if m is None or not m.read or m.arg != arg:
         return None
-    return _int(m["value"])
+    return m.current_int
+
+
+def names_argument(error: str, arg: str) -> bool:
+    """Whether the 406 text `error` is an "inequivalent arg" refusal naming `arg`."""
+    m = inequivalent(error)
+    return m is not None and m.read and m.arg == arg
 
 
 def short_delay(error: str, min_delay_ms: int) -> int | None:
     """The lock delay (ms) of a queue the 406 text `error` says is shorter than
     `min_delay_ms`, else None."""
-    m = _INEQUIVALENT.search(error)
-    if m is None or m["arg"] != DISCONNECTED or m["none"]:
+    m = inequivalent(error)
+    if m is None or not m.read or m.arg != DISCONNECTED:
         return None
-    held = _int(m["value"])
+    held = m.current_int
     return held if held is not None and held < min_delay_ms else None
 
 
@@ -157,13 +161,6 @@ def short_delay_message(queue: str, held_ms: int, min_delay_ms: int) -> str:
         "up again (docs/cluster.md, 'Upgrading from a 1 s lock delay'), or give every client "
         "the same lock_delay"
     )
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return None if text is None else int(text)
-    except ValueError:
-        return None
 
 
 def other_line_warning(queue: str, sent: Mapping[str, Any], kept: Mapping[str, Any]) -> str:

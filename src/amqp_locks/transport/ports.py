@@ -43,6 +43,9 @@ class Link(Protocol):
 
     async def open_channel(self) -> AbstractChannel: ...
 
+    async def raw_channel(self, *, publisher_confirms: bool) -> AbstractChannel:
+        """A new channel, aiormq's errors unchanged (channel_pools.py)."""
+
     def add_listener(self, cb: LostCallback) -> int:
         """Call `cb(reason)` when the connection is lost; returns a handle."""
 

@@ -14,17 +14,25 @@ from pamqp.body import ContentBody
 from pamqp.commands import Basic, Queue
 from pamqp.header import ContentHeader
 
-from ..errors import AmqpLocksError, PreconditionFailed, QueueNotFound, ResourceLocked
+from ..errors import (
+    AmqpLocksError,
+    LockShapeMismatch,
+    PreconditionFailed,
+    QueueNotFound,
+    ResourceLocked,
+)
 from .channel_pools import ChannelPools
 from .line_args import (
     LINE_VALUES,
     held_value,
+    names_argument,
     note_other_line,
     other_line,
     parse_version,
     short_delay,
     short_delay_message,
 )
+from .refusals import invalid_arg
 
 
 class QueueOps(ChannelPools):
@@ -92,9 +100,12 @@ class QueueOps(ChannelPools):
                 ok = await self.call(queue, declare)
             except PreconditionFailed as exc:
                 held = short_delay(str(exc), min_delay_ms)
-                if held is not None:
-                    raise PreconditionFailed(
-                        short_delay_message(queue, held, min_delay_ms)
+                if held is not None:  # a client's shape check (shape.py) says the same
+                    raise LockShapeMismatch(
+                        short_delay_message(queue, held, min_delay_ms),
+                        queue,
+                        held=held,
+                        wanted=min_delay_ms,
                     ) from exc
                 args = other_line(str(exc), args, self.version, min_delay_ms)
                 if args is None or attempt == len(LINE_VALUES) + 1:
@@ -136,16 +147,23 @@ class QueueOps(ChannelPools):
 
     async def held_max_length(self, queue: str, arguments: dict[str, Any]) -> int | None:
         """The ``x-max-length`` the existing `queue` was declared with, read without
-        changing anything: a declaration with `arguments` and ``x-max-length: -1``, which
-        the broker refuses either way. A queue that exists answers 406 "inequivalent arg"
-        naming its value (once every argument compared before it matches ours: one of
-        another line's arguments is adapted to as :meth:`declare` does); a missing one
-        answers 406 "invalid arg" and is not made (both checked on 3.10.8, 4.0.5, 4.3.6).
-        Raises QueueNotFound when missing; None when the queue differs from `arguments`
-        otherwise (another type), or has no ``x-max-length``."""
+        changing anything (:meth:`held_argument`)."""
+        return await self.held_argument(queue, arguments, "x-max-length")
+
+    async def held_argument(self, queue: str, arguments: dict[str, Any], arg: str) -> int | None:
+        """The integer argument `arg` the existing `queue` was declared with, read without
+        changing anything: a declaration with `arguments` and ``arg: -1``, which the broker
+        refuses either way. A queue that exists answers 406 "inequivalent arg" naming its
+        value (once every argument compared before it matches ours: one of another line's
+        arguments is adapted to as :meth:`declare` does); a missing one answers 406
+        "invalid arg" and is not made (``x-max-length`` checked on 3.10.8, 4.0.5, 4.3.6;
+        ``x-consumer-disconnected-timeout`` on 4.3.6, and only there: a line that does not
+        know an argument does not check it, and would make the queue). Raises
+        QueueNotFound when missing; None when the queue has no `arg`, or differs from
+        `arguments` otherwise (another type)."""
         args = arguments
         for _ in range(len(LINE_VALUES) + 2):
-            probe = {**args, "x-max-length": -1}
+            probe = {**args, arg: -1}
 
             async def declare(ch: AbstractChannel, a: dict[str, Any] = probe) -> Any:
                 return await ch.queue_declare(queue, durable=True, arguments=a)
@@ -154,17 +172,16 @@ class QueueOps(ChannelPools):
                 await self.call(queue, declare)
             except PreconditionFailed as exc:
                 text = str(exc)
-                if "invalid arg 'x-max-length'" in text:
+                if invalid_arg(text) == arg:
                     raise QueueNotFound(f"queue {queue!r} does not exist") from exc
-                held = held_value(text, "x-max-length")
-                if held is not None:
-                    return held
+                if names_argument(text, arg):
+                    return held_value(text, arg)
                 adapted = other_line(text, args, self.version)
                 if adapted is None:
                     return None
                 args = adapted
                 continue
-            raise AssertionError(f"the broker accepted x-max-length -1 for {queue!r}")
+            raise AssertionError(f"the broker accepted {arg} -1 for {queue!r}")
         return None
 
     async def delete(self, queue: str) -> None:
@@ -206,10 +223,11 @@ class QueueOps(ChannelPools):
         *,
         persistent: bool = False,
         mandatory: bool = False,
+        headers: dict[str, Any] | None = None,
     ) -> bool:
         """Publish with confirm; `persistent` for records that must survive a restart.
         With `mandatory`, False when no queue took it (the broker returned it)."""
-        props = Basic.Properties(delivery_mode=2 if persistent else 1)
+        props = Basic.Properties(delivery_mode=2 if persistent else 1, headers=headers)
 
         async def send(ch: AbstractChannel) -> bool:
             try:
@@ -227,10 +245,16 @@ class QueueOps(ChannelPools):
         routed: bool = await self.call(None, send)
         return routed
 
-    def notify_soon(self, wakeup_queue: str, slots: Sequence[int] = (0,)) -> asyncio.Future[bool]:
+    def notify_soon(
+        self,
+        wakeup_queue: str,
+        slots: Sequence[int] = (0,),
+        headers: dict[str, Any] | None = None,
+    ) -> asyncio.Future[bool]:
         """Fire-and-forget wake-up notices, one per freed slot, each naming its slot (a
         hint for the woken waiter; 0: no hint). Nobody waiting means no queue, and the
         notice is simply dropped; a lost notice costs a waiter one back-off interval.
+        `headers` go on every notice (otel/handoff.py's trace header).
 
         The returned future says whether a notice found the queue (someone waits); it is
         False when the notices were returned, lost, or could not be sent."""
@@ -239,11 +263,13 @@ class QueueOps(ChannelPools):
             try:
                 if len(slots) == 1:  # the usual case: written in this task's first step
                     return await self.publish(
-                        "", wakeup_queue, str(slots[0]).encode(), mandatory=True
+                        "", wakeup_queue, str(slots[0]).encode(), mandatory=True, headers=headers
                     )
                 routed = await asyncio.gather(
                     *(
-                        self.publish("", wakeup_queue, str(k).encode(), mandatory=True)
+                        self.publish(
+                            "", wakeup_queue, str(k).encode(), mandatory=True, headers=headers
+                        )
                         for k in slots
                     )
                 )

@@ -23,7 +23,12 @@ from aiormq.abc import AbstractChannel
 from yarl import URL
 
 from ..errors import ConnectionLost
-from .aiormq_compat import TimedTransport, connection_blocked
+from .aiormq_compat import (
+    ChannelNumbers,
+    TimedTransport,
+    connection_blocked,
+    keep_every_close_ok,
+)
 from .errors import censor, connect_error
 from .holders import HeldLeases, HolderReader, HolderResponder, default_holder_id
 from .logfilters import OUR_LOOPS
@@ -86,12 +91,18 @@ class Session(QueueOps):
         #: map below remember the names used last only (recent.py): a process may use
         #: names without end.
         self.fences_known: RecentSet[str] = RecentSet()
+        #: The newest generation seen per fence shard (fencing.py: where a take starts).
+        self.fence_gens: RecentDict[int, int] = RecentDict()
         #: Locks this session checked are not also used in the other mode (mutex.py).
         self.modes_checked: RecentSet[str] = RecentSet()
         #: When this process last released each lock, by wake-up queue, and whether its
         #: wake-up notice found the queue, i.e. someone waits (waiting.py lets the waiters
         #: go first when it asks again at once).
         self.released_at: RecentDict[str, tuple[float, asyncio.Future[bool]]] = RecentDict()
+        #: (permits, lock delay ms) read from the arguments of a lock queue whose tokens
+        #: say no shape (minted by an earlier release; shape.py): read once per queue and
+        #: session, forgotten when the session sees the queue gone.
+        self.shapes_read: RecentDict[str, tuple[int | None, int | None]] = RecentDict()
         #: Sentinel queues declared on this connection (declared once, not per grant).
         self.sentinels_declared: RecentSet[str] = RecentSet()
         #: The slot this process released last, per semaphore (tried first next time).
@@ -120,12 +131,16 @@ class Session(QueueOps):
         hb = max(1, round(self.heartbeat))
         url = self.url.update_query(heartbeat=str(hb))
         OUR_LOOPS.add(asyncio.get_running_loop())
+        self.numbers = ChannelNumbers()
         self.conn = aiormq.Connection(
             url,
             context=self.ssl_context,
-            transport_factory=TimedTransport(url, self._heard_bytes, self._got_writer),
+            transport_factory=TimedTransport(
+                url, self._heard_bytes, self._got_writer, self.numbers
+            ),
             client_properties={"connection_name": self.connection_name},
         )
+        keep_every_close_ok(self.conn)
         try:
             await asyncio.wait_for(self.conn.connect(), timeout)
         except BaseException as exc:

@@ -70,17 +70,18 @@ async def within(
     coro: Coroutine[Any, Any, T],
     timeout: float | None,
     undo: Callable[[T], Awaitable[Any]] | None = None,
-    cut: Callable[[], BaseException] | None = None,
+    cut: Callable[[], BaseException | None] | None = None,
 ) -> T | None:
     """Await `coro`, but answer within ``timeout + CUT_GRACE + CUT_SETTLE`` seconds
-    whatever the broker does: None, or the error `cut()` makes. A broker that keeps
-    heartbeats flowing but answers nothing else leaves a round trip (connect, channel
-    open, declare, consume, confirm) waiting for ever inside `coro`: it is cancelled at
-    ``timeout + CUT_GRACE``, and if it still has not ended ``CUT_SETTLE`` later it is left
-    to finish in the background. A result it produces after its caller was answered goes
-    to `undo` (a grant is released), never to the caller: a lock is never reported held to
-    someone who was told it was not. What it leaves held on a connection that stays silent
-    is freed by the broker when the loss watchdog drops that connection."""
+    whatever the broker does: None, or the error `cut()` makes (if it makes one). A
+    broker that keeps heartbeats flowing but answers nothing else leaves a round trip
+    (connect, channel open, declare, consume, confirm) waiting for ever inside `coro`:
+    it is cancelled at ``timeout + CUT_GRACE``, and if it still has not ended
+    ``CUT_SETTLE`` later it is left to finish in the background. A result it produces
+    after its caller was answered goes to `undo` (a grant is released), never to the
+    caller: a lock is never reported held to someone who was told it was not. What it
+    leaves held on a connection that stays silent is freed by the broker when the loss
+    watchdog drops that connection."""
     if timeout is None:
         return await coro
     task = asyncio.ensure_future(coro)
@@ -98,14 +99,16 @@ async def within(
     if not done or task.cancelled():
         log.info("wait cut after %.1fs: the broker answered nothing in time", timeout)
         _undo_later(task, undo)
-        if cut is not None:
-            raise cut()
+        error = None if cut is None else cut()
+        if error is not None:
+            raise error
         return None
     exc = task.exception()
     if exc is not None:
         if task.cancelling():  # what the cut's cancellation raised on its way out
-            if cut is not None:
-                raise cut() from exc
+            error = None if cut is None else cut()
+            if error is not None:
+                raise error from exc
             return None
         raise exc
     return task.result()

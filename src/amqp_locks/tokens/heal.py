@@ -1,0 +1,311 @@
+"""Healing a first-use token queue that lost its tokens: its waiters notice, and replace it.
+
+Why it is needed. A first-use queue is made by one write, a stamped declaration followed
+by the publishes of its tokens (fresh.py). They are not atomic: a creator that dies, or
+whose connection is cut, while the broker is still making the queue (a quorum
+declaration takes 8-40 ms) leaves the queue without some or all of its tokens. Waiters
+keep such a queue alive (``x-expires`` never fires while anyone consumes), so without
+this module nobody would ever be granted the name again.
+
+How a waiter tells a lost token from a held one. The broker reports two numbers for a
+queue (a passive declare): its *ready* messages and its *consumers*. A holder keeps its
+token unacked on a consumer of the queue; a waiter is a consumer too. So every waiter
+that has waited :data:`REGISTER_AFTER` seconds also *registers*: it consumes from the
+name's waiting queue (``names.token_waiting_queue``), which never holds a message. Then
+
+    holders = consumers(token queue) - consumers(waiting queue)
+
+and ``ready + holders`` is the number of tokens anybody can see. A waiter samples both
+counts every :data:`SAMPLE_EVERY` seconds. While ``ready + holders`` stays below the
+queue's permit count (read from its stamp, fresh.py) in every sample for
+:func:`heal_after` seconds, some token exists nowhere a client can reach, and the waiter
+deletes the queue; every waiter's consumer is cancelled, and the first use's usual
+test-and-set makes the queue again with all its tokens (fresh.py), granted at once.
+
+Why that is safe.
+- A registered waiter leaves the waiting queue before it reports a grant (the holder
+  leaves it once its token arrived, and the grant waits for that) and before it stops
+  consuming the token queue (a timed-out waiter cancels its registration first), so
+  holders are never under-counted for longer than one round trip; a waiter that has not
+  registered yet counts as a holder (the count only errs upwards: healing waits longer).
+  One sample that errs either way breaks the run: healing needs *every* sample for the
+  whole period.
+- Deleting, not re-publishing: a token that may still come back (held by a consumer on a
+  node the majority lost, which RabbitMQ 4.3 keeps for the queue's lock delay and does
+  not count as a consumer meanwhile) dies with the queue it belongs to, so there is never
+  a second token. Its holder was told it lost the lock by its quorum guard after
+  ``quorum_timeout`` (at most ``lock_delay - 1 s``; docs/cluster.md), before the period
+  here (``lock_delay`` + :data:`HEAL_MARGIN`) ends, so it is told before anyone is granted
+  the name again. Any other holder is a counted consumer: while its connection lives
+  (also a frozen process, until the broker drops it for missed heartbeats) it is seen, and
+  once it is gone its token is back in the queue, ready.
+- Holders of the tokens that are left (K > 1) are told by the delete (their consumers are
+  cancelled), except on RabbitMQ 3.x, which loses a quorum consumer's cancel when the
+  queue is declared again at once (:func:`cancels_reach_holders`): there a queue is
+  replaced only in samples where nobody holds one of its tokens.
+- Two waiters healing in the same round trip: the second delete would take the queue the
+  first one's creator just made, and its new holder is told at once (its consumer is
+  cancelled: a loss, never a second holder). Each waiter adds up to :data:`HEAL_JITTER`
+  seconds to its period, and stops as soon as the delete of another cancels its consumer.
+
+Bound: a name whose creator died mid-creation grants again ``lock_delay`` (10 s by
+default) + :data:`HEAL_MARGIN` + up to :data:`HEAL_JITTER` + :data:`SAMPLE_EVERY` seconds
+after its first waiter registered (at most 15 s with the defaults), while its waiters keep
+waiting. The waiting queue costs nothing once unused (:data:`WAITING_QUEUE`: auto-deleted
+with its last consumer). It is a classic queue in cluster mode too: while the node that
+holds it is down, its waiters cannot register and do not heal (a creator's death and that
+node's, together), until the node is back.
+
+What it does not cover: a queue made by an administrator (``TokenAdmin.setup``: a ledger,
+no stamp) is repaired by ``TokenAdmin.repair``, as before; waiters that keep arriving and
+leaving within :data:`REGISTER_AFTER` only delay healing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConnectionLost, QueueNotFound
+from ..names import token_queue, token_waiting_queue
+from ..stamps import is_stamp, permits_of
+from ..transport.channel_ops import declare_and_hold
+from ..transport.features import HELPER_EXPIRES_MS, broker_version
+from ..transport.session import Session
+from ..transport.wire import AbstractChannel
+from .fresh import fresh_arguments
+
+log = logging.getLogger("amqp_locks.tokens")
+
+#: Seconds a waiter waits for its token before it registers and starts sampling.
+REGISTER_AFTER = 1.0
+#: Seconds between two samples of one waiter (while few wait: :func:`sample_interval`).
+SAMPLE_EVERY = 1.0
+#: About how many samples a second all the waiters of one name take together.
+SAMPLES_PER_SECOND = 4.0
+#: Seconds added to the lock delay: the period every sample must show a missing token.
+HEAL_MARGIN = 2.0
+#: Up to this many seconds are added at random to each waiter's period.
+HEAL_JITTER = 2.0
+#: Seconds a granted waiter waits for the broker to confirm it left the waiting queue
+#: (then it gives its token back), and a leaving one (then it leaves anyway): short, so
+#: that ``acquire(timeout=T)`` answers within T + 1 s whatever the broker does.
+WITHDRAW_TIMEOUT = 0.5
+LEAVE_TIMEOUT = 0.25
+#: A run of samples further apart than this (a waiter that went away and came back) starts
+#: again: the evidence must be continuous.
+MAX_GAP = 5.0
+#: The longest one waiter waits between samples (well inside MAX_GAP, jitter included).
+MAX_INTERVAL = 3.0
+
+
+def heal_after(session: Session) -> float:
+    """Seconds every sample must show a missing token before a waiter replaces the queue."""
+    return session.timing.lock_delay + HEAL_MARGIN
+
+
+def sample_interval(registered: int) -> float:
+    """Seconds between one waiter's samples: :data:`SAMPLE_EVERY`, longer when many wait
+    (the name's waiters together sample about :data:`SAMPLES_PER_SECOND` times a second:
+    two passive declares each), never past :data:`MAX_INTERVAL` (a run breaks on gaps)."""
+    return min(MAX_INTERVAL, max(SAMPLE_EVERY, registered / SAMPLES_PER_SECOND))
+
+
+@dataclass
+class _Run:
+    """A run of samples that all showed a token missing from one queue."""
+
+    since: float
+    last: float
+    jitter: float
+
+
+#: The waiting queue: a classic queue in every mode (no Raft group per waited name: a
+#: quorum queue costs 8-40 ms to make and 3 file handles while it exists), durable (4.x
+#: refuses transient shared queues), deleted with its last consumer or unused.
+WAITING_QUEUE: dict[str, Any] = {
+    "durable": True,
+    "auto_delete": True,
+    "arguments": {"x-expires": HELPER_EXPIRES_MS},
+}
+
+#: Each session's runs, by queue: kept across acquire calls, so that a waiter retrying
+#: short acquires (``acquire(timeout=5)`` in a loop) heals as well as a patient one.
+_runs: weakref.WeakKeyDictionary[Session, dict[str, _Run]] = weakref.WeakKeyDictionary()
+
+
+#: (tokens anybody can see, live holders other than us, registered waiters) of one sample.
+Sample = tuple[int, int, int]
+
+
+def cancels_reach_holders(session: Session) -> bool:
+    """Whether deleting a queue that is made again at once still tells its holders
+    (basic.cancel). RabbitMQ 3.10.8 loses the cancel of a quorum queue's consumers when a
+    queue of the same name is declared right after the delete (measured: 0 of 3 holders
+    told, on the deleting connection or another; with 0.2 s between them, told), which a
+    waiter's first use does; 4.0.5 and 4.3.6 told 3 of 3. Before 4.0 a queue is replaced
+    only while nobody holds one of its tokens."""
+    return broker_version(session) >= (4, 0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one waiter watches: the queue whose tokens it judges, the waiting queue it
+    registers on (None: it registers nowhere, e.g. a writer that holds the turn), how many
+    tokens the queue should have (None: not a queue this module heals), how many it can
+    see now (None: it cannot judge now, which breaks the run), and how to replace it."""
+
+    queue: str
+    register: str | None
+    permits: Callable[[], Awaitable[int | None]]
+    visible: Callable[[], Awaitable[Sample | None]]
+    delete: Callable[[], Awaitable[None]]
+
+
+async def holder_counts(session: Session, queue: str, waiting: str) -> tuple[int, int, int]:
+    """(ready tokens, consumers not registered on `waiting`, registered waiters) of
+    `queue`: the unregistered consumers are the holders, plus any consumer of ours that is
+    not registered. A missing waiting queue has no waiter (it goes with its last one)."""
+
+    async def waiters() -> int:
+        try:
+            return (await session.declare_passive_counts(waiting))[1]
+        except QueueNotFound:
+            return 0
+
+    (ready, consumers), registered = await asyncio.gather(
+        session.declare_passive_counts(queue), waiters()
+    )
+    return ready, max(0, consumers - registered), registered
+
+
+async def visible_tokens(
+    session: Session, queue: str, waiting: str, held: int | None = None
+) -> Sample:
+    """(tokens of `queue` anybody can see, other holders): ready ones plus one per holder
+    (a consumer not registered on `waiting`). `held`: we consume `queue` ourselves,
+    unregistered, and hold that many of its tokens (a writer gathering reader tokens)."""
+    ready, unregistered, registered = await holder_counts(session, queue, waiting)
+    if held is None:
+        return ready + unregistered, unregistered, registered
+    others = max(0, unregistered - 1)
+    return ready + held + others, others, registered
+
+
+async def stamped_permits(session: Session, queue: str, arguments: dict[str, Any]) -> int | None:
+    """A first-use queue's permit count from its stamp (read without changing anything);
+    None for a queue not made on first use."""
+    stamp = await session.held_max_length(queue, arguments)
+    return permits_of(stamp) if stamp is not None and is_stamp(stamp) else None
+
+
+def token_plan(session: Session, name: str) -> Plan:
+    """A waiter of the first-use token semaphore `name` (cluster mode's mutex included)."""
+    queue, waiting = token_queue(name), token_waiting_queue(name)
+
+    async def permits() -> int | None:
+        for quorum in (session.cluster, not session.cluster):  # a queue of either type
+            count = await stamped_permits(session, queue, fresh_arguments(session, 0, quorum))
+            if count is not None:
+                return count
+        return None
+
+    async def visible() -> Sample | None:
+        return await visible_tokens(session, queue, waiting)
+
+    async def delete() -> None:
+        await session.delete(queue)
+
+    return Plan(queue, waiting, permits, visible, delete)
+
+
+async def _register(session: Session, queue: str) -> AbstractChannel:
+    """Consume from the waiting queue `queue` on a channel of our own (declared first)."""
+    ch = await session.open_channel()
+    try:
+        await declare_and_hold(ch, queue, **WAITING_QUEUE)  # nobody publishes there
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await ch.close()
+        raise
+    return ch
+
+
+async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]) -> None:
+    """Run beside a waiter until cancelled: register, sample, and replace the queue once
+    a token was missing in every sample for the whole period (module docstring).
+    `still_waiting` is the waiter's delivery: once it is settled (a token, a cancel, a
+    closed channel) this stops before deleting anything.
+
+    The caller cancels it when the wait ends, and must await it (:func:`stop`): its
+    registration is withdrawn (its channel closed) before the cancellation completes."""
+    await asyncio.sleep(REGISTER_AFTER)
+    permits = await plan.permits()
+    if permits is None:
+        return
+    ch = await _register(session, plan.register) if plan.register is not None else None
+    try:
+        runs = _runs.setdefault(session, {})
+        while not still_waiting.done():
+            sample = await plan.visible()
+            now = time.monotonic()
+            run = runs.get(plan.queue)
+            seen, holders, registered = sample if sample is not None else (permits, 0, 0)
+            if seen >= permits or (holders and not cancels_reach_holders(session)):
+                runs.pop(plan.queue, None)
+            elif run is None or now - run.last > MAX_GAP:
+                runs[plan.queue] = _Run(now, now, random.uniform(0.0, HEAL_JITTER))
+            else:
+                run.last = now
+                if now - run.since >= heal_after(session) + run.jitter and not still_waiting.done():
+                    runs.pop(plan.queue, None)
+                    log.warning(
+                        "%r showed %d of its %d token(s) in every sample for %.1f s: a "
+                        "creator died mid-creation; replacing it so that the next user "
+                        "makes it again with all its tokens",
+                        plan.queue,
+                        seen,
+                        permits,
+                        now - run.since,
+                    )
+                    await plan.delete()
+                    return
+            await asyncio.sleep(sample_interval(registered) * random.uniform(0.8, 1.2))
+    finally:
+        # Withdraw the registration before the waiter goes on (a holder must not count
+        # as a waiter): closing the channel cancels its consumer.
+        if ch is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(ch.close())
+
+
+async def stop(task: asyncio.Task[None] | None, *, strict: bool = True) -> None:
+    """Cancel a :func:`watch` and wait until its registration is withdrawn (its
+    channel's close-ok), at most :data:`WITHDRAW_TIMEOUT` (not `strict`:
+    :data:`LEAVE_TIMEOUT`) seconds: a caller's timeout is kept when the broker stops
+    answering. `strict`: raise ConnectionLost when the withdrawal was not confirmed in
+    that time (a holder must not stay registered as a waiter: the caller gives the token
+    back). A failure of the watch itself (the broker refused a declaration, the
+    connection went) is logged: healing is best effort, the wait goes on or fails on its
+    own."""
+    if task is None:
+        return
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=WITHDRAW_TIMEOUT if strict else LEAVE_TIMEOUT)
+    if not done:
+        if strict:
+            raise ConnectionLost(
+                f"the broker did not confirm within {WITHDRAW_TIMEOUT:g}s that this waiter "
+                "left the waiting queue"
+            )
+        return
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None:
+        log.debug("healing watch of a token queue ended: %r", exc)

@@ -1,0 +1,92 @@
+"""Single-channel operations the layers above transport/ use on a channel they hold
+(a read-under-lock of a snapshot or ledger, a release's barrier), each named for what
+it does, so that those modules make no raw AMQP call of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+from .wire import AbstractChannel, Basic, DeliveredMessage
+
+
+async def take(ch: AbstractChannel, queue: str) -> DeliveredMessage | None:
+    """The next message of `queue`, taken unacknowledged (``basic.get``): it stays the
+    channel's until acknowledged or given back (or the channel closes); None when the
+    queue is empty."""
+    message: DeliveredMessage = await ch.basic_get(queue, no_ack=False)
+    return message if isinstance(message.delivery, Basic.GetOk) else None
+
+
+async def ack(ch: AbstractChannel, tag: int) -> None:
+    """Drop the message taken with delivery tag `tag` (a write, no answer)."""
+    await ch.basic_ack(tag)
+
+
+async def consume_unacked(
+    ch: AbstractChannel,
+    queue: str,
+    on_message: Callable[[DeliveredMessage], Coroutine[Any, Any, None]],
+    *,
+    prefetch: int,
+    priority: int,
+) -> None:
+    """Consume `queue` on `ch` at consumer priority `priority`, with the channel's
+    prefetch set to `prefetch` first (0: unbounded): each message stays the channel's
+    until acknowledged, or goes back when the channel closes."""
+    await ch.basic_qos(prefetch_count=prefetch)
+    await ch.basic_consume(queue, on_message, no_ack=False, arguments={"x-priority": priority})
+
+
+async def _nothing(_: object) -> None:
+    """The consumer of :func:`declare_and_hold`, which expects no message."""
+
+
+async def declare_and_hold(ch: AbstractChannel, queue: str, **declare: Any) -> None:
+    """Declare `queue` (`declare`: ``durable``, ``auto_delete``, ``arguments``) and
+    consume it on `ch` without acknowledgements, expecting nothing: a consumer that marks
+    the queue used (it does not expire, or is not auto-deleted) while `ch` stays open."""
+    await ch.queue_declare(queue, **declare)
+    await ch.basic_consume(queue, _nothing, no_ack=True)
+
+
+async def ack_through(ch: AbstractChannel, tag: int) -> None:
+    """Drop every message the channel took up to delivery tag `tag` (a write)."""
+    await ch.basic_ack(tag, multiple=True)
+
+
+async def give_back_through(ch: AbstractChannel, tag: int) -> None:
+    """Give back to their queue every message the channel took up to `tag` (a write)."""
+    await ch.basic_nack(tag, multiple=True, requeue=True)
+
+
+async def publish_durable(ch: AbstractChannel, queue: str, body: bytes) -> None:
+    """Publish `body` to `queue`, persistent and mandatory, as the channel confirms
+    (with publisher confirms, once the broker has it)."""
+    await ch.basic_publish(
+        body, routing_key=queue, mandatory=True, properties=Basic.Properties(delivery_mode=2)
+    )
+
+
+async def publish_all(
+    ch: AbstractChannel, queue: str, messages: Iterable[tuple[bytes, Basic.Properties]]
+) -> None:
+    """Publish `messages` to `queue`, mandatory, all in flight at once; returns once the
+    channel confirmed every one (with publisher confirms)."""
+    await asyncio.gather(
+        *(
+            ch.basic_publish(body, routing_key=queue, mandatory=True, properties=properties)
+            for body, properties in messages
+        )
+    )
+
+
+async def release_barrier(ch: AbstractChannel) -> None:
+    """One round trip on `ch` after a release written to it (a reject, a cancel): the
+    broker handles a channel's methods in order, so its answer means it has taken the
+    release, and nothing that happens to us afterwards (exit, crash, lost connection)
+    can keep the lock held. ``basic.qos`` with the prefetch every holder channel already
+    has (1) changes nothing else."""
+    await ch.basic_qos(prefetch_count=1)

@@ -1,0 +1,15 @@
+"""The AMQP client's types that the layers above transport/ handle, named in one place.
+
+The protocol modules hold channels and deliveries and read a delivery's method (a
+``basic.get-ok`` or ``get-empty``, a broker's ``basic.cancel``); they take these names
+from here, so aiormq and pamqp are imported under transport/ only (tests/test_layers.py
+keeps it so, but for the few modules it lists) and a change of client is a change here.
+"""
+
+from __future__ import annotations
+
+from aiormq.abc import AbstractChannel, DeliveredMessage
+from aiormq.exceptions import AMQPError
+from pamqp.commands import Basic
+
+__all__ = ["AMQPError", "AbstractChannel", "Basic", "DeliveredMessage"]

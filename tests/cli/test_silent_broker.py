@@ -1,0 +1,53 @@
+"""A broker that accepts TCP and never answers is "unavailable" (69), never "lock busy":
+whatever `-w` and `-E` say, a wait that ends without a connection is not a conflict (the
+cron recipe's `-E 0` would otherwise turn an outage into a silent success)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from .conftest import Cli
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """A listening socket nobody accepts from: the kernel completes the TCP handshake
+    (backlog), and nothing is ever said (no AMQP connection.start)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield f"amqp://guest:guest@127.0.0.1:{s.getsockname()[1]}/"
+
+
+def test_run_against_a_silent_broker_exits_69_whatever_wait_and_conflict_code_say(
+    silent_url: str, name: str
+) -> None:
+    cli = Cli(silent_url)
+    start = time.monotonic()
+    results = cli.run_many(
+        ["run", name, "-w", "2", "--", "true"],
+        ["run", name, "-w", "2", "-E", "0", "--", "true"],
+        ["run", name, "-w", "0", "-E", "0", "--", "true"],
+        ["run", name, "--shared", "-w", "2", "-E", "0", "--", "true"],
+    )
+    took = time.monotonic() - start
+    for r in results:
+        assert r.returncode == 69, (r.args, r.returncode, r.stderr)
+        assert "did not answer within" in r.stderr, r.stderr
+        assert "not obtained" not in r.stderr
+        assert r.stderr.count("\n") == 1, r.stderr
+    # Within the wait (+1 s, and the interpreter's start), not the 10 s connect timeout.
+    assert took < 8.0, f"{took:.1f}s"
+
+
+def test_admin_command_against_a_silent_broker_exits_69_not_75(
+    silent_url: str, name: str
+) -> None:
+    """An admin mutex wait cut without a connection is not "another administrator"."""
+    r = Cli(silent_url).run("semaphore", "create", name, "2", "--admin-timeout", "2")
+    assert r.returncode == 69, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1, r.stderr

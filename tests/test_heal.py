@@ -1,0 +1,405 @@
+"""A first-use token queue that lost tokens at its creation is healed by its waiters
+(tokens/heal.py): issue 36's case 1, and the crash points of a creation.
+
+A creation is one write: the stamped declaration, then one publish (method, header and
+body frames) per token. The broker handles a channel's frames in order, so a creator cut
+off after any frame leaves one of these states: no queue, or the queue with the first `j`
+of its `K` tokens (a publish missing its body frame is dropped). Each is built here on a
+real broker, and the name must grant all its permits again within the stated bound, never
+more than `K` at once, with exactly `K` tokens afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from amqp_locks import Broker, Mutex, TokenSemaphore, stamps
+from amqp_locks.names import quorum_mutex_name, token_queue, token_waiting_queue
+from amqp_locks.tokens import fresh, heal
+from amqp_locks.tokens.message import token_properties
+
+from . import waiting
+from .conftest import queue_counts as counts
+
+#: The lock delay of these tests' brokers (s): the heal period is this + HEAL_MARGIN. Its
+#: guard bound is half of it: at 1 s a loaded CI lane (4.3.6) dropped a healthy holder.
+LOCK_DELAY = 4.0
+#: What a heal may take with LOCK_DELAY (heal.py's bound: register + period + jitter +
+#: one sample), plus a generous allowance for a loaded 2-core machine.
+BOUND = (
+    heal.REGISTER_AFTER + LOCK_DELAY + heal.HEAL_MARGIN + heal.HEAL_JITTER + 2 * heal.SAMPLE_EVERY
+)
+ALLOWANCE = 6.0
+
+pytestmark = pytest.mark.usefixtures("quick_heal")
+
+
+@pytest.fixture
+def cluster_broker(amqp_url: str) -> Iterator[Broker]:
+    b = Broker(amqp_url, cluster=True, heartbeat=5.0, lock_delay=LOCK_DELAY)
+    yield b
+    b.close()
+
+
+def make_partial(broker: Broker, semaphore: str, permits: int, published: int) -> None:
+    """The state a creator cut off after `published` of its `permits` token publishes
+    leaves: the stamped queue with tokens 1..published (the real write, truncated)."""
+
+    async def go() -> None:
+        session = await broker._core.session()
+        messages = [
+            (str(k).encode(), token_properties(semaphore, k, {"amqp-locks-fencing": "shard"}))
+            for k in range(1, published + 1)
+        ]
+        await session.declare_and_publish(
+            token_queue(semaphore),
+            fresh.fresh_arguments(session, stamps.new_stamp(permits), broker._core.cluster),
+            messages,
+        )
+
+    broker._core.run(go())
+
+
+def test_a_mutex_whose_creator_died_before_its_token_grants_again(
+    cluster_broker: Broker, name: str
+) -> None:
+    """Issue 36 case 1: the queue exists with no token. A waiter retrying short acquires
+    (as a standby does) is granted the name within the bound; on 71753d0 it never was."""
+    wire = quorum_mutex_name(name)
+    make_partial(cluster_broker, wire, 1, 0)
+    assert counts(cluster_broker, token_queue(wire)) == (0, 0)
+    started = time.monotonic()
+    lease = None
+    tries = 0
+    while lease is None and time.monotonic() - started < BOUND + ALLOWANCE:
+        tries += 1
+        lease = Mutex(cluster_broker, name).acquire(timeout=2.5)
+    took = time.monotonic() - started
+    assert lease is not None, f"no grant in {took:.1f}s over {tries} tries"
+    assert tries >= 2, "healing is meant to carry across retries"
+    assert took >= LOCK_DELAY + heal.HEAL_MARGIN, f"healed after {took:.1f}s: too early"
+    lease.release(wait=True)
+    waiting.wait_until(
+        lambda: counts(cluster_broker, token_queue(wire)) == (1, 0), 10, "exactly one token"
+    )
+
+
+def _cancels_reach_holders(broker: Broker) -> bool:
+    async def go() -> bool:
+        return heal.cancels_reach_holders(await broker._core.session())
+
+    return broker._core.run(go())
+
+
+@pytest.mark.parametrize(("permits", "published"), [(1, 0), (3, 0), (3, 1), (3, 2)])
+def test_every_crash_point_of_a_creation_grants_all_permits_again(
+    cluster_broker: Broker, amqp_url: str, name: str, permits: int, published: int
+) -> None:
+    """Cut after the declaration and `published` token publishes: `permits` waiters all
+    hold at once within the bound, never more than `permits`, then exactly `permits`
+    tokens are left. RabbitMQ 3.x (heal.cancels_reach_holders): a queue left with some of
+    its tokens is not replaced while they are held, so there every waiter is granted in
+    turn on the tokens that are left, never more at once, and they stay as they are."""
+    make_partial(cluster_broker, name, permits, published)
+    whole = published == 0 or _cancels_reach_holders(cluster_broker)
+    brokers = [
+        Broker(amqp_url, cluster=True, heartbeat=5.0, lock_delay=LOCK_DELAY)
+        for _ in range(permits + 1)
+    ]
+    lock = threading.Lock()
+    held = [0, 0]  # now, most at once
+    all_held = threading.Barrier(permits, timeout=BOUND + ALLOWANCE + 10)
+    errors: list[BaseException] = []
+    got: list[float] = []
+    started = time.monotonic()
+
+    def worker(b: Broker) -> None:
+        try:
+            sem = TokenSemaphore(b, name, first_use=True, permits=permits)
+            lease = sem.acquire(timeout=BOUND + ALLOWANCE)
+            if lease is None:
+                return
+            with lock:
+                held[0] += 1
+                held[1] = max(held[1], held[0])
+                got.append(time.monotonic() - started)
+            if whole:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    all_held.wait()
+            with lock:
+                held[0] -= 1
+            lease.release(wait=True)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in brokers]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(BOUND + ALLOWANCE + 30)
+    finally:
+        for b in brokers:
+            b.close()
+    assert not errors, errors
+    if whole:
+        assert held[1] == permits, f"at most {held[1]} held at once, want {permits}"
+        assert len(got) >= permits
+        assert max(got[:permits]) <= BOUND + ALLOWANCE
+    else:
+        assert 1 <= held[1] <= published, held
+        assert len(got) == permits + 1, "every waiter is granted in turn"
+    left = permits if whole else published
+    waiting.wait_until(
+        lambda: counts(cluster_broker, token_queue(name)) == (left, 0), 10, f"{left} tokens"
+    )
+
+
+def test_a_token_held_longer_than_the_period_is_not_taken(
+    cluster_broker: Broker, amqp_url: str, name: str
+) -> None:
+    """The safety side: a live holder keeps its token however long a waiter waits; the
+    waiter's samples count the holder, so it never deletes the queue."""
+    holder = Mutex(cluster_broker, name).acquire(timeout=10)
+    assert holder is not None
+    period = LOCK_DELAY + heal.HEAL_MARGIN + heal.HEAL_JITTER + heal.REGISTER_AFTER
+    with Broker(amqp_url, cluster=True, heartbeat=5.0, lock_delay=LOCK_DELAY) as other:
+        assert Mutex(other, name).acquire(timeout=period + 3) is None
+        assert not holder.lost.is_set()
+        wire = token_queue(quorum_mutex_name(name))
+        # still there, its token still held (the timed-out waiter's consumer goes a
+        # moment after its acquire returned)
+        waiting.wait_until(lambda: counts(cluster_broker, wire) == (0, 1), 10, "one holder")
+        holder.release(wait=True)
+        lease = Mutex(other, name).acquire(timeout=10)
+        assert lease is not None
+        lease.release(wait=True)
+
+
+def test_a_waiter_registers_and_withdraws(cluster_broker: Broker, name: str) -> None:
+    """A waiter consumes from the waiting queue after REGISTER_AFTER, and a grant
+    withdraws it before the holder is told: the holder never counts as a waiter."""
+    holder = Mutex(cluster_broker, name).acquire(timeout=10)
+    assert holder is not None
+    wire = quorum_mutex_name(name)
+    result: list[Any] = []
+    t = threading.Thread(
+        target=lambda: result.append(Mutex(cluster_broker, name).acquire(timeout=30))
+    )
+    t.start()
+    try:
+        waiting.wait_until(
+            lambda: _consumers(cluster_broker, token_waiting_queue(wire)) == 1,
+            10,
+            "registered",
+            0.05,
+        )
+    finally:
+        holder.release(wait=True)
+        t.join(30)
+    [lease] = result
+    assert lease is not None
+    # Granted: our registration was withdrawn before acquire returned.
+    assert _consumers(cluster_broker, token_waiting_queue(wire)) in (0, None)
+    lease.release(wait=True)
+
+
+def _consumers(broker: Broker, queue: str) -> int | None:
+    from amqp_locks.errors import QueueNotFound
+
+    async def go() -> int | None:
+        try:
+            return (await (await broker._core.session()).declare_passive_counts(queue))[1]
+        except QueueNotFound:
+            return None
+
+    return broker._core.run(go())
+
+
+def test_a_cut_creator_leaves_a_name_that_grants_again(
+    amqp_url: str, name: str, proxy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real cut: the creator's TCP connection is reset the moment its creation write is
+    on the socket (whatever prefix of it the broker handled); another client is granted
+    the name within the bound."""
+    from amqp_locks.transport import queue_ops
+
+    original = queue_ops._declare_and_publish
+    cut: list[str] = []
+
+    async def and_cut(ch: Any, queue: str, arguments: Any, messages: Any) -> None:
+        if cut:
+            return await original(ch, queue, arguments, messages)
+        creation = asyncio.ensure_future(original(ch, queue, arguments, messages))
+        for _ in range(100):  # until the frames are on the socket
+            await asyncio.sleep(0)
+            if ch.write_queue.empty():
+                break
+        cut.append(queue)
+        proxy.reset()
+        return await creation
+
+    creator = Broker(proxy.url(), cluster=True, heartbeat=5.0, lock_delay=LOCK_DELAY)
+    monkeypatch.setattr(queue_ops, "_declare_and_publish", and_cut)
+    try:
+        # The cut: a ConnectionLost, or a grant on the next connection (closed below).
+        with contextlib.suppress(Exception):
+            Mutex(creator, name).acquire(timeout=1.0)
+    finally:
+        monkeypatch.setattr(queue_ops, "_declare_and_publish", original)
+        creator.close(timeout=1)
+    assert cut == [token_queue(quorum_mutex_name(name))]
+    with Broker(amqp_url, cluster=True, heartbeat=5.0, lock_delay=LOCK_DELAY) as other:
+        started = time.monotonic()
+        lease = Mutex(other, name).acquire(timeout=BOUND + ALLOWANCE)
+        assert lease is not None, f"no grant in {time.monotonic() - started:.1f}s"
+        lease.release(wait=True)
+
+
+# --- read-write locks: the readers queue's R tokens and the writer queue's turn ----------
+
+
+def make_rwlock(broker: Broker, name: str, readers: int, published: int, turn: bool) -> None:
+    """A read-write lock whose creation was cut: the readers queue with `published` of its
+    `readers` tokens, the writer queue with (`turn`) or without its turn."""
+    from pamqp.commands import Basic
+
+    from amqp_locks.rwlock.admin import lock_arguments, readers_queue, writer_queue
+
+    def props(ident: str) -> Basic.Properties:
+        return Basic.Properties(delivery_mode=2, message_id=ident, app_id="amqp-locks")
+
+    async def go() -> None:
+        session = await broker._core.session()
+        quorum = broker._core.cluster
+        await session.declare_and_publish(
+            readers_queue(name),
+            {**lock_arguments(session, quorum, True), "x-max-length": stamps.new_stamp(readers)},
+            [(str(k).encode(), props(f"{name}#r{k}")) for k in range(1, published + 1)],
+        )
+        await session.declare_and_publish(
+            writer_queue(name),
+            {**lock_arguments(session, quorum, False), "x-max-length": stamps.new_stamp()},
+            [(str(readers).encode(), props(f"{name}#w"))] if turn else [],
+        )
+
+    broker._core.run(go())
+
+
+@pytest.mark.parametrize(
+    ("mode", "published", "turn"),
+    [("read", 0, True), ("write", 1, True), ("write", 3, False), ("read", 0, False)],
+    ids=["reader-no-tokens", "writer-1-of-3", "writer-no-turn", "reader-nothing"],
+)
+def test_a_read_write_lock_cut_at_creation_grants_again(
+    cluster_broker: Broker, name: str, mode: str, published: int, turn: bool
+) -> None:
+    """Issue 36 case 1, read-write lock: readers queue short of its R tokens or writer
+    queue without its turn. A reader (or writer) is granted within the bound; then a
+    writer and R readers both get their turn, and exactly R tokens and one turn are left."""
+    from amqp_locks import ReadWriteLock
+    from amqp_locks.rwlock.admin import readers_queue, writer_queue
+
+    make_rwlock(cluster_broker, name, 3, published, turn)
+    rw = ReadWriteLock(cluster_broker, name, readers=3)
+    half = rw.read_lock if mode == "read" else rw.write_lock
+    started = time.monotonic()
+    lease = half.acquire(timeout=BOUND + ALLOWANCE)
+    took = time.monotonic() - started
+    assert lease is not None, f"no {mode} grant in {took:.1f}s"
+    assert took >= LOCK_DELAY + heal.HEAL_MARGIN, f"healed after {took:.1f}s: too early"
+    lease.release(wait=True)
+    write = rw.write_lock.acquire(timeout=20)
+    assert write is not None
+    write.release(wait=True)
+    reads = [rw.read_lock.acquire(timeout=20) for _ in range(3)]
+    assert all(r is not None for r in reads)
+    for r in reads:
+        assert r is not None
+        r.release(wait=True)
+    waiting.wait_until(
+        lambda: counts(cluster_broker, readers_queue(name)) == (3, 0), 10, "exactly 3 tokens"
+    )
+    waiting.wait_until(
+        lambda: counts(cluster_broker, writer_queue(name)) == (1, 0), 10, "exactly one turn"
+    )
+
+
+def test_a_writer_waiting_on_a_long_read_does_not_replace_the_lock(
+    cluster_broker: Broker, amqp_url: str, name: str
+) -> None:
+    """Safety: a reader holds longer than the period while a writer holds the turn and
+    waits for that reader's token; the writer counts the reader as a holder and waits."""
+    from amqp_locks import ReadWriteLock
+
+    rw = ReadWriteLock(cluster_broker, name, readers=3)
+    read = rw.read_lock.acquire(timeout=10)
+    assert read is not None
+    period = LOCK_DELAY + heal.HEAL_MARGIN + heal.HEAL_JITTER + heal.REGISTER_AFTER
+    with Broker(amqp_url, cluster=True, heartbeat=5.0, lock_delay=LOCK_DELAY) as other:
+        assert ReadWriteLock(other, name, readers=3).write_lock.acquire(timeout=period + 3) is None
+        assert not read.lost.is_set()
+        read.release(wait=True)
+        write = ReadWriteLock(other, name, readers=3).write_lock.acquire(timeout=10)
+        assert write is not None
+        write.release(wait=True)
+
+
+def test_repair_replaces_a_first_use_queue_and_never_duplicates_a_held_token(
+    cluster_broker: Broker, name: str
+) -> None:
+    """`TokenAdmin.repair` of a first-use queue short of tokens replaces the queue (a
+    missing token that may still come back dies with it): with one of 2 permits held,
+    the holder is told (consumer cancelled) and the queue has exactly 2 tokens, never 3.
+    RabbitMQ 3.x would not tell the holder (heal.cancels_reach_holders): repair refuses."""
+    from amqp_locks import LockError, TokenAdmin
+
+    make_partial(cluster_broker, name, 2, 2)
+    sem = TokenSemaphore(cluster_broker, name, first_use=True, permits=2)
+    held = sem.acquire(timeout=10)
+    assert held is not None
+    if not _cancels_reach_holders(cluster_broker):
+        with pytest.raises(LockError, match="would not be told"):
+            TokenAdmin(cluster_broker, name).repair(timeout=1)
+        assert not held.lost.is_set()
+        held.release(wait=True)
+        return
+    audit = TokenAdmin(cluster_broker, name).repair(timeout=1)
+    assert len(audit.missing) == 1  # the held one did not come back
+    assert held.lost.wait(10), "the holder of the replaced queue must be told"
+    waiting.wait_until(
+        lambda: counts(cluster_broker, token_queue(name)) == (2, 0), 10, "exactly 2 tokens"
+    )
+
+
+def test_repair_of_a_set_up_queue_refuses_while_a_holder_may_hold_a_missing_id(
+    broker: Broker, name: str
+) -> None:
+    """A set-up queue's missing ids are re-published only while nobody consumes: with a
+    holder, a missing id may be the held one, and repair refuses (LockError)."""
+    from amqp_locks import LockError, TokenAdmin
+
+    TokenAdmin(broker, name).setup(1)
+    held = TokenSemaphore(broker, name).acquire(timeout=10)
+    assert held is not None
+    with pytest.raises(LockError, match="duplicate"):
+        TokenAdmin(broker, name).repair(timeout=0.5)
+    held.release(wait=True)
+    assert TokenAdmin(broker, name).audit(timeout=5).ok
+    TokenAdmin(broker, name).destroy()
+
+
+def test_many_waiters_sample_less_often_each() -> None:
+    """A name's waiters together take about SAMPLES_PER_SECOND samples a second, each at
+    least one every MAX_INTERVAL seconds (well inside the gap that breaks a run)."""
+    assert heal.sample_interval(0) == heal.SAMPLE_EVERY
+    assert heal.sample_interval(8) == 8 / heal.SAMPLES_PER_SECOND
+    assert heal.sample_interval(10_000) == heal.MAX_INTERVAL
+    assert heal.MAX_INTERVAL * 1.2 < heal.MAX_GAP

@@ -153,6 +153,7 @@ def test_ctl_runs_the_nodes_own_rabbitmqctl(node: devbroker.NodeInfo, broker: Br
 
 
 def test_ctl_on_a_node_that_is_not_running_exits_3(tmp_path: Path) -> None:
-    r = run_script("broker", "ctl", "--name", _unique("off"), "--base-dir", str(tmp_path),
-                   "list_queues")
+    r = run_script(
+        "broker", "ctl", "--name", _unique("off"), "--base-dir", str(tmp_path), "list_queues"
+    )
     assert r.returncode == 3 and "not running" in r.stderr

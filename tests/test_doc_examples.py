@@ -189,8 +189,13 @@ def test_example_runs(
     script = tmp_path / "example.py"
     script.write_text(block.code)
     proc = subprocess.run(
-        [_python(), str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=TIMEOUT, check=False,
+        [_python(), str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
     )
     assert proc.returncode == 0, f"{block.id} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     if block.output is not None:

@@ -32,7 +32,13 @@ from yarl import URL
 
 from amqp_locks import Broker, SemaphoreAdmin
 from amqp_locks.errors import AmqpLocksError, FenceMissing
-from amqp_locks.names import FENCE_SHARDS, fence_shard_index
+from amqp_locks.names import (
+    FENCE_SHARDS,
+    fence_generation,
+    fence_marker,
+    fence_shard_index,
+    fence_tombstone,
+)
 from amqp_locks.transport.session import Session
 from amqp_locks_dev import devbroker
 
@@ -74,6 +80,33 @@ def _shard_queues(node: devbroker.NodeInfo, k: int) -> dict[str, int]:
 
 def _counter_queues(node: devbroker.NodeInfo, k: int) -> list[str]:
     return sorted(q for q in _shard_queues(node, k) if q != f"amqp-locks-fence-{k:02d}")
+
+
+def _counters_below(url: str, k: int, top: int) -> list[str]:
+    """:func:`_counter_queues` without ``rabbitmqctl`` (seconds each on a loaded node): the
+    generations 0..`top` of shard `k` and their tombstones that exist, by passive declares
+    on one connection."""
+    names = [q for g in range(top + 1) for q in (fence_generation(k, g), fence_tombstone(k, g))]
+
+    async def go() -> list[str]:
+        conn = await aiormq.connect(url)
+        found = []
+        try:
+            for q in names:
+                ch = await conn.channel()
+                with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+                    await ch.queue_declare(q, passive=True)
+                    found.append(q)
+                    await ch.close()
+        finally:
+            await conn.close()
+        return found
+
+    return asyncio.run(go())
+
+
+def _generation_of(queue: str) -> int:
+    return int(re.findall(r"-g(\d+)", queue)[-1])
 
 
 def _delete(url: str, queues: list[str]) -> None:
@@ -268,14 +301,20 @@ def test_harness_repair_cut_after_each_frame(
     k = fence_shard_index(name)
     floor = 0
     n = 1
+    counters = _counter_queues(node, k)
     while True:
         with Broker(amqp_url) as b:
             floor = max(floor, _take(b, name), _take(b, name))
-        _delete(amqp_url, _counter_queues(node, k))  # an operator deletes the counter
+        # Each round makes a generation or two above the last: found by probes near it.
+        top = max((_generation_of(q) for q in counters), default=0) + 16
+        counters = _counters_below(amqp_url, k, top)
+        assert counters and max(map(_generation_of, counters)) < top - 4, (counters, top)
+        _delete(amqp_url, counters)  # an operator deletes the counter
         cut_proxy.count_frames()  # also lets new connections in after the last cut
         with Broker(cut_proxy.url(), heartbeat=10.0) as cut:
             _run(cut, _connected)
-            cut_proxy.cut_after(n, effects_only=True)
+            # The marker's hints are read by gets returned on close: reads, not cut points.
+            cut_proxy.cut_after(n, effects_only=True, reads=[fence_marker(k)])
             with contextlib.suppress(AmqpLocksError, ConnectionError, OSError, TimeoutError):
                 _run(cut, lambda s, f=floor: repair_fence(s, name, f))  # type: ignore[misc]
             uncut = not cut_proxy.fired

@@ -95,9 +95,7 @@ def test_no_fcntl_imports_the_package_and_names_the_missing_feature(tmp_path: ob
         "amqp://app:S3cretPw@mq:5672/,amqp://app:S3cretPw@mq:99999/",
     ],
 )
-def test_a_bad_url_never_shows_the_password(
-    url: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_bad_url_never_shows_the_password(url: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     with pytest.raises(ConfigurationError) as info:
         Broker(url)

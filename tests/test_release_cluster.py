@@ -101,9 +101,7 @@ def test_release_wait_hands_the_lock_to_a_waiter_on_another_node(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_close_right_after_release_hands_the_lock_on(
-    nodes: Nodes, name: str, kind: str
-) -> None:
+def test_close_right_after_release_hands_the_lock_on(nodes: Nodes, name: str, kind: str) -> None:
     """A process that releases and closes (exits): the waiter on another node is granted
     by the release itself, within the close, not when the cluster notices a lost
     connection."""

@@ -42,13 +42,17 @@ def coordinator(tooz_url: str) -> Iterator[Any]:
 
 def _child(tooz_url: str, body: str) -> subprocess.Popen[str]:
     """A separate process running a coordinator; prints READY when `body` has run."""
-    code = textwrap.dedent(
-        """
+    code = (
+        textwrap.dedent(
+            """
         import sys, time, tooz.coordination as c
         coord = c.get_coordinator(sys.argv[1], sys.argv[2].encode())
         coord.start()
         """
-    ) + textwrap.dedent(body) + "\nprint('READY', flush=True)\ntime.sleep(600)\n"
+        )
+        + textwrap.dedent(body)
+        + "\nprint('READY', flush=True)\ntime.sleep(600)\n"
+    )
     member = f"child-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, tooz_url, member],
@@ -105,9 +109,7 @@ def test_rabbit_scheme(amqp_url: str) -> None:
 def test_killed_member_vanishes(tooz_url: str, coordinator: Any) -> None:
     group = uuid.uuid4().hex.encode()
     coordinator.create_group(group).get()
-    child = _child(
-        tooz_url, f"coord.join_group({group!r}, {{'role': 'worker'}}).get()"
-    )
+    child = _child(tooz_url, f"coord.join_group({group!r}, {{'role': 'worker'}}).get()")
     member = child.member  # type: ignore[attr-defined]
     try:
         assert coordinator.get_members(group).get() == {member}

@@ -25,9 +25,7 @@ from .conftest import Worker, key, max_running, wait_until
 def cluster_worker(
     node: devbroker.NodeInfo, celery_home: Path, celery_app: Any
 ) -> Iterator[Worker]:
-    worker = Worker(
-        node.url, celery_home, "prefork", 4, env={"CELERY_TEST_LOCKS_CLUSTER": "1"}
-    )
+    worker = Worker(node.url, celery_home, "prefork", 4, env={"CELERY_TEST_LOCKS_CLUSTER": "1"})
     yield worker
     worker.stop()
 

@@ -44,9 +44,7 @@ def test_run_against_a_silent_broker_exits_69_whatever_wait_and_conflict_code_sa
     assert took < 8.0, f"{took:.1f}s"
 
 
-def test_admin_command_against_a_silent_broker_exits_69_not_75(
-    silent_url: str, name: str
-) -> None:
+def test_admin_command_against_a_silent_broker_exits_69_not_75(silent_url: str, name: str) -> None:
     """An admin mutex wait cut without a connection is not "another administrator"."""
     r = Cli(silent_url).run("semaphore", "create", name, "2", "--admin-timeout", "2")
     assert r.returncode == 69, (r.returncode, r.stderr)

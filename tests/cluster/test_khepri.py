@@ -130,8 +130,9 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     info = devcluster.start(cluster, 3, base)
     if kind == "khepri" and _khepri_state(info, 1) != "enabled":
         # 4.0.5's CLI calls experimental flags "opt-in"; enabling migrates Mnesia's data.
-        devbroker.rabbitmqctl(info.node(1), "enable_feature_flag", "--opt-in", "khepri_db",
-                              timeout=180)
+        devbroker.rabbitmqctl(
+            info.node(1), "enable_feature_flag", "--opt-in", "khepri_db", timeout=180
+        )
     want = "enabled" if kind == "khepri" else "disabled"
     for i in (1, 2, 3):
         state = _khepri_state(info, i)
@@ -208,7 +209,9 @@ def _cli_status(url: str, name: str) -> tuple[float, list[dict[str, Any]] | str]
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "amqp_locks.cli", "--url", url, "status", name, "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     took = time.monotonic() - started
     if proc.returncode != 0:
@@ -282,7 +285,8 @@ def test_lock_held_through_a_dead_node(store: Store, kind: str, trial: int, name
         session = b2._core._session
         wait_until(
             lambda: session is not None and any(w.ready for w in list(session.waiters)),
-            10, "the waiter to subscribe",
+            10,
+            "the waiter to subscribe",
         )
     before = k.summary(collect(b3, name))
     assert box == [], "the waiter was granted while the holder held"
@@ -349,7 +353,10 @@ def test_lock_held_through_a_dead_node(store: Store, kind: str, trial: int, name
         assert admin.holders() == [] and admin.max_slots() == 1
     RESULTS.append(
         {
-            "store": store.name, "kind": kind, "trial": trial, "lost_ms": lost_after * 1000,
+            "store": store.name,
+            "kind": kind,
+            "trial": trial,
+            "lost_ms": lost_after * 1000,
             "granted_ms": granted_after * 1000 if granted_after is not None else None,
             "restart_s": restart_s,
         }

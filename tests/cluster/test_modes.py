@@ -22,9 +22,7 @@ def _single(nodes: Nodes, index: int) -> Broker:
     return b
 
 
-def test_mutex_used_in_cluster_mode_is_refused_in_single_node_mode(
-    nodes: Nodes, name: str
-) -> None:
+def test_mutex_used_in_cluster_mode_is_refused_in_single_node_mode(nodes: Nodes, name: str) -> None:
     held = Mutex(nodes.broker(1), name).acquire(timeout=10)
     assert held is not None
     with _single(nodes, 2) as single, pytest.raises(ModeMismatch, match="cluster mode"):
@@ -89,8 +87,9 @@ def test_cluster_mode_permissions(nodes: Nodes, name: str) -> None:
             u.replace("guest:guest@", f"{user}:pw@").replace("/%2F", f"/{vhost}")
             for u in nodes.urls_from(1)
         ]
-        devbroker.rabbitmqctl(node, "set_permissions", "-p", vhost, user, f"^({locks})$",
-                              write, f"^({locks})$")
+        devbroker.rabbitmqctl(
+            node, "set_permissions", "-p", vhost, user, f"^({locks})$", write, f"^({locks})$"
+        )
         with pytest.raises(AccessRefused, match="quorum-guard"):
             Broker(urls).connect()
         devbroker.rabbitmqctl(node, "set_permissions", "-p", vhost, user, full, write, full)

@@ -64,8 +64,10 @@ def test_holder_on_a_node_without_majority_is_told(
     frozen.clear()
     b2 = nodes.broker(2)
     again = (
-        TokenSemaphore(b2, name) if kind == "token"
-        else Mutex(b2, name) if kind == "mutex"
+        TokenSemaphore(b2, name)
+        if kind == "token"
+        else Mutex(b2, name)
+        if kind == "mutex"
         else ReadWriteLock(b2, name).write_lock
     ).acquire(timeout=60)
     assert again is not None, "the lock was not granted again after the thaw"

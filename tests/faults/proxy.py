@@ -36,6 +36,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterable
 from typing import Literal
 
 Direction = Literal["both", "up", "down"]
@@ -71,6 +72,8 @@ class FaultProxy:
         self._up_frames = 0
         #: Count only frames with an effect (not pings, not probes): see cut_after.
         self._effects_only = False
+        #: Queues whose unacknowledged gets are reads (effects_only): see cut_after.
+        self._reads: frozenset[str] = frozenset()
         #: cut_after() fired: the client is dead, new connections are refused.
         self._refusing = False
         self._pairs: list[_Pair] = []
@@ -106,10 +109,15 @@ class FaultProxy:
             self._mute = "hold" if hold else "swallow"
             self._cond.notify_all()
 
-    def cut_after(self, frames: int, *, effects_only: bool = False) -> None:
+    def cut_after(
+        self, frames: int, *, effects_only: bool = False, reads: Iterable[str] = ()
+    ) -> None:
         """Forward the next `frames` frames clients send (heartbeats are not counted),
         then reset every proxied connection (RST both ways), as the death of the client
-        process would. Disarmed once it fired."""
+        process would. Disarmed once it fired. With `effects_only`, count only frames that
+        change the broker (:func:`_has_effect`); an unacknowledged ``basic.get`` on a queue
+        in `reads` is a read too (what it took is returned when the connection ends), for
+        queues whose messages are not counted by their returns."""
         if not self.amqp:
             raise RuntimeError("cut_after() needs FaultProxy(..., amqp=True)")
         if frames < 0:
@@ -119,6 +127,7 @@ class FaultProxy:
             self._up_frames = 0
             self._refusing = False
             self._effects_only = effects_only
+            self._reads = frozenset(reads)
 
     def count_frames(self, *, effects_only: bool = False) -> None:
         """Start counting the frames clients send (:attr:`frames_sent`) from zero."""
@@ -331,7 +340,7 @@ class FaultProxy:
             if heartbeat or frame.startswith(b"AMQP"):  # not counted: not the client's steps
                 out.append(frame)
                 continue
-            if self._effects_only and not _has_effect(frames, frame):
+            if self._effects_only and not _has_effect(frames, frame, self._reads):
                 out.append(frame)
                 continue
             with self._cond:
@@ -361,15 +370,35 @@ _FRAME_END = 0xCE
 
 _QOS = struct.pack("!HH", 60, 10)  # basic.qos: class 60, method 10
 _PUBLISH = struct.pack("!HH", 60, 40)  # basic.publish
+_DECLARE = struct.pack("!HH", 50, 10)  # queue.declare
+_GET = struct.pack("!HH", 60, 70)  # basic.get
+_NO_EFFECT = {
+    _QOS,
+    struct.pack("!HH", 85, 10),  # confirm.select
+    struct.pack("!HH", 20, 10),  # channel.open
+    struct.pack("!HH", 20, 40),  # channel.close
+    struct.pack("!HH", 20, 41),  # channel.close-ok
+}
 
 
-def _has_effect(frames: _Frames, frame: bytes) -> bool:
-    """For ``effects_only``: False for ``basic.qos`` and for every frame of an empty-body
+def _has_effect(frames: _Frames, frame: bytes, reads: frozenset[str] = frozenset()) -> bool:
+    """For ``effects_only``: False for frames that leave the broker's state as it was, so
+    a cut after them is the cut after the frame before (the same broker state, one more
+    run of the path): ``basic.qos``, ``confirm.select``, a channel's open and close, a
+    passive ``queue.declare`` (an existence probe), and every frame of an empty-body
     publish (a probe). A publish's method frame is never a cut point of its own (a
     publish cut before its content is dropped by the broker: the cut before it); its
     content header is, unless the body is empty."""
-    if frame[0] == 1 and frame[7:11] == _QOS:
+    if frame[0] == 1 and frame[7:11] in _NO_EFFECT:
         return False
+    if frame[0] == 1 and frame[7:11] == _DECLARE:
+        size = frame[13]  # queue.declare: reserved short, queue shortstr, then the bits
+        if frame[14 + size] & 1:  # passive
+            return False
+    if frame[0] == 1 and frame[7:11] == _GET and reads:
+        size = frame[13]  # basic.get: reserved short, queue shortstr, then no-ack
+        if frame[14 : 14 + size].decode(errors="replace") in reads and not frame[14 + size] & 1:
+            return False
     if frame[0] == 1 and frame[7:11] == _PUBLISH:
         frames.publish_pending = True
         return False

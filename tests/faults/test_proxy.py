@@ -195,3 +195,53 @@ def test_mute_with_hold_delivers_the_frames_late_on_heal(amqp_proxy: FaultProxy)
 def test_mute_needs_an_amqp_proxy(proxy: FaultProxy) -> None:
     with pytest.raises(RuntimeError):
         proxy.mute()
+
+
+def test_effects_only_counts_the_frames_that_change_the_broker() -> None:
+    """``cut_after(n, effects_only=True)``: a passive declare, a channel's open and close,
+    qos and confirm.select leave the broker as it was (a cut after them is the cut before
+    them); a real declaration, a get, a delete and a publish with a body do not."""
+    from pamqp import commands
+    from pamqp.frame import marshal
+
+    from .proxy import _Frames, _has_effect
+
+    def effect(*methods: object) -> list[bool]:
+        frames = _Frames()
+        return [_has_effect(frames, marshal(m, 1)) for m in methods]  # type: ignore[arg-type]
+
+    assert (
+        effect(
+            commands.Channel.Open(),
+            commands.Basic.Qos(prefetch_count=1),
+            commands.Confirm.Select(),
+            commands.Queue.Declare(queue="q", passive=True),
+            commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0),
+            commands.Channel.CloseOk(),
+        )
+        == [False] * 6
+    )
+    assert (
+        effect(
+            commands.Queue.Declare(queue="q", durable=True),
+            commands.Queue.Declare(queue="a-longer-queue-name", passive=False, nowait=True),
+            commands.Basic.Get(queue="q"),
+            commands.Queue.Delete(queue="q"),
+        )
+        == [True] * 4
+    )
+    reads = frozenset({"hints"})
+    frames = _Frames()
+    assert [
+        _has_effect(frames, marshal(m, 1), reads)
+        for m in (
+            commands.Basic.Get(queue="hints"),
+            commands.Basic.Get(queue="hints", no_ack=True),
+            commands.Basic.Get(queue="counter"),
+        )
+    ] == [False, True, True]
+    header = commands.Basic.Publish(exchange="", routing_key="q")
+    from pamqp.header import ContentHeader
+
+    assert effect(header, ContentHeader(body_size=3)) == [False, True]
+    assert effect(header, ContentHeader(body_size=0)) == [False, False]

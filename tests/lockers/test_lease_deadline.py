@@ -53,9 +53,7 @@ class TroubledLease(LeaseDatabaseLocker):
             super()._release()
 
 
-def _master(
-    locker: TroubledLease, **options: float
-) -> tuple[LockableService, dict[str, float]]:
+def _master(locker: TroubledLease, **options: float) -> tuple[LockableService, dict[str, float]]:
     seen: dict[str, float] = {}
     is_master = threading.Event()
 

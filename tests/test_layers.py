@@ -153,11 +153,7 @@ def test_no_import_runs_up(importer: str) -> None:
 
 #: The modules outside transport/ that may still import aiormq or pamqp. A module added here
 #: needs a reason; one that stops importing them must leave (the test says so).
-AMQP_CLIENT_IMPORTERS = {
-    "amqp_locks.fencing",  # the fence's frames and error types (its own issue)
-    "amqp_locks.queue_lease",  # the exclusive-queue grant and release on their channels
-    "amqp_locks.tokens.permit",  # a permit's release frames (send_together)
-}
+AMQP_CLIENT_IMPORTERS: set[str] = set()
 
 #: The modules outside transport/ that may still call AMQP methods on a channel themselves
 #: (the protocols' own steps on the channel that holds or waits for a lock).
@@ -185,20 +181,25 @@ def _above_transport() -> dict[str, ast.Module]:
     }
 
 
+def _imports_amqp_client(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+            if node.level:  # relative: transport's compatibility module is the client's too
+                names = [n for n in names if n.split(".")[-1] == "aiormq_compat"]
+        else:
+            continue
+        if any(n.split(".")[0] in {"aiormq", "pamqp"} or "aiormq_compat" in n for n in names):
+            return True
+    return False
+
+
 def amqp_client_importers() -> set[str]:
-    """The modules outside transport/ that import aiormq or pamqp (type-only included)."""
-    found = set()
-    for module, tree in _above_transport().items():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                names = [node.module or ""]
-            else:
-                continue
-            if any(n.split(".")[0] in {"aiormq", "pamqp"} for n in names):
-                found.add(module)
-    return found
+    """The modules outside transport/ that import aiormq or pamqp (type-only included), or
+    transport's aiormq compatibility module."""
+    return {module for module, tree in _above_transport().items() if _imports_amqp_client(tree)}
 
 
 def raw_channel_callers() -> dict[str, int]:
@@ -219,7 +220,13 @@ def raw_channel_callers() -> dict[str, int]:
 
 def test_the_checks_see_imports_and_calls() -> None:
     assert "basic_get" in AMQP_METHODS and "exchange_bind" in AMQP_METHODS
-    assert "amqp_locks.fencing" in amqp_client_importers()  # `import aiormq.exceptions`
+    for source in (
+        "import aiormq.exceptions",
+        "from pamqp.commands import Basic",
+        "from ..transport.aiormq_compat import send_together",
+    ):
+        assert _imports_amqp_client(ast.parse(source)), source
+    assert not _imports_amqp_client(ast.parse("from ..transport.wire import Basic"))
     assert raw_channel_callers()["amqp_locks.fencing"] >= 1
 
 

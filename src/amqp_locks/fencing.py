@@ -116,12 +116,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiormq.exceptions
-from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
-from pamqp.body import ContentBody
-from pamqp.commands import Basic, Queue
-from pamqp.header import ContentHeader
-
 from .errors import (
     AmqpLocksError,
     FenceMissing,
@@ -150,6 +144,19 @@ from .transport.features import (
 from .transport.queue_ops import _bulk_probe as bulk_probe
 from .transport.session import Session
 from .transport.shield import close_quietly
+from .transport.wire import (
+    AbstractChannel,
+    AMQPError,
+    Basic,
+    ChannelFrame,
+    ChannelNotFoundEntity,
+    ContentBody,
+    ContentHeader,
+    DeliveredMessage,
+    DeliveryError,
+    PublishError,
+    Queue,
+)
 
 log = logging.getLogger("amqp_locks.fencing")
 
@@ -343,7 +350,7 @@ async def _look_get(session: Session, k: int, g: int) -> _Look:
         await asyncio.sleep(0)  # the probes are written before the get (bulk_probe's first step)
         try:
             message = await ch.basic_get(queue, no_ack=False)
-        except aiormq.exceptions.ChannelNotFoundEntity:
+        except ChannelNotFoundEntity:
             look.missing = True
             message = None
         found = await asyncio.gather(probes, return_exceptions=True)
@@ -374,7 +381,7 @@ async def _look_pushed(session: Session, k: int, g: int, wait: float, probed: bo
     async with _Pushed(session, queue) as pushed:
         try:
             await pushed.start()
-        except aiormq.exceptions.ChannelNotFoundEntity:
+        except ChannelNotFoundEntity:
             look.missing = True
             return look
         message = await pushed.first(wait)
@@ -710,7 +717,7 @@ async def _read_hint(session: Session, k: int) -> int | None:
                 text = message.body.decode(errors="replace")
                 if text.isdigit():
                     seen.append(int(text))
-        except aiormq.exceptions.AMQPError:
+        except AMQPError:
             return None  # missing (404), or another's stand-in (405)
         finally:
             with contextlib.suppress(Exception):
@@ -748,7 +755,7 @@ async def _read_hint_pushed(session: Session, marker: str) -> int | None:
                 break
             arrived.clear()
             wait = min(HINT_QUIET, deadline - time.monotonic())
-    except aiormq.exceptions.AMQPError:
+    except AMQPError:
         return None  # missing (404), or another's stand-in (405)
     finally:
         with contextlib.suppress(Exception):
@@ -766,7 +773,7 @@ async def _ensure_marker(session: Session, k: int) -> None:
 async def _hint(session: Session, k: int, g: int) -> None:
     """Leave `g` in the marker for clients that look for the shard's generation (best
     effort: a lost hint costs a later client a wider search)."""
-    with contextlib.suppress(AmqpLocksError, aiormq.exceptions.AMQPError):
+    with contextlib.suppress(AmqpLocksError, AMQPError):
         await session.publish("", fence_marker(k), str(g).encode(), persistent=True)
 
 
@@ -840,7 +847,7 @@ async def _write_creation(
     except (QueueNotFound, PreconditionFailed, ResourceLocked) as exc:
         log.debug("fence generation %r not made: %s", queue, exc)
         return False
-    except (aiormq.exceptions.PublishError, aiormq.exceptions.DeliveryError) as exc:
+    except (PublishError, DeliveryError) as exc:
         log.debug("fence generation %r: counter not taken: %s", queue, exc)
         return False
     log.info("made fence generation %r", queue)
@@ -1121,7 +1128,7 @@ async def _take_from(session: Session, name: str, queue: str, timeout: float) ->
             return count + 1
         except _RuleChanged:
             await _rebase(session, queue, timeout)
-        except (QueueNotFound, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+        except (QueueNotFound, AMQPError, ConnectionError) as exc:
             # Typed, so a waiter's reconnect logic sees a ConnectionLost.
             err = exc if isinstance(exc, QueueNotFound) else channel_error(exc, queue)
             if err is exc:
@@ -1186,7 +1193,7 @@ async def _renew(session: Session, queue: str, timeout: float) -> int | None:
         token = await _replace(session, queue, min(timeout, RENEW_WAIT), renewed)
     except TimeoutError:
         return None
-    except (aiormq.exceptions.AMQPError, ConnectionError) as exc:
+    except (AMQPError, ConnectionError) as exc:
         log.debug("fence %r not renewed (%s): the earlier take's token stands", queue, exc)
         return None
     if token is not None:

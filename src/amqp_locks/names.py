@@ -15,7 +15,7 @@ how an operator administers those token semaphores.) Anything else is refused wi
 **The mapping.** Every queue of lock key ``K`` (the user's name, or one of the compound
 keys above) is ``base(K) + suffix`` with a suffix from :data:`QUEUE_SUFFIXES`. The base is
 ``K`` itself when ``K`` is *readable*: only characters every AMQP client accepts in a
-queue name (:data:`SAFE_CHARS`, pamqp's queue-name domain), short enough
+queue name (:data:`SAFE_CHARS`, the AMQP client's queue-name domain), short enough
 (:data:`READABLE_MAX`, 239 bytes, for the general queues; :data:`TOKEN_READABLE_MAX` and
 :data:`RWLOCK_READABLE_MAX`, 97 and 92, for the queues made by a stamped test-and-set,
 whose 406 refusal must keep the stamp: :data:`REFUSAL_OVERHEAD`), not ending with a
@@ -60,15 +60,15 @@ from typing import Literal
 from .errors import ConfigurationError, InvalidName
 
 MAX_QUEUE_NAME_BYTES = 255
-#: pamqp (and the AMQP 0-9-1 spec's grammar) refuse exchange names longer than this.
+#: The AMQP client (and the AMQP 0-9-1 spec's grammar) refuse exchange names longer than this.
 MAX_EXCHANGE_NAME_CHARS = 127
 #: The largest slot number whose queue names we promise to fit (`N-9999999-A`).
 MAX_SLOT_DIGITS = 7
 #: The longest lock name, in characters (of any size: a longer one is hashed anyway).
 MAX_NAME_CHARS = 255
 
-#: The characters every AMQP client accepts in a queue or exchange name (pamqp's
-#: ``queue-name`` domain: ``^[a-zA-Z0-9-_.:@#,/+ ]*$``).
+#: The characters every AMQP client accepts in a queue or exchange name (the
+#: AMQP client's ``queue-name`` domain: ``^[a-zA-Z0-9-_.:@#,/+ ]*$``).
 SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:@#,/+ ")
 
 #: Suffixes of the queues no test-and-set declares (names of up to 239 bytes stay readable).

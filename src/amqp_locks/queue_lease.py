@@ -17,15 +17,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiormq.abc import AbstractChannel, DeliveredMessage
-from pamqp.commands import Basic
-
 from .errors import AmqpLocksError, ConnectionLost, LeaseReleased, QueueNotFound, ResourceLocked
 from .held import HeldState
 from .transport.errors import channel_error
 from .transport.features import helper_queue
 from .transport.shield import close_quietly
 from .transport.wakeups import HOLDER_PRIORITY
+from .transport.wire import AbstractChannel, Basic, DeliveredMessage
 
 log = logging.getLogger("amqp_locks.lease")
 

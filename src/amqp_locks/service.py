@@ -48,8 +48,6 @@ class State(enum.Enum):
     MASTER = "master"
 
 
-
-
 class KeepAlivePolicy(Protocol):
     def on_error(self, locker: Locker, exc: BaseException) -> bool:
         """An exception escaped `keep_alive()`: True keeps mastership, False demotes."""

@@ -1,5 +1,5 @@
 """What the once claim needs from py-amqp (kombu's ``pyamqp`` transport) beyond its
-documented API, in one place (as transport/aiormq_compat.py does for aiormq).
+documented API, in one place (as transport/ does for the locks' own AMQP client).
 
 A claim sent on the producer's own connection (celery/once.py, :func:`claim_on`) must be
 on the socket before Celery builds the message, and its answer read after: one round

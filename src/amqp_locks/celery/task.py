@@ -323,8 +323,7 @@ class Singleton(Task[..., Any]):
             return self._wait_or_try(lock, wait)
         except LockShapeMismatch as exc:  # another count (or lock delay): says which
             raise LockShapeMismatch(
-                f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker must "
-                "agree",
+                f"{self.name}: lock_limit is {self.lock_limit}, but {exc}; every worker must agree",
                 exc.queue,
                 held=exc.held,
                 wanted=exc.wanted,

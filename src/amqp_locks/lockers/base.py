@@ -22,10 +22,6 @@ log = logging.getLogger("amqp_locks.lockers")
 DEFAULT_LOCK_ACQUIRE_SLEEP_INTERVAL = 10.0
 
 
-
-
-
-
 class Locker(ABC):
     """Base of every locker: the waiting loop, stop/interrupt, and the fencing token."""
 

@@ -264,7 +264,8 @@ class TokenAdminCore:
             await fresh.create(session, self.name, ledger.permits, ledger.quorum)
             log.warning(
                 "replaced first-use token queue %r, which lacked permits %s",
-                queue, result.missing,
+                queue,
+                result.missing,
             )
             return result
         if consumers:

@@ -8,14 +8,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiormq.abc import AbstractChannel, DeliveredMessage
-from pamqp.commands import Basic
-
 from ..errors import LeaseReleased
 from ..held import HeldState, release_barrier
 from ..names import token_queue
-from ..transport.aiormq_compat import forget_consumer, publish_frames, send_together
 from ..transport.shield import close_quietly
+from ..transport.wire import (
+    AbstractChannel,
+    Basic,
+    DeliveredMessage,
+    forget_consumer,
+    publish_frames,
+    send_together,
+)
 from .fencing import Carry
 from .message import carrying
 

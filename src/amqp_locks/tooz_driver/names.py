@@ -26,7 +26,7 @@ def encode_id(ident: bytes | str) -> str:
     """The queue-name form of a tooz id (group, member or lock name): the id when it is
     plain, else ``+`` and its hex (up to 50 bytes), else ``#`` and its SHA-256. Only
     characters every AMQP client accepts in a queue name (``~`` is not one: releases
-    before 0.3 used it, and pamqp refused every such id)."""
+    before 0.3 used it, and the AMQP client refused every such id)."""
     raw = as_bytes(ident)
     if _SAFE.fullmatch(raw):
         return raw.decode("ascii")

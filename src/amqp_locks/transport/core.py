@@ -219,8 +219,7 @@ class BrokerCore:
             self._next = (index + 1) % count
             return session
         raise ClusterUnreachable(
-            "no broker node reachable: "
-            + "; ".join(f"{censor(u)}: {e}" for u, e in failures),
+            "no broker node reachable: " + "; ".join(f"{censor(u)}: {e}" for u, e in failures),
             [(censor(u), e) for u, e in failures],
         )
 
@@ -346,7 +345,11 @@ class BrokerCore:
             if not fut.done():
                 log.warning(
                     "release of %s %s of %r not answered within %.0f s: it goes on in the "
-                    "background", state.kind, state.number, state.name, RELEASE_HANDOFF,
+                    "background",
+                    state.kind,
+                    state.number,
+                    state.name,
+                    RELEASE_HANDOFF,
                 )
                 return
         self.wait(fut)
@@ -366,8 +369,11 @@ class BrokerCore:
             fut.result(timeout=RELEASE_HANDOFF)
         except concurrent.futures.TimeoutError:
             log.warning(
-                "release of %s %s of %r not confirmed within %.0f s: it goes on in the "
-                "background", state.kind, state.number, state.name, RELEASE_HANDOFF,
+                "release of %s %s of %r not confirmed within %.0f s: it goes on in the background",
+                state.kind,
+                state.number,
+                state.name,
+                RELEASE_HANDOFF,
             )
         except ReleaseUnconfirmed as exc:
             log.warning("%s", exc)

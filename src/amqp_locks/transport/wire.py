@@ -8,8 +8,27 @@ keeps it so, but for the few modules it lists) and a change of client is a chang
 
 from __future__ import annotations
 
-from aiormq.abc import AbstractChannel, DeliveredMessage
-from aiormq.exceptions import AMQPError
-from pamqp.commands import Basic
+from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
+from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError, PublishError
+from pamqp.body import ContentBody
+from pamqp.commands import Basic, Queue
+from pamqp.header import ContentHeader
 
-__all__ = ["AMQPError", "AbstractChannel", "Basic", "DeliveredMessage"]
+from .aiormq_compat import forget_consumer, publish_frames, send_together
+
+__all__ = [
+    "AMQPError",
+    "AbstractChannel",
+    "Basic",
+    "ChannelFrame",
+    "ChannelNotFoundEntity",
+    "ContentBody",
+    "ContentHeader",
+    "DeliveredMessage",
+    "DeliveryError",
+    "PublishError",
+    "Queue",
+    "forget_consumer",
+    "publish_frames",
+    "send_together",
+]

@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from amqp_locks import (
     SemaphoreAdmin,
     TokenSemaphore,
 )
-from amqp_locks.names import quorum_mutex_name, slots_name
+from amqp_locks.names import quorum_mutex_name, slots_name, token_queue
 
 from .cluster import conftest as cluster_fixtures
 from .cluster.conftest import Nodes, wait_until
@@ -47,6 +48,15 @@ pytestmark = pytest.mark.timeout(240)
 HANDOFF = 2.0
 QUORUM_TIMEOUT = 3.0  # the holder's, for the cut-off test
 SLACK = 3.0  # scheduling on a loaded 2-core machine
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of process `pid` is stopped (SIGSTOP: state T)."""
+    states = [
+        (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        for task in Path(f"/proc/{pid}/task").iterdir()
+    ]
+    return all(state in "Tt" for state in states)
 
 
 def _setup(kind: str, broker: Broker, name: str) -> None:
@@ -131,9 +141,21 @@ def test_release_wait_raises_on_a_node_cut_off_from_the_majority(
     _setup(kind, b1, name)
     held = lock_of(b1, kind, name).acquire(timeout=30)
     assert held is not None
+    # A quorum queue declared while node 1 still counted a just-thawed node as down (the
+    # test before froze them) gets replicas only on the nodes then running: with node 1
+    # alone, it commits without nodes 2 and 3 (CI, 4.3.6: the release was confirmed).
+    queue = token_queue(quorum_mutex_name(name) if kind == "mutex" else name)
+    assert nodes.members(queue) == ({1, 2, 3}, {1, 2, 3}), (
+        f"{queue!r} was not made on all three nodes (members, online): {nodes.members(queue)}"
+    )
     for index in (2, 3):
         os.kill(nodes.pid(index), signal.SIGSTOP)
         frozen.append(index)
+    for index in (2, 3):  # the premise: both Erlang VMs really stopped
+        pid = nodes.pid(index)
+        node = nodes.info.node(index).node.split("@")[0].encode()
+        assert node in Path(f"/proc/{pid}/environ").read_bytes(), (index, pid)
+        wait_until(lambda p=pid: _stopped(p), 10, f"node {index} (pid {pid}) stopped")  # type: ignore[misc]
     began = time.monotonic()
     with pytest.raises(ReleaseUnconfirmed):
         held.release(wait=True)

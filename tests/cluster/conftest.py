@@ -7,6 +7,7 @@ runs again (a failed test may have left one down).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -95,6 +96,30 @@ class Nodes:
 
     def restart(self, index: int) -> None:
         devcluster.start_node(CLUSTER, index, _base_dir())
+
+    def members(self, queue: str, index: int = 1) -> tuple[set[int], set[int]]:
+        """(the nodes holding a replica of quorum `queue`, those of them online), as node
+        `index` sees them."""
+        out = devbroker.rabbitmqctl(
+            self.info.node(index),
+            "list_queues",
+            "-q",
+            "name",
+            "members",
+            "online",
+            "--formatter",
+            "json",
+        )
+        for row in json.loads(out):
+            if row["name"] == queue:
+                held = {str(m) for m in row["members"]}
+                online = {str(m) for m in row["online"]}
+                size = len(self.info.urls)
+                return (
+                    {i for i in range(1, size + 1) if self.info.node(i).node in held},
+                    {i for i in range(1, size + 1) if self.info.node(i).node in online},
+                )
+        raise AssertionError(f"queue {queue!r} not found")
 
     def pid(self, index: int) -> int:
         """The operating-system process id of node `index` (its Erlang VM)."""

@@ -500,3 +500,23 @@ def test_leaving_a_with_block_is_seen_by_the_next_reader(
                 assert held(reader)
             seen.append(held(reader))
         assert seen == [False] * 20
+
+
+@pytest.mark.parametrize("kind", ["token-nofence", "token"])
+def test_release_wait_raises_when_the_broker_refuses_the_release(
+    kind: str, brokers: Callable[..., Broker], name: str
+) -> None:
+    """The connection stays up but the broker refuses the release's own step (here its
+    delivery was settled behind the library's back, so the reject or ack names an unknown
+    delivery tag and the broker closes the holder's channel, 406): nothing confirmed it,
+    so wait=True raises instead of returning as if the lock were handed on."""
+    spec = KINDS[IDS.index(kind)]
+    broker = brokers()
+    spec.setup(broker, name)
+    held = spec.held(broker, name).acquire(timeout=10)
+    assert held is not None
+    state: Any = held._state
+    broker._core.run(state.channel.basic_ack(state.delivery_tag))
+    with pytest.raises(ReleaseUnconfirmed, match="not confirmed"):
+        held.release(wait=True)
+    assert broker._core.run(broker._core.session()).alive  # the connection was not the cause

@@ -129,12 +129,17 @@ class PermitState(HeldState):
                 await release_barrier(ch)
         except Exception as exc:
             log.debug("polite release failed (%s); closing the channel returns the token", exc)
-            if self.confirm_wanted:  # the close is the release: its close-ok confirms it
+            if self.confirm_wanted:
                 await close_quietly(ch)
             else:
                 self.session.spawn(close_quietly(ch))
             if not self.session.alive:
                 self.release_failure = f"the connection ended during it ({exc})"
+            elif self.confirm_wanted:
+                # The channel failed (a refusal closes it): what its end gives back is the
+                # broker's to finish, and no answer of ours says it did (on a quorum queue,
+                # not even a majority's). wait=True promised a confirmation: say there was none.
+                self.release_failure = f"its channel failed during it ({exc})"
         else:
             # Without a commit nothing is awaited: the broker handles the cancel and the
             # reject before anything the next holder of this channel sends.

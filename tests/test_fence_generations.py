@@ -60,10 +60,15 @@ def _shard_queues(node: devbroker.NodeInfo, k: int) -> dict[str, int]:
     pattern = re.compile(
         rf"^(amqp-locks-shard-{k:02d}-fence|amqp-locks-fence-{k:02d}(-g\d+(-done)?)?)$"
     )
-    names = [n.strip() for n in out.splitlines() if pattern.match(n.strip())]
+    return _existing(node.url, [n.strip() for n in out.splitlines() if pattern.match(n.strip())])
+
+
+def _existing(url: str, names: list[str]) -> dict[str, int]:
+    """Those of `names` that exist -> their ready messages, by passive declares on one
+    connection."""
 
     async def counts() -> dict[str, int]:
-        conn = await aiormq.connect(node.url)
+        conn = await aiormq.connect(url)
         found = {}
         try:
             for q in names:
@@ -71,6 +76,7 @@ def _shard_queues(node: devbroker.NodeInfo, k: int) -> dict[str, int]:
                 with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
                     ok = await ch.queue_declare(q, passive=True)
                     found[q] = int(ok.message_count or 0)
+                    await ch.close()
         finally:
             await conn.close()
         return found
@@ -87,22 +93,7 @@ def _counters_below(url: str, k: int, top: int) -> list[str]:
     generations 0..`top` of shard `k` and their tombstones that exist, by passive declares
     on one connection."""
     names = [q for g in range(top + 1) for q in (fence_generation(k, g), fence_tombstone(k, g))]
-
-    async def go() -> list[str]:
-        conn = await aiormq.connect(url)
-        found = []
-        try:
-            for q in names:
-                ch = await conn.channel()
-                with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
-                    await ch.queue_declare(q, passive=True)
-                    found.append(q)
-                    await ch.close()
-        finally:
-            await conn.close()
-        return found
-
-    return asyncio.run(go())
+    return list(_existing(url, names))
 
 
 def _generation_of(queue: str) -> int:

@@ -116,9 +116,10 @@ class BrokerCore:
         self.ssl_context = ssl_context
         self.heartbeat = float(heartbeat)
         # The broker declares us dead after two heartbeat periods of silence at the
-        # earliest (it checks every period, needs two checks without data). One period of
-        # silence from the broker (which sends every half period) is two missed frames:
-        # we give up first, with a full period of margin.
+        # earliest (it checks every period, needs two checks without data). We give up
+        # after one period with no answer: the watchdog's pings (session.py) are answered
+        # several times a period, so one period of silence is several missed replies, and
+        # we give up first with a full period of margin.
         self.loss_timeout = float(loss_timeout if loss_timeout is not None else heartbeat)
         if self.loss_timeout <= 0:
             raise ConfigurationError(f"loss_timeout must be > 0, got {loss_timeout}")

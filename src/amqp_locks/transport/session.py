@@ -44,6 +44,14 @@ CLOSED_BY_CLIENT = "closed by the client"
 #: The watchdog asks the broker for a reply this many times per ``loss_timeout``.
 PINGS_PER_LOSS_TIMEOUT = 4
 
+#: Silence from the broker, in heartbeat periods, taken for a loss while it blocks us (a
+#: resource alarm). Idle, RabbitMQ sends a heartbeat every full period, not every half
+#: (rabbit_heartbeat.erl: it checks every half period and counts its own heartbeat as
+#: traffic), so one period of silence is normal then: CI on 3.10.8 saw 1.0x s and gave up
+#: a held lock. The broker drops us no sooner than 2 periods after the last frame it read
+#: (3 after it resumes reading), so 1.5 keeps half a period of margin.
+BLOCKED_SILENCE = 1.5
+
 #: Seconds a connection given up waits for its test-and-set creations before its socket
 #: is aborted (Session.drop).
 CREATE_SETTLE = 5.0
@@ -196,12 +204,15 @@ class Session(QueueOps):
         while self.alive:
             await asyncio.sleep(step)
             now = time.monotonic()
+            silence_limit = self.loss_timeout
             if self._blocked():
                 # A resource alarm: the broker stops reading us and pauses its own
-                # heartbeat timeout for us, so an unanswered ping means nothing yet.
+                # heartbeat timeout for us, so an unanswered ping means nothing yet, and
+                # its heartbeats are all we hear.
                 self.heard_at = now
+                silence_limit = max(self.loss_timeout, BLOCKED_SILENCE * self.heartbeat)
             silent, unheard = now - self.last_rx, now - self.heard_at
-            if silent > self.loss_timeout:
+            if silent > silence_limit:
                 reason = f"no frame from the broker for {silent:.1f}s (missed heartbeats)"
             elif unheard > self.loss_timeout:
                 reason = (

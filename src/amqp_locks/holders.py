@@ -190,19 +190,27 @@ async def with_records(
 
 async def read_locked(core: BrokerCore, read: StatusReader, name: str) -> bool:
     """Whether anyone holds `name` by the kind's own read (no holder queries)."""
-    reading = await read(core, name)
-    return reading is not None and reading.status.held > 0
+
+    async def attempt() -> bool:
+        reading = await read(core, name)
+        return reading is not None and reading.status.held > 0
+
+    return await core.read(attempt)
 
 
 async def read_holders(
     core: BrokerCore, read: StatusReader, name: str, timeout: float = HOLDER_TIMEOUT
 ) -> list[HolderRecord]:
     """The records of `name`'s holders by the kind's own read (empty when free)."""
-    reading = await read(core, name)
-    if reading is None:
-        return []
-    [st] = await with_records(await core.session(), [reading], timeout)
-    return list(st.records)
+
+    async def attempt() -> list[HolderRecord]:
+        reading = await read(core, name)
+        if reading is None:
+            return []
+        [st] = await with_records(await core.session(), [reading], timeout)
+        return list(st.records)
+
+    return await core.read(attempt)
 
 
 T = TypeVar("T")

@@ -49,6 +49,12 @@ async def read_lock_status(
     name = validate_name(name, admin=True)
     if timeout < 0:
         raise ConfigurationError(f"timeout must be >= 0 seconds, got {timeout}")
+    return await core.read(lambda: _read(core, name, kinds, records, timeout))
+
+
+async def _read(
+    core: BrokerCore, name: str, kinds: Sequence[Kind], records: bool, timeout: float
+) -> list[LockStatus]:
     readings: list[Reading] = []
     for kind in CLUSTER_ORDER if core.cluster else ALL_KINDS:
         reading = await READERS[kind](core, name) if kind in kinds else None

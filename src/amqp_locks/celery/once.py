@@ -230,7 +230,7 @@ def busy(broker: Broker, name: str) -> bool:
     async def go() -> bool:
         return await exchange_exists(await _session(broker), exchange)
 
-    return broker._core.run(go())
+    return broker._core.run(broker._core.read(go))
 
 
 def forget(broker: Broker, name: str, task_id: str | None = None, force: bool = False) -> bool:

@@ -15,7 +15,7 @@ import os
 import ssl
 import threading
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from yarl import URL
@@ -296,6 +296,20 @@ class BrokerCore:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the I/O loop and wait for it (the sync facade's one entry point)."""
         return self.wait(self.submit(coro))
+
+    async def read(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """A read that changes nothing on the broker (status, holders, a Celery key),
+        tried once more on a new connection when the connection is lost under it. In a
+        cluster a node's death drops the connections through it, and the quorum guard
+        drops one whose probe queue's leader died while a new one is elected (seen in CI,
+        4.3.6 under load: a status read on a surviving node failed 5 s after another node
+        was killed); a read has nothing to lose, so the caller need not see that."""
+        try:
+            return await attempt()
+        except ConnectionLost:
+            if self._closing or self._closed:
+                raise
+            return await attempt()
 
     # --- releases -----------------------------------------------------------------------
 

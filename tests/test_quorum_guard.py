@@ -146,6 +146,25 @@ def test_each_held_lock_needs_its_own_proof() -> None:
     assert guard.expired(109.2) is None and guard.held() == {"a.semaphore": 101.0}
 
 
+def test_held_locks_that_answer_prove_the_node_while_the_probes_stall() -> None:
+    """The probe queue's leader died (its node was killed): probes go unconfirmed until a
+    new leader is elected, which took over 5 s in CI on a loaded 4.3.6 cluster. A holder
+    whose locks' own leaders keep answering is not dropped for it; one holding nothing
+    has no other proof."""
+    clock = Clock()
+    guard, _ = _guard(ClusterTiming(10, 5, 10), clock)
+    guard.confirm(100.0)  # the last probe confirmed before the leader died
+    a = _hold("a.semaphore", 99.0)
+    guard.session.leases.append(a)
+    guard.lock_proofs["a.semaphore"] = 104.0
+    assert guard.expired(108.0) is None  # probes stale for 8 s, the lock proven at 104
+    reason = guard.expired(109.1)  # and once the lock's own proof is too old, it is told
+    assert reason is not None and "'a.semaphore'" in reason
+    a.released = True  # nothing held: only the probes prove the node
+    reason = guard.expired(105.1)
+    assert reason is not None and "no quorum-queue confirm" in reason
+
+
 def test_probe_queue_names_the_node() -> None:
     assert probe_queue("10.0.0.2", 5672) == "amqp-locks.quorum-guard.10.0.0.2:5672"
     # A host too long for a readable name is escaped (names.py): short, and still its own.

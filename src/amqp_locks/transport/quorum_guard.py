@@ -30,7 +30,10 @@ the argument (3.10-4.2) re-grant as soon as the majority notices the node is gon
 bound can beat; a WARNING says so when such a broker is connected.
 
 A session that has not had its first confirm yet counts from when it connected: any lock
-granted through it was committed by a majority after that moment.
+granted through it was committed by a majority after that moment. Each held lock is also
+checked on its own queue (:meth:`QuorumGuard._send_checks`), and a lock's grant or
+answered check proves the node as a probe does: a holder whose locks answer is not dropped
+while the probe queue elects a new leader.
 
 The probes go over a second connection to the same node, the guard's own (its
 :class:`Link` comes from `connect`): a channel the broker crashes on a quorum queue's leader
@@ -304,8 +307,15 @@ class QuorumGuard:
         """Why the session must be dropped at `now`, or None while the proof holds
         (`held`: :meth:`held`, when the caller has it)."""
         bound = self.timing.quorum_timeout
+        # The node's proof: the newest probe confirm, or any held lock's newer proof (a
+        # grant or an answered check is a majority commit too). So a holder whose locks
+        # all answer is not dropped while the probe queue elects a new leader after its
+        # leader's node died (the probes stall; the locks' own leaders answer).
+        node_proof = self.proof
         for queue, granted in (self.held() if held is None else held).items():
-            unproven = now - max(granted, self.lock_proofs.get(queue, granted))
+            proven = max(granted, self.lock_proofs.get(queue, granted))
+            node_proof = max(node_proof, proven)
+            unproven = now - proven
             if unproven > bound:
                 return (
                     f"no answer from the leader of lock queue {queue!r} to a check sent "
@@ -314,7 +324,7 @@ class QuorumGuard:
                     "majority on the other side), and the queue can grant our lock again "
                     f"{self.timing.lock_delay:g} s (lock_delay) after it notices"
                 )
-        unproven = now - self.proof
+        unproven = now - node_proof
         if unproven <= bound:
             return None
         return (

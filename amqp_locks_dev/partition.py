@@ -34,6 +34,7 @@ Needs root (namespaces, links, chroot). The nodes run ``devcluster``'s cluster s
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import functools
@@ -611,8 +612,16 @@ def partition_cluster(
 def _main() -> int:
     """``python -m amqp_locks_dev.partition [VERSION] [NET_TICKTIME]``: start a harness,
     cut, measure the majority's detection, heal, tear down; print the figures as JSON."""
-    version = sys.argv[1] if len(sys.argv) > 1 else None
-    tick = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    parser = argparse.ArgumentParser(
+        prog="python -m amqp_locks_dev.partition",
+        description="Start a private 3-node RabbitMQ cluster with node 1 in a network "
+        "namespace (root), cut it off silently, measure when node 2 sees it down, heal, "
+        "tear everything down; print the figures as JSON.",
+    )
+    parser.add_argument("version", nargs="?", choices=devbroker.VERSIONS, help="RabbitMQ line")
+    parser.add_argument("net_ticktime", nargs="?", type=int, default=10, help="seconds")
+    args = parser.parse_args()
+    version, tick = args.version, args.net_ticktime
     with partition_cluster(version, net_ticktime=tick) as pc:
         figures: dict[str, Any] = {
             "version": pc.version,

@@ -9,6 +9,7 @@ A broker never reached at all is still reported at once (a wrong URL).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -18,6 +19,9 @@ from amqp_locks.errors import BrokerUnreachable, ConnectionLost
 from amqp_locks.lease import Lease
 from amqp_locks.lockers import AmqpLocker
 from amqp_locks.service import LockableService, State
+
+from .. import waiting
+from ..faults.proxy import FaultProxy
 
 
 def test_standby_service_survives_an_outage_and_becomes_master(amqp_url: str) -> None:
@@ -57,14 +61,37 @@ def test_standby_service_survives_an_outage_and_becomes_master(amqp_url: str) ->
         locker.close()
 
 
-def test_a_broker_never_reached_is_reported(amqp_url: str) -> None:
-    with Broker(amqp_url, heartbeat=5) as broker:
+def test_a_broker_never_reached_is_reported() -> None:
+    """A wrong URL (nothing listens on port 1) is said at once, not waited out."""
+    with Broker("amqp://guest:guest@127.0.0.1:1/", heartbeat=5) as broker:
         locker = AmqpLocker(broker, "never", lock_acquire_sleep_interval=0.05)
-
-        def unreachable(blocking: bool = True, timeout: float | None = None) -> Lease | None:
-            raise BrokerUnreachable("connection refused")
-
-        locker._mutex.acquire = unreachable  # type: ignore[method-assign]
         with pytest.raises(BrokerUnreachable):
             locker.start()
+        locker.close()
+
+
+def test_the_first_contact_gets_the_connect_timeout(proxy: FaultProxy, name: str) -> None:
+    """A broker slow to accept (one side of a cluster mid-partition took over 1 s on
+    4.3.6) is not a wrong URL: the standby's first contact waits the Broker's connect
+    timeout, not the 1 s slice each acquire attempt gets (it raised BrokerUnreachable)."""
+    proxy.delay(0.4)  # every chunk, both ways: the handshake's round trips take ~3 s
+    with Broker(proxy.url(), heartbeat=5, connect_timeout=15) as broker:
+        locker = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
+        done = threading.Event()
+
+        def quick_once_connected() -> None:  # the acquire itself at full speed
+            waiting.wait_until(lambda: broker._core.connected or done.is_set(), 20, "connect")
+            proxy.delay(0.0)
+
+        thread = threading.Thread(target=quick_once_connected, daemon=True)
+        thread.start()
+        began = time.monotonic()
+        try:
+            locker.start()
+        finally:
+            done.set()
+            thread.join(20)
+        assert broker._core.connected and time.monotonic() - began > 1.0  # the premise
+        assert locker.lease is not None and not locker.lease.lost.is_set()
+        locker.stop()
         locker.close()

@@ -30,12 +30,19 @@ class AmqpLocker(Locker):
         # A crashed master publishes no notice: re-check at most every interval (<= 1 s).
         poll = min(1.0, self.lock_acquire_sleep_interval)
         self._mutex = Mutex(broker, name, backoff=Backoff(min(0.05, poll), poll))
+        self._core = broker._core
         self._lease: Lease | None = None
         self._reached = False  # whether an attempt ever got an answer from the broker
 
     def _try_acquire(self) -> bool:
         # Wait (pushed) up to a second per call, so `stop()` is noticed within a second.
         try:
+            if not self._reached:
+                # The first contact gets the Broker's own connect timeout, not the 1 s
+                # slice below: a node slow to accept (one side of a cluster mid-partition,
+                # measured on 4.3.6: over 1 s) is not a wrong URL.
+                self._core.run(self._core.session())
+                self._reached = True
             self._lease = self._mutex.acquire(timeout=min(1.0, self.lock_acquire_sleep_interval))
         except (BrokerUnreachable, ConnectionLost) as exc:
             if isinstance(exc, BrokerUnreachable) and not self._reached:
@@ -45,7 +52,6 @@ class AmqpLocker(Locker):
             log.warning("%r: broker unavailable while standing by: %s", self, exc)
             self._stopping.wait(self.lock_acquire_sleep_interval)
             return False
-        self._reached = True
         if self._lease is None:
             return False
         self.fencing_token = self._lease.fencing_token

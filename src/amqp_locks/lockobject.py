@@ -11,6 +11,7 @@ be shared by threads.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
@@ -105,6 +106,23 @@ class LockObject(ABC):
         check_wait(blocking, timeout)  # before any I/O
         state = self.broker._core.run(self._acquire(blocking, timeout))
         return None if state is None else Lease(state)
+
+    def acquire_later(
+        self, timeout: float | None = None
+    ) -> concurrent.futures.Future[Lease | None]:
+        """Start a blocking acquire and return at once: a future of its :class:`Lease`
+        (None after `timeout` seconds; default: wait for ever). For a caller that must
+        stay responsive while it waits (a standby checking for ``stop()``) without asking
+        the broker again each time it looks: one wait, one consumer, however long.
+        ``future.cancel()`` gives the wait up, undoing a grant that was being made; when
+        it returns False the wait had already ended: take its result and release it."""
+        check_timeout(timeout)
+
+        async def wait() -> Lease | None:
+            state = await self._acquire(True, timeout)
+            return None if state is None else Lease(state)
+
+        return self.broker._core.submit(wait())
 
     def _stack(self) -> list[Lease]:
         stack: list[Lease] | None = getattr(self._local, "leases", None)

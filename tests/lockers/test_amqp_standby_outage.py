@@ -11,11 +11,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 
 import pytest
 
 from amqp_locks import Broker
-from amqp_locks.errors import BrokerUnreachable, ConnectionLost
+from amqp_locks.errors import BrokerUnreachable, ConnectionLost, LockerStopped
 from amqp_locks.lease import Lease
 from amqp_locks.lockers import AmqpLocker
 from amqp_locks.service import LockableService, State
@@ -33,17 +34,19 @@ def test_standby_service_survives_an_outage_and_becomes_master(amqp_url: str) ->
             BrokerUnreachable("connection refused"),
             ConnectionLost("closed during the acquire"),
         ]
-        real = locker._mutex.acquire
+        real = locker._mutex.acquire_later
 
-        def acquire(blocking: bool = True, timeout: float | None = None) -> Lease | None:
+        def acquire_later(timeout: float | None = None) -> Future[Lease | None]:
             if not script:
-                return real(blocking, timeout)
-            step = script.pop(0)
-            if step is not None:
-                raise step
-            return None
+                return real(timeout)
+            step, fut = script.pop(0), Future[Lease | None]()
+            if step is None:
+                fut.set_result(None)  # a wait that ended without the lock
+            else:
+                fut.set_exception(step)
+            return fut
 
-        locker._mutex.acquire = acquire  # type: ignore[method-assign]
+        locker._mutex.acquire_later = acquire_later  # type: ignore[method-assign]
         master = threading.Event()
         service = LockableService(
             locker,
@@ -95,3 +98,66 @@ def test_the_first_contact_gets_the_connect_timeout(proxy: FaultProxy, name: str
         assert locker.lease is not None and not locker.lease.lost.is_set()
         locker.stop()
         locker.close()
+
+
+def test_a_standby_waits_once_not_once_per_attempt(amqp_url: str, name: str) -> None:
+    """A standby keeps one acquire waiting across its attempts (it still sees stop()
+    within a second): in cluster mode an acquire per second registered and cancelled a
+    quorum consumer each time, and a standby of such acquires was never granted after a
+    silent partition (4.3.6). Counted by the acquire calls started."""
+    from amqp_locks import events
+
+    started: list[str] = []
+    unsubscribe = events.subscribe(
+        lambda e: started.append(e.name) if e.type == "acquiring" and e.name == name else None
+    )
+    try:
+        with Broker(amqp_url, heartbeat=5) as broker:
+            master = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
+            master.start()
+            standby = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
+            thread = threading.Thread(target=standby.start, daemon=True)
+            thread.start()
+            waiting.wait_until(lambda: standby.attempts >= 3, 10, "three standby attempts")
+            assert len(started) == 2  # the master's acquire, and the standby's one wait
+            master.stop()
+            thread.join(10)
+            assert standby.held and standby.lease is not None
+            assert len(started) == 2
+            standby.stop()
+            standby.close()
+            master.close()
+    finally:
+        unsubscribe()
+
+
+def test_stopping_a_standby_ends_its_wait(amqp_url: str, name: str) -> None:
+    """stop() ends the standby's one wait: nothing stays queued for the lock (a later
+    release is not handed to a stopped standby), within a second."""
+    with Broker(amqp_url, heartbeat=5) as broker:
+        master = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
+        master.start()
+        standby = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                standby.start()
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        waiting.wait_until(lambda: standby.attempts >= 2, 10, "the standby waits")
+        stopped = time.monotonic()
+        standby.stop()
+        thread.join(5)
+        assert not thread.is_alive() and time.monotonic() - stopped < 2.0
+        assert errors and isinstance(errors[0], LockerStopped)
+        master.stop()  # released: nobody is left waiting, so the next one gets it at once
+        third = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
+        third.start()
+        assert third.held and not standby.held
+        third.stop()
+        for locker in (third, standby, master):
+            locker.close()

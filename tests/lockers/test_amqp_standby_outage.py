@@ -155,8 +155,8 @@ def test_stopping_a_standby_ends_its_wait(amqp_url: str, name: str) -> None:
         assert not thread.is_alive() and time.monotonic() - stopped < 2.0
         assert errors and isinstance(errors[0], LockerStopped)
         master.stop()  # released: nobody is left waiting, so the next one gets it at once
-        third = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
-        third.start()
+        third = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0, fail_if_locked=True)
+        third.start()  # LockedElsewhere if the stopped standby's wait had taken it
         assert third.held and not standby.held
         third.stop()
         for locker in (third, standby, master):

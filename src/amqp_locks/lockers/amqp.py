@@ -1,8 +1,9 @@
 """AMQP locker: the exclusive-queue mutex as a locker (master/standby over RabbitMQ).
 
-A standby waits *pushed*, not polled: `start()` blocks in `Mutex.acquire` with the release
-notices of the mutex, re-checking at most every `lock_acquire_sleep_interval` (a crashed
-master publishes nothing; the broker frees its queue at once or after missed heartbeats).
+A standby waits *pushed*, not polled: `start()` keeps one `Mutex.acquire_later()` wait
+for as long as it stands by (woken by the mutex's release notices; the mutex re-checks at
+most every `lock_acquire_sleep_interval`, since a crashed master publishes nothing), and
+looks for `stop()` every second meanwhile.
 The keep-alive is the lease not being lost, plus `verify()` (one round trip).
 
 A standby rides out a broker it cannot reach (a restart, a network fault) and keeps

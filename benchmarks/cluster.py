@@ -82,11 +82,45 @@ def handoff_reps(pair: list[Broker], kind: str, samples: int, reps: int) -> list
 
 def floors(url: str, samples: int, reps: int) -> dict[str, Any]:
     consume = take_floor(url, True, samples, reps, get=False)
+    get = take_floor(url, True, samples, reps)
     reject = handoff_floor(url, True, samples, reps)
     return {
         "consume_deliver_quorum": summarize_reps(asyncio.run(consume)),
+        "get_quorum": summarize_reps(asyncio.run(get)),
         "reject_deliver_quorum": summarize_reps(asyncio.run(reject)),
     }
+
+
+#: Issue 37's targets on a 3-node cluster: (our figure, its floor, at most this ratio).
+CLUSTER_TARGETS = (
+    ("acquire_mutex", "get_quorum", 1.5),
+    ("handoff_mutex", "reject_deliver_quorum", 2.0),
+)
+
+
+def target_table(results: dict[str, Any]) -> str:
+    """Issue 37's cluster targets: p50 (range over the repetitions) against the floor's."""
+    rows = [
+        "| 3-node cluster (p50 ms, reps low-high) | ours | floor | floor ms | ours / floor"
+        " | target | met? |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for ours_key, floor_key, target in CLUSTER_TARGETS:
+        if floor_key not in results["cluster_floors"]:
+            continue  # a results file from before the floor was measured
+        ours, floor = results["cluster"][ours_key], results["cluster_floors"][floor_key]
+        ratio = ours["p50_ms"] / floor["p50_ms"]
+
+        def cell(s: dict[str, Any]) -> str:
+            reps = s.get("p50_reps_ms") or [s["p50_ms"]]
+            return f"{s['p50_ms']:.2f} ({min(reps):.2f}-{max(reps):.2f})"
+
+        met = "met" if ratio <= target else "**not met**"
+        rows.append(
+            f"| {ours_key.replace('_', ' ')} | {cell(ours)} | {floor_key} | {cell(floor)}"
+            f" | {ratio:.1f}x | <= {target:g}x | {met} |"
+        )
+    return "\n".join(rows)
 
 
 def measure(urls: list[str], cluster: bool, samples: int, reps: int) -> dict[str, Any]:

@@ -3,6 +3,8 @@ servers on loopback (scenarios, options and outputs: benchmarks/README.md).
 
 ``report`` (the default; ``scripts/bench``) measures every figure of docs/benchmarks.md
 into a results JSON, then renders the report from it; ``--render-only JSON`` only renders.
+``targets`` measures only what the floor/target ratios need, ``--runs`` times, and prints
+each target's range over the runs (docs/benchmarks.md's "spread" table).
 The others feed docs/celery.md (``celery-overhead``), docs/observability.md
 (``otel-overhead``), docs/cluster.md (``cluster``) and
 docs/benchmarks.md's profiles (``profile-acquire``, ``profile-handoff``); ``names`` runs
@@ -367,6 +369,28 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
         forward += ["--rabbitmq", args.rabbitmq_given] if args.rabbitmq_given else []
         forward += ["--out", str(args.json)] if args.json else []
         return names.main(forward)
+    if args.scenario == "targets":  # issue 37's floor table, its spread over --runs runs
+        from benchmarks import targets
+
+        cfg = _config(args.quick)
+
+        def measure_targets(url: str, node: Any) -> None:
+            pid = None
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                pid = int(node.pid_file.read_text().strip())
+            env = _environment(url, shlex.join(["python", "-m", "benchmarks.run", *sys.argv[1:]]))
+            runs = []
+            for i in range(args.runs):
+                _log(f"run {i + 1} of {args.runs}")
+                runs.append(targets.measure_once(url, cfg, pid, _log))
+            env["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+            line = args.rabbitmq if node else env["rabbitmq"]["version"]
+            out = {"environment": env, "runs": runs, "rows": targets.rows(runs)}
+            _write_json(args.json or RESULTS / f"targets-{line}.json", out)
+            print(targets.table(runs))
+
+        _with_broker(args, measure_targets)
+        return 0
     if args.scenario == "cluster":  # private nodes of --rabbitmq (default 4.3)
         from benchmarks import cluster
 
@@ -374,6 +398,8 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
         results = cluster.run(version, *((12, 1) if args.quick else (100, 3)), _log)
         _write_json(args.json or RESULTS / f"cluster-{version}.json", results)
         print(cluster.table(results))
+        print()
+        print(cluster.target_table(results))
         return 0
     from benchmarks import profile
 
@@ -394,6 +420,7 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
 
 SCENARIOS = (
     "report",
+    "targets",
     "celery-overhead",
     "otel-overhead",
     "cluster",
@@ -432,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--burst", type=int, default=300, help="celery-overhead: calls per enqueue burst")
     add("-n", type=int, help="profile-*: samples (acquire 1000, handoff 200)")
     add("--settle", type=float, default=0.05, help="profile-handoff: the waiter's head start")
+    add("--runs", type=int, default=3, help="targets: runs whose spread the table shows (3)")
     args = parser.parse_args(argv)
     args.rabbitmq_given = args.rabbitmq
     args.rabbitmq = devbroker.check_version(args.rabbitmq or devbroker.default_version())

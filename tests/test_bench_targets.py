@@ -229,3 +229,35 @@ def test_results_paths_per_rabbitmq_line() -> None:
     assert run._default_paths(True, "4.0")[0].name == "results-4.0.json"
     assert run._line({"environment": {"rabbitmq": {"version": "4.0.5"}}}) == "4.0"
     assert run._line({"environment": {"rabbitmq_line": "3.10"}}) == "3.10"
+
+
+def test_the_targets_scenario_shows_each_targets_range_over_its_runs() -> None:
+    from benchmarks import targets
+
+    fast, slow = _results(), _results(uncontended_tokens={"token": {"acquire": _s(1.1)}})
+    rows = {r["label"]: r for r in targets.rows([fast, slow])}
+    token = rows["token semaphore (fencing on): uncontended acquire"]
+    assert token["ours_ms"] == [0.9, 1.1]
+    assert token["met"] == [True, False]  # 1.8x, then 2.2x against <= 2x
+    assert not any(label.startswith("persistent semaphore, C=") for label in rows)
+    table = targets.table([fast, slow])
+    assert "| 0.90-1.10 | 1.8-2.2x | <= 2x | 1 of 2 |" in table
+
+
+def test_the_cluster_scenario_judges_issue_37s_targets() -> None:
+    from benchmarks import cluster
+
+    def s(p50: float, reps: list[float]) -> dict[str, Any]:
+        return {"p50_ms": p50, "p50_reps_ms": reps}
+
+    results = {
+        "cluster": {"acquire_mutex": s(3.0, [2.9, 3.2]), "handoff_mutex": s(4.0, [4.0])},
+        "cluster_floors": {
+            "get_quorum": s(2.5, [2.4, 2.6]),
+            "reject_deliver_quorum": s(1.5, [1.5]),
+        },
+    }
+    lines = cluster.target_table(results).splitlines()
+    assert lines[2].endswith("| 1.2x | <= 1.5x | met |")
+    assert lines[3].endswith("| 2.7x | <= 2x | **not met** |")
+    assert "2.90-3.20" in lines[2]

@@ -23,6 +23,7 @@ from amqp_locks.service import LockableService, State
 
 from .. import waiting
 from ..faults.proxy import FaultProxy
+from ..threads import start_catching
 
 
 def test_standby_service_survives_an_outage_and_becomes_master(amqp_url: str) -> None:
@@ -138,16 +139,7 @@ def test_stopping_a_standby_ends_its_wait(amqp_url: str, name: str) -> None:
         master = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
         master.start()
         standby = AmqpLocker(broker, name, lock_acquire_sleep_interval=1.0)
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                standby.start()
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        thread, errors = start_catching(standby.start, daemon=True)
         waiting.wait_until(lambda: standby.attempts >= 2, 10, "the standby waits")
         stopped = time.monotonic()
         standby.stop()

@@ -72,6 +72,10 @@ def test_lifecycle(server: tuple[str, str, Path]) -> None:
     with engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT id, v FROM devdb_t ORDER BY id")).all()
     assert [tuple(r) for r in rows] == [(1, "one"), (2, "two")]
+    if kind == "mariadb":  # its temporary files in its own directory, not the shared /tmp
+        with engine.connect() as conn:
+            tmpdir = conn.execute(sa.text("SELECT @@tmpdir")).scalar_one()
+        assert Path(tmpdir) == info.base_dir / "tmp"
     engine.dispose()
 
     # Idempotent: the same running server, same port, same pid.

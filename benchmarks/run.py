@@ -4,7 +4,7 @@ servers on loopback (scenarios, options and outputs: benchmarks/README.md).
 ``report`` (the default; ``scripts/bench``) measures every figure of docs/benchmarks.md
 into a results JSON, then renders the report from it; ``--render-only JSON`` only renders.
 ``targets`` measures only what the floor/target ratios need, ``--runs`` times, and prints
-each target's range over the runs (docs/benchmarks.md's "spread" table).
+each target's range over the runs (docs/benchmarks.md, "Issue 37's targets over three runs").
 The others feed docs/celery.md (``celery-overhead``), docs/observability.md
 (``otel-overhead``), docs/cluster.md (``cluster``) and
 docs/benchmarks.md's profiles (``profile-acquire``, ``profile-handoff``); ``names`` runs

@@ -68,7 +68,7 @@ def _existing(url: str, names: list[str]) -> dict[str, int]:
     connection."""
 
     async def counts() -> dict[str, int]:
-        conn = await aiormq.connect(url)
+        conn = await asyncio.wait_for(aiormq.connect(url), 30)
         found = {}
         try:
             for q in names:
@@ -81,19 +81,38 @@ def _existing(url: str, names: list[str]) -> dict[str, int]:
             await conn.close()
         return found
 
-    return asyncio.run(counts())
+    # Bounded: a broker that stops answering fails the test instead of hanging it.
+    return asyncio.run(asyncio.wait_for(counts(), 30 + 0.05 * len(names)))
 
 
 def _counter_queues(node: devbroker.NodeInfo, k: int) -> list[str]:
     return sorted(q for q in _shard_queues(node, k) if q != f"amqp-locks-fence-{k:02d}")
 
 
+#: Generations probed per round trip of :func:`_counters_below`.
+WINDOW = 64
+
+
 def _counters_below(url: str, k: int, top: int) -> list[str]:
     """:func:`_counter_queues` without ``rabbitmqctl`` (seconds each on a loaded node): the
-    generations 0..`top` of shard `k` and their tombstones that exist, by passive declares
-    on one connection."""
-    names = [q for g in range(top + 1) for q in (fence_generation(k, g), fence_tombstone(k, g))]
-    return list(_existing(url, names))
+    generations of shard `k` at or below `top` and their tombstones that exist, by passive
+    declares on one connection. The generations that exist form one unbroken run
+    (fencing.py), so the probes go down from `top` a window at a time and stop at the
+    first window with none: a few windows, not one probe per generation since 0 (a shard
+    renewed tens of thousands of times took longer than the test's timeout)."""
+    found: dict[str, int] = {}
+    hi = top
+    while hi >= 0:
+        lo = max(0, hi - WINDOW + 1)
+        window = [
+            q for g in range(lo, hi + 1) for q in (fence_generation(k, g), fence_tombstone(k, g))
+        ]
+        got = _existing(url, window)
+        if not got:
+            break
+        found.update(got)
+        hi = lo - 1
+    return list(found)
 
 
 def _generation_of(queue: str) -> int:

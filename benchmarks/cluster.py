@@ -98,6 +98,12 @@ CLUSTER_TARGETS = (
 )
 
 
+def _p50_with_reps(s: dict[str, Any]) -> str:
+    """A p50 and, in brackets, the lowest and highest of its repetitions' p50s."""
+    reps = s.get("p50_reps_ms") or [s["p50_ms"]]
+    return f"{s['p50_ms']:.2f} ({min(reps):.2f}-{max(reps):.2f})"
+
+
 def target_table(results: dict[str, Any]) -> str:
     """Issue 37's cluster targets: p50 (range over the repetitions) against the floor's."""
     rows = [
@@ -110,15 +116,10 @@ def target_table(results: dict[str, Any]) -> str:
             continue  # a results file from before the floor was measured
         ours, floor = results["cluster"][ours_key], results["cluster_floors"][floor_key]
         ratio = ours["p50_ms"] / floor["p50_ms"]
-
-        def cell(s: dict[str, Any]) -> str:
-            reps = s.get("p50_reps_ms") or [s["p50_ms"]]
-            return f"{s['p50_ms']:.2f} ({min(reps):.2f}-{max(reps):.2f})"
-
         met = "met" if ratio <= target else "**not met**"
         rows.append(
-            f"| {ours_key.replace('_', ' ')} | {cell(ours)} | {floor_key} | {cell(floor)}"
-            f" | {ratio:.1f}x | <= {target:g}x | {met} |"
+            f"| {ours_key.replace('_', ' ')} | {_p50_with_reps(ours)} | {floor_key}"
+            f" | {_p50_with_reps(floor)} | {ratio:.1f}x | <= {target:g}x | {met} |"
         )
     return "\n".join(rows)
 

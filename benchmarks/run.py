@@ -6,7 +6,7 @@ into a results JSON, then renders the report from it; ``--render-only JSON`` onl
 ``targets`` measures only what the floor/target ratios need, ``--runs`` times, and prints
 each target's range over the runs (docs/benchmarks.md, "Issue 37's targets over three runs").
 The others feed docs/celery.md (``celery-overhead``), docs/observability.md
-(``otel-overhead``), docs/cluster.md (``cluster``) and
+(``otel-overhead``), docs/cluster.md (``cluster``, ``election``) and
 docs/benchmarks.md's profiles (``profile-acquire``, ``profile-handoff``); ``names`` runs
 benchmarks/names.py (per-entity lock names, issue 30) with its defaults.
 """
@@ -391,6 +391,14 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
 
         _with_broker(args, measure_targets)
         return 0
+    if args.scenario == "election":  # private nodes of --rabbitmq (default 4.3)
+        from benchmarks import leader_election
+
+        version = args.rabbitmq_given or "4.3"
+        results = leader_election.run(version, args.runs, _log)
+        _write_json(args.json or RESULTS / f"election-{version}.json", results)
+        print(f"no leader for {results['min']}-{results['max']} s ({args.runs} trials)")
+        return 0
     if args.scenario == "cluster":  # private nodes of --rabbitmq (default 4.3)
         from benchmarks import cluster
 
@@ -424,6 +432,7 @@ SCENARIOS = (
     "celery-overhead",
     "otel-overhead",
     "cluster",
+    "election",
     "names",
     "profile-acquire",
     "profile-handoff",
@@ -459,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--burst", type=int, default=300, help="celery-overhead: calls per enqueue burst")
     add("-n", type=int, help="profile-*: samples (acquire 1000, handoff 200)")
     add("--settle", type=float, default=0.05, help="profile-handoff: the waiter's head start")
-    add("--runs", type=int, default=3, help="targets: runs whose spread the table shows (3)")
+    runs = "targets: runs whose spread the table shows; election: trials (3)"
+    add("--runs", type=int, default=3, help=runs)
     args = parser.parse_args(argv)
     args.rabbitmq_given = args.rabbitmq
     args.rabbitmq = devbroker.check_version(args.rabbitmq or devbroker.default_version())

@@ -146,6 +146,25 @@ def test_each_held_lock_needs_its_own_proof() -> None:
     assert guard.expired(109.2) is None and guard.held() == {"a.semaphore": 101.0}
 
 
+def test_a_drop_says_whether_checks_went_unanswered_or_none_was_sent() -> None:
+    """The reason tells a cut (checks sent, none answered) from a client that could not
+    send (no probe link, a held-up loop): the two call for different fixes."""
+    clock = Clock()
+    guard, _ = _guard(ClusterTiming(10, 5, 10), clock)
+    guard.session.leases.append(_hold("a.semaphore", 100.0))
+    reason = guard.expired(105.1)
+    assert reason is not None and "no check was sent since its last proof" in reason
+    guard.sending("a.semaphore", 102.5)
+    guard.sending("a.semaphore", 103.6)
+    reason = guard.expired(105.1)
+    assert reason is not None
+    assert "2 check(s) sent since its last proof, the newest 1.5 s ago" in reason
+    guard.answered("a.semaphore", 103.6, None)  # an answer is a proof: the count starts again
+    assert guard.expired(105.1) is None
+    reason = guard.expired(108.8)
+    assert reason is not None and "no check was sent since its last proof" in reason
+
+
 def test_held_locks_that_answer_prove_the_node_while_the_probes_stall() -> None:
     """The probe queue's leader died (its node was killed): probes go unconfirmed until a
     new leader is elected, which took over 5 s in CI on a loaded 4.3.6 cluster. A holder

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -45,6 +46,14 @@ def all_nodes_up(cluster: devcluster.ClusterInfo) -> None:
     for index, (_node, up) in enumerate(devcluster.status(CLUSTER, _base_dir()).items(), 1):
         if not up:
             devcluster.start_node(CLUSTER, index, _base_dir())
+
+
+@pytest.fixture(autouse=True)
+def guard_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """A failed cluster test shows the quorum guard's DEBUG lines (a lock check channel
+    closed or stalled, the probe link reopened): a false loss seen once in CI must be
+    explainable from its report."""
+    caplog.set_level(logging.DEBUG, logger="amqp_locks.cluster")
 
 
 def only_on_43(what: str) -> pytest.MarkDecorator:

@@ -328,3 +328,16 @@ def route_gets(ch: AbstractChannel, on_reply: Callable[[int | None], None]) -> N
 
     chan._on_get_frame = on_get
     chan.rpc_frames = _NoGetReplies()
+
+
+def close_reason(ch: AbstractChannel) -> str:
+    """Why `ch` closed, as the broker or aiormq said it ("open" while it is not closed):
+    for logs that have to explain a lost proof after the fact."""
+    closing = ch.closing
+    if not closing.done():
+        closing.cancel()  # an observer of an open channel: stop it, nothing is waiting
+        return "open"
+    if closing.cancelled():
+        return "closed"
+    exc = closing.exception()
+    return "closed" if exc is None else f"{type(exc).__name__}: {exc}"

@@ -72,7 +72,7 @@ from pamqp.commands import Basic
 
 from ..errors import AccessRefused, BrokerUnreachable, ConfigurationError
 from ..names import standalone_queue
-from .aiormq_compat import route_gets, send_together
+from .aiormq_compat import close_reason, route_gets, send_together
 from .errors import censor, channel_error
 from .ports import Link
 from .shield import close_quietly
@@ -266,6 +266,9 @@ class QuorumGuard:
         self.returned = 0
         #: Per held lock queue: when the newest answered check (a ``basic.get``) was sent.
         self.lock_proofs: dict[str, float] = {}
+        #: Per held lock queue: checks sent since its newest proof, and when the newest
+        #: went (so a drop can say whether checks went unanswered or none could be sent).
+        self._tries: dict[str, tuple[int, float]] = {}
         #: Lock queues with a check in flight, each with its newest send time (one at a
         #: time per queue until it is overdue, :data:`RESEND_SHARE`; a cut leaves them
         #: hanging, and the bound decides).
@@ -319,10 +322,11 @@ class QuorumGuard:
             if unproven > bound:
                 return (
                     f"no answer from the leader of lock queue {queue!r} to a check sent "
-                    f"within the last {unproven:.1f} s (quorum_timeout {bound:g} s): this "
-                    "node may be cut off from it (a partial partition, or the queue's "
-                    "majority on the other side), and the queue can grant our lock again "
-                    f"{self.timing.lock_delay:g} s (lock_delay) after it notices"
+                    f"within the last {unproven:.1f} s (quorum_timeout {bound:g} s; "
+                    f"{self._tried(queue, now)}): this node may be cut off from it (a "
+                    "partial partition, or the queue's majority on the other side), and "
+                    f"the queue can grant our lock again {self.timing.lock_delay:g} s "
+                    "(lock_delay) after it notices"
                 )
         unproven = now - node_proof
         if unproven <= bound:
@@ -333,6 +337,21 @@ class QuorumGuard:
             "from the cluster's majority, which can grant our locks again "
             f"{self.timing.lock_delay:g} s (lock_delay) after it notices"
         )
+
+    def _tried(self, queue: str, now: float) -> str:
+        """What was tried for `queue` since its newest proof, for the drop's reason."""
+        count, newest = self._tries.get(queue, (0, 0.0))
+        if count == 0:
+            return (
+                "no check was sent since its last proof: the probe link did not open, or "
+                "the I/O loop was held up"
+            )
+        return f"{count} check(s) sent since its last proof, the newest {now - newest:.1f} s ago"
+
+    def sending(self, queue: str, at: float) -> None:
+        """A check of `queue` is being written at `at` (see :meth:`_tried`)."""
+        count, _ = self._tries.get(queue, (0, at))
+        self._tries[queue] = (count + 1, at)
 
     def confirm(self, sent_at: float) -> None:
         """A probe sent at `sent_at` was confirmed by the queue's quorum."""
@@ -370,11 +389,30 @@ class QuorumGuard:
         queues are sent again)."""
         for queue in [q for q in self.lock_proofs if q not in held]:
             del self.lock_proofs[queue]
+        for queue in [q for q in self._tries if q not in held]:
+            del self._tries[queue]
         for pipe in [p for p in self._pipes if p.dead]:
+            if pipe.fifo:
+                log.debug(
+                    "connection %r: lock check channel %d closed (%s) with %d check(s) "
+                    "unanswered; they are sent again",
+                    self.session.connection_name,
+                    pipe.ch.number,
+                    close_reason(pipe.ch),
+                    len(pipe.fifo),
+                )
             self._pipes.remove(pipe)
             pipe.forget(self._in_flight)
         for pipe in [p for p in self._pipes if p.stalled(now - self.timing.quorum_timeout)]:
             # Stuck past the bound: its checks can prove nothing more; free its place.
+            log.debug(
+                "connection %r: lock check channel %d unanswered for %.1f s (%d check(s)); "
+                "closing it",
+                self.session.connection_name,
+                pipe.ch.number,
+                now - pipe.fifo[0][1],
+                len(pipe.fifo),
+            )
             self._pipes.remove(pipe)
             pipe.forget(self._in_flight)
             self._spawn(close_quietly(pipe.ch))
@@ -464,6 +502,7 @@ class QuorumGuard:
         if tag is not None:
             self.taken += 1
         self.lock_proofs[queue] = max(sent_at, self.lock_proofs.get(queue, sent_at))
+        self._tries.pop(queue, None)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -543,7 +582,14 @@ class QuorumGuard:
             link = self._link
             if link is None or not link.alive:
                 self._link = None
+                again, began = link is not None, self._clock()
                 link = self._link = await self._connect()
+                log.debug(
+                    "connection %r: probe link %s in %.3f s",
+                    self.session.connection_name,
+                    "reopened" if again else "opened",
+                    self._clock() - began,
+                )
             return link
 
     async def _declare(self, ch: AbstractChannel) -> None:
@@ -611,6 +657,7 @@ class _Pipe:
         for queue in queues:
             self.fifo.append((queue, sent_at))
             in_flight[queue] = sent_at
+            self.guard.sending(queue, sent_at)
         await send_together(self.ch, [Basic.Get(queue=q, no_ack=False) for q in queues])
 
     def forget(self, in_flight: dict[str, float]) -> None:

@@ -398,6 +398,7 @@ def _scenario(args: argparse.Namespace, _: Any) -> int:
         results = leader_election.run(version, args.runs, _log)
         _write_json(args.json or RESULTS / f"election-{version}.json", results)
         print(f"no leader for {results['min']}-{results['max']} s ({args.runs} trials)")
+        print(f"load average at the end: {results['load'][0]:.2f}")
         return 0
     if args.scenario == "cluster":  # private nodes of --rabbitmq (default 4.3)
         from benchmarks import cluster

@@ -5,7 +5,6 @@ cron recipe's `-E 0` would otherwise turn an outage into a silent success)."""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -27,21 +26,22 @@ def test_run_against_a_silent_broker_exits_69_whatever_wait_and_conflict_code_sa
     silent_url: str, name: str
 ) -> None:
     cli = Cli(silent_url)
-    start = time.monotonic()
-    results = cli.run_many(
+    commands = (
         ["run", name, "-w", "2", "--", "true"],
         ["run", name, "-w", "2", "-E", "0", "--", "true"],
         ["run", name, "-w", "0", "-E", "0", "--", "true"],
         ["run", name, "--shared", "-w", "2", "-E", "0", "--", "true"],
     )
-    took = time.monotonic() - start
-    for r in results:
+    results = cli.run_many(*commands)
+    for args, r in zip(commands, results, strict=True):
         assert r.returncode == 69, (r.args, r.returncode, r.stderr)
-        assert "did not answer within" in r.stderr, r.stderr
         assert "not obtained" not in r.stderr
         assert r.stderr.count("\n") == 1, r.stderr
-    # Within the wait (+1 s, and the interpreter's start), not the 10 s connect timeout.
-    assert took < 8.0, f"{took:.1f}s"
+        # Ended by the wait it was given, not by the 10 s connect timeout ("within the
+        # connect timeout"): the error names the bound that ended it. (A wall-clock bound
+        # on four interpreters started at once failed under CI's load: 8.5 s.)
+        wait = args[args.index("-w") + 1]
+        assert f"did not answer within {wait} s: no connection was made" in r.stderr, r.stderr
 
 
 def test_admin_command_against_a_silent_broker_exits_69_not_75(silent_url: str, name: str) -> None:

@@ -84,12 +84,27 @@ def shards(mc: MeshCluster, name: str) -> list[str]:
 
 def members(mc: MeshCluster, queue: str) -> set[int]:
     """The node indexes holding a replica of `queue`."""
+    found = members_or_none(mc, queue)
+    if found is None:
+        raise AssertionError(f"queue {queue!r} not found")
+    return found
+
+
+def members_or_none(mc: MeshCluster, queue: str) -> set[int] | None:
+    """:func:`members`, or None when `queue` does not exist."""
     out = mc.rabbitmqctl(2, "list_queues", "-q", "name", "members", "--formatter", "json")
     for row in json.loads(out):
         if row["name"] == queue:
             names = [str(m) for m in row["members"]]
             return {i for i in range(1, mc.size + 1) if mc.node(i).node in names}
-    raise AssertionError(f"queue {queue!r} not found")
+    return None
+
+
+#: Queues that come and go with an administration call or a waiter (an administration
+#: mutex's wake-up and sentinel queues, names.GENERAL_SUFFIXES): one listed by
+#: :func:`family` may be gone a moment later (CI, 5-node split: the token semaphore's
+#: set-up had just released its administration mutex), and it holds no part of the lock.
+TRANSIENT = ("-sem-wakeups", "-mutex-wakeups", "-sem-watch", "-mutex-watch")
 
 
 def queues_cli(mc: MeshCluster, index: int, *args: str) -> None:
@@ -110,12 +125,18 @@ def queues_cli(mc: MeshCluster, index: int, *args: str) -> None:
 
 
 def place(mc: MeshCluster, queue: str, want: set[int]) -> None:
-    """Make `want` exactly the members of `queue` (leader stays on node 2)."""
-    for i in sorted(want - members(mc, queue)):
-        queues_cli(mc, 2, "add_member", queue, mc.node(i).node)
-    for i in sorted(members(mc, queue) - want):
-        queues_cli(mc, 2, "delete_member", queue, mc.node(i).node)
-    assert members(mc, queue) == want, (queue, members(mc, queue))
+    """Make `want` exactly the members of `queue` (leader stays on node 2); a transient
+    queue (:data:`TRANSIENT`) that vanishes meanwhile is left alone."""
+    try:
+        for i in sorted(want - members(mc, queue)):
+            queues_cli(mc, 2, "add_member", queue, mc.node(i).node)
+        for i in sorted(members(mc, queue) - want):
+            queues_cli(mc, 2, "delete_member", queue, mc.node(i).node)
+        assert members(mc, queue) == want, (queue, members(mc, queue))
+    except AssertionError:
+        if queue.endswith(TRANSIENT) and members_or_none(mc, queue) is None:
+            return
+        raise
 
 
 def guard_queue(mc: MeshCluster, index: int) -> str:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from .waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,3 +58,21 @@ def run_script(
         timeout=120,
         check=False,
     )
+
+
+def stopped(pid: int) -> bool:
+    """Every thread of process `pid` is stopped (SIGSTOP: state T)."""
+    states = [
+        (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        for task in Path(f"/proc/{pid}/task").iterdir()
+    ]
+    return all(state in "Tt" for state in states)
+
+
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP process `pid` and wait until every thread of it has stopped: ``kill``
+    returns once the signal is queued, and a thread running on the other core (or a
+    vCPU the host has descheduled) can go on for a moment. CI, 4.3.6: a holder frozen
+    so still answered a "who holds it?" query sent right after the kill."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: stopped(pid), timeout, f"process {pid} stopped")

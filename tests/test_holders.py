@@ -30,7 +30,7 @@ from amqp_locks import (
 from amqp_locks_dev import devbroker
 
 from .permissions import restricted_brokers
-from .spawn import spawn_held
+from .spawn import freeze, spawn_held
 
 HOST = socket.gethostname()
 ME = os.getpid()
@@ -232,7 +232,7 @@ def test_a_frozen_holder_is_unknown_not_invented(
     frozen = spawn(name, "semaphore", "frozen")
     mine = PersistentSemaphore(broker, name).acquire()
     assert mine is not None
-    os.kill(frozen.proc.pid, signal.SIGSTOP)  # its connection lives on until heartbeats fail
+    freeze(frozen.proc.pid)  # its connection lives on until heartbeats fail
     try:
         start = time.monotonic()
         got = PersistentSemaphore(reader, name).holders(timeout=0.5)
@@ -266,7 +266,7 @@ def test_frozen_mutex_and_token_holders_are_unknown(
     m = spawn(name, "mutex")
     t = spawn(f"{name}t", "token")
     for h in (m, t):
-        os.kill(h.proc.pid, signal.SIGSTOP)
+        freeze(h.proc.pid)
     try:
         assert Mutex(reader, name).holder(timeout=0.3) == HolderRecord(name, "mutex", 1)
         assert TokenSemaphore(reader, f"{name}t").holders(timeout=0.3) == [

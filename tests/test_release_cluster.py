@@ -34,6 +34,7 @@ from amqp_locks.names import quorum_mutex_name, slots_name, token_queue
 from .cluster import conftest as cluster_fixtures
 from .cluster.conftest import Nodes, wait_until
 from .cluster.locks import lock_of
+from .spawn import stopped
 
 # The cluster tests' fixtures, used here as they are.
 cluster = cluster_fixtures.cluster
@@ -48,15 +49,6 @@ pytestmark = pytest.mark.timeout(240)
 HANDOFF = 2.0
 QUORUM_TIMEOUT = 3.0  # the holder's, for the cut-off test
 SLACK = 3.0  # scheduling on a loaded 2-core machine
-
-
-def _stopped(pid: int) -> bool:
-    """Every thread of process `pid` is stopped (SIGSTOP: state T)."""
-    states = [
-        (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        for task in Path(f"/proc/{pid}/task").iterdir()
-    ]
-    return all(state in "Tt" for state in states)
 
 
 def _setup(kind: str, broker: Broker, name: str) -> None:
@@ -155,7 +147,7 @@ def test_release_wait_raises_on_a_node_cut_off_from_the_majority(
         pid = nodes.pid(index)
         node = nodes.info.node(index).node.split("@")[0].encode()
         assert node in Path(f"/proc/{pid}/environ").read_bytes(), (index, pid)
-        wait_until(lambda p=pid: _stopped(p), 10, f"node {index} (pid {pid}) stopped")  # type: ignore[misc]
+        wait_until(lambda p=pid: stopped(p), 10, f"node {index} (pid {pid}) stopped")  # type: ignore[misc]
     began = time.monotonic()
     with pytest.raises(ReleaseUnconfirmed):
         held.release(wait=True)

@@ -387,10 +387,9 @@ class QuorumGuard:
         spread); forget the proofs of queues no longer held (the maps stay the size of
         what is held) and the checks of pipes that died or stalled past the bound (their
         queues are sent again)."""
-        for queue in [q for q in self.lock_proofs if q not in held]:
-            del self.lock_proofs[queue]
-        for queue in [q for q in self._tries if q not in held]:
-            del self._tries[queue]
+        for per_queue in (self.lock_proofs, self._tries):
+            for queue in [q for q in per_queue if q not in held]:
+                del per_queue[queue]
         for pipe in [p for p in self._pipes if p.dead]:
             if pipe.fifo:
                 log.debug(

@@ -1,4 +1,5 @@
-"""Start a worker process that takes a lock and says so (``HELD <int> ...`` on stdout)."""
+"""Start a worker process that takes a lock and says so (``HELD <int> ...`` on stdout);
+freeze a process and know it is frozen."""
 
 from __future__ import annotations
 

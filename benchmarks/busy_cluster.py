@@ -55,7 +55,7 @@ def _holder(urls: list[str], locks: int, seconds: float, out: Any) -> None:
         slowest, checked = 0.0, 0
         while time.monotonic() - placed < seconds:
             time.sleep(1.0)
-            session = broker._core._session  # the guard's own figures, read for the report
+            session = broker.core._session  # the guard's own figures, read for the report
             if session is not None and session.guard is not None:
                 slowest = max(slowest, session.guard.slowest)
                 checked = max(checked, session.guard.checked)

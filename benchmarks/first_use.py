@@ -41,7 +41,7 @@ def timed(lock: Any) -> float:
 def measure(urls: list[str], samples: int) -> dict[str, float]:
     with Broker(urls, cluster=True, heartbeat=10.0) as broker:
         broker.connect()
-        core = broker._core
+        core = broker.core
 
         def first_use() -> float:
             return timed(Mutex(broker, f"bf-{uuid.uuid4().hex[:12]}"))

@@ -104,7 +104,7 @@ def window(url: str, tries: int) -> dict[str, int]:
             q = f"facts-w-{uuid.uuid4().hex[:10]}"
 
             async def write_and_abort(q: str = q) -> None:
-                session = await creator._core.session()
+                session = await creator.core.session()
                 ch: Any = await session.open_channel()
                 args = fresh.fresh_arguments(session, _stamp())
                 frames: list[Any] = [
@@ -120,7 +120,7 @@ def window(url: str, tries: int) -> dict[str, int]:
                 session.drop("first_use_facts: the creator dies")
 
             async def look(q: str = q) -> str:
-                session = await reader._core.session()
+                session = await reader.core.session()
                 for _ in range(50):
                     if await session.exists_passive(q):
                         break
@@ -132,8 +132,8 @@ def window(url: str, tries: int) -> dict[str, int]:
                 await session.delete(q)
                 return "with its message" if ready == 1 else "without its message"
 
-            creator._core.run(write_and_abort())
-            seen[reader._core.run(look())] += 1
+            creator.core.run(write_and_abort())
+            seen[reader.core.run(look())] += 1
     return seen
 
 

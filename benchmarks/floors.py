@@ -381,7 +381,7 @@ def primitives(url: str, samples: int, reps: int) -> dict[str, Any]:
     """The AMQP steps an uncontended semaphore acquire is made of (docs/benchmarks.md),
     timed one by one through the library's internal session API."""
     with Broker(url) as broker:
-        core, name = broker._core, unique_name("prim")
+        core, name = broker.core, unique_name("prim")
         admin = SemaphoreAdmin(broker, name)
         admin.create(8)
         window = [f(name, k) for f in (slot_queue, holder_queue) for k in range(1, 9)]

@@ -69,7 +69,7 @@ class _Proxy:
 
 
 def _guard(broker: aio.Broker) -> QuorumGuard:
-    session = broker._core._session
+    session = broker.core._session
     assert session is not None and session.guard is not None, "no quorum guard: not cluster mode"
     return session.guard
 

@@ -56,7 +56,7 @@ def _holder(job: tuple[str, str, list[int]], idx: int, sync: Sync) -> None:
     # Closing right after the releases cancels their channel closes; aiormq warns about it.
     logging.getLogger("aiormq.channel").setLevel(logging.ERROR)
     with Broker(url, connection_name=f"amqp-locks bench holders of {name}") as broker:
-        core = broker._core
+        core = broker.core
 
         async def claim() -> list[Any]:
             session = await core.session()

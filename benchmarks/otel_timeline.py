@@ -198,7 +198,7 @@ def _wait_for_waiters(
     with Broker(url, cluster=cluster) as b:
 
         async def waiting() -> int:
-            session = await b._core.session()
+            session = await b.core.session()
             try:
                 return (await session.declare_passive_counts(q))[1] - holders
             except Exception:  # not declared yet: nobody waits
@@ -211,7 +211,7 @@ def _wait_for_waiters(
         def ready() -> bool:
             if notices and any(c.tried < 2 for c in waiters):
                 return False
-            return b._core.run(waiting()) >= n
+            return b.core.run(waiting()) >= n
 
         while not ready():
             if time.monotonic() > deadline:

@@ -41,7 +41,7 @@ def _p50(sample: Callable[[], float], n: int, gap: float = GAP) -> float:
 def acquire(url: str, n: int) -> dict[str, float]:
     """The p50 (ms) of an uncontended token grant taken five ways."""
     with fresh_lock(url, "token", tag="profile") as name, Broker(url) as broker:
-        core = broker.connect()._core
+        core = broker.connect().core
         sem, queue = TokenSemaphore(broker, name), token_queue(name)
 
         def outside() -> float:

@@ -66,9 +66,9 @@ def on_session(broker: Broker, step: Callable[[Session], Awaitable[T]]) -> T:
     changes the broker as the library's own calls do."""
 
     async def go() -> T:
-        return await step(await broker._core.session())
+        return await step(await broker.core.session())
 
-    return broker._core.run(go())
+    return broker.core.run(go())
 
 
 def queue_counts(broker: Broker, queue: str) -> tuple[int, int]:

@@ -76,7 +76,7 @@ def _unfenced(b: Any, n: str) -> Any:
 
 
 def _waiters_subscribed(_holder: Broker, waiter: Any, _name: str) -> bool:
-    session = waiter._core._session
+    session = waiter.core._session
     return session is not None and any(w.ready for w in list(session.waiters))
 
 
@@ -270,7 +270,7 @@ def test_close_ends_an_admin_wait_with_broker_closed(
 
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
-    wait_until(lambda: other._core._session is not None, 10, "the admin call to connect")
+    wait_until(lambda: other.core._session is not None, 10, "the admin call to connect")
     other.close()
     thread.join(PROMPT + 5)
     assert [type(e) for e in errors] == [BrokerClosed]
@@ -516,7 +516,7 @@ def test_release_wait_raises_when_the_broker_refuses_the_release(
     held = spec.held(broker, name).acquire(timeout=10)
     assert held is not None
     state: Any = held._state
-    broker._core.run(state.channel.basic_ack(state.delivery_tag))
+    broker.core.run(state.channel.basic_ack(state.delivery_tag))
     with pytest.raises(ReleaseUnconfirmed, match="not confirmed"):
         held.release(wait=True)
-    assert broker._core.run(broker._core.session()).alive  # the connection was not the cause
+    assert broker.core.run(broker.core.session()).alive  # the connection was not the cause

@@ -78,10 +78,10 @@ def test_fence_bodies_round_trip_and_read_the_old_format() -> None:
 
 def test_the_broker_is_the_line_under_test(broker: Broker) -> None:
     async def version() -> tuple[int, int]:
-        return broker_version(await broker._core.session())
+        return broker_version(await broker.core.session())
 
     expected = {"3.10": (3, 10), "4.0": (4, 0), "4.3": (4, 3)}[devbroker.default_version()]
-    assert broker._core.run(version()) == expected
+    assert broker.core.run(version()) == expected
 
 
 def _queues(node: devbroker.NodeInfo, prefix: str) -> list[dict[str, object]]:
@@ -127,11 +127,11 @@ def test_every_queue_a_lock_shares_is_durable_or_exclusive(
             t.start()
 
         async def bound() -> bool:
-            session = await other._core.session()
+            session = await other.core.session()
             return sum(1 for w in session.waiters if w.ready) == 2  # the token waiter consumes
 
         deadline = time.monotonic() + 20
-        while not other._core.run(bound()):
+        while not other.core.run(bound()):
             assert time.monotonic() < deadline, "the waiters never subscribed"
             time.sleep(0.01)
         queues = _queues(node, name)
@@ -188,9 +188,9 @@ def _replace_fence(url: str, queue: str, body: bytes) -> None:
 
 def _foreign_rule(broker: Broker) -> str:
     async def rule() -> str:
-        return counting_rule(broker_version(await broker._core.session()))
+        return counting_rule(broker_version(await broker.core.session()))
 
-    return "acq43" if broker._core.run(rule()) != "acq43" else "dc40"
+    return "acq43" if broker.core.run(rule()) != "acq43" else "dc40"
 
 
 def _fencing_tokens(lock: Mutex | TokenSemaphore, times: int) -> list[int]:
@@ -230,9 +230,9 @@ def test_a_fence_minted_under_another_rule_is_superseded_once_and_keeps_rising(
 
 def _current_rule(broker: Broker) -> str:
     async def rule() -> str:
-        return counting_rule(broker_version(await broker._core.session()))
+        return counting_rule(broker_version(await broker.core.session()))
 
-    return broker._core.run(rule())
+    return broker.core.run(rule())
 
 
 def test_concurrent_readers_of_a_foreign_fence_supersede_it_once(
@@ -248,12 +248,12 @@ def test_concurrent_readers_of_a_foreign_fence_supersede_it_once(
     try:
 
         async def take(b: Broker) -> list[int]:
-            session = await b._core.session()
+            session = await b.core.session()
             return [await take_token(session, name) for _ in range(4)]
 
         results: list[list[int]] = []
         threads = [
-            threading.Thread(target=lambda b=b: results.append(b._core.run(take(b))))
+            threading.Thread(target=lambda b=b: results.append(b.core.run(take(b))))
             for b in brokers
         ]
         for t in threads:

@@ -47,7 +47,7 @@ Path = Callable[[Broker, str], "Lease | None"]
 def _frames_of(proxy: FaultProxy, path: Path, name: str) -> int:
     """How many frames the path sends on a fresh name, start to grant (uncut)."""
     with contextlib.closing(_broker(proxy.url())) as b:
-        b._core.run(b._core.session())
+        b.core.run(b.core.session())
         proxy.count_frames()
         lease = path(b, name)
         sent = proxy.frames_sent
@@ -74,7 +74,7 @@ def _sweep(
             proxy.count_frames()  # the last cut's dead client is gone: accept this one
             creator = _broker(proxy.url())
             try:
-                creator._core.run(creator._core.session())
+                creator.core.run(creator.core.session())
                 proxy.cut_after(n)
                 with contextlib.suppress(Exception):  # the cut, or a grant after a reconnect
                     lease = path(creator, name)

@@ -135,12 +135,12 @@ def test_ctl_runs_the_nodes_own_rabbitmqctl(node: devbroker.NodeInfo, broker: Br
     broker.round_trip()
 
     async def declare() -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         await session.call(None, lambda ch: ch.queue_declare(queue, auto_delete=True))
 
     where = ["--name", node.name, "--base-dir", str(node.base_dir), "--version", node.version]
     try:
-        broker._core.run(declare())
+        broker.core.run(declare())
         listed = run_script("broker", "ctl", *where, "list_queues", "name", "-q")
         assert listed.returncode == 0, listed.stderr
         assert queue in listed.stdout.split()

@@ -37,10 +37,10 @@ def test_acquire_on_a_missing_semaphore_leaves_nothing(
 
 def test_mutex_on_a_plain_queue_is_refused(broker: Broker, name: str) -> None:
     async def declare() -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         await session.declare(name, durable=True)
 
-    broker._core.run(declare())
+    broker.core.run(declare())
     with pytest.raises(PreconditionFailed, match="not exclusive"):
         Mutex(broker, name).acquire(timeout=1)
 
@@ -55,7 +55,7 @@ def test_broker_close_releases_cleanly_and_wakes_waiters(amqp_url: str, name: st
         slow = PersistentSemaphore(admin_broker, name, backoff=Backoff(30, 30))
         waiter = threading.Thread(target=lambda: got.append(slow.acquire(timeout=60)))
         waiter.start()
-        while not admin_broker._core.run(_bound(admin_broker)):
+        while not admin_broker.core.run(_bound(admin_broker)):
             pass  # wait until the waiter has subscribed (each check is a broker round trip)
         holder_broker.close()
         waiter.join(15)
@@ -66,7 +66,7 @@ def test_broker_close_releases_cleanly_and_wakes_waiters(amqp_url: str, name: st
 
 
 async def _bound(broker: Broker) -> bool:
-    session = await broker._core.session()
+    session = await broker.core.session()
     await session.call(None, lambda ch: ch.exchange_declare("amq.direct", passive=True))
     return any(w.ready for w in session.waiters)
 

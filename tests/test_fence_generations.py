@@ -139,9 +139,9 @@ def _reset_shard(node: devbroker.NodeInfo, url: str, k: int) -> None:
 
 def _run(broker: Broker, make: Callable[[Session], Awaitable[int]]) -> int:
     async def go() -> int:
-        return await make(await broker._core.session())
+        return await make(await broker.core.session())
 
-    return broker._core.run(go())
+    return broker.core.run(go())
 
 
 def _take(broker: Broker, name: str, timeout: float = 30.0) -> int:
@@ -597,7 +597,7 @@ def _search_while_retiring(
     with Broker(url) as writer, Broker(url, cluster=True) as searcher:
         _take(writer, name)  # generation 0
         assert _run(writer, supersede) == 1
-        running = searcher._core.submit(_session_of(searcher, search))
+        running = searcher.core.submit(_session_of(searcher, search))
         assert started.wait(30)
         _run(writer, retire)
         done.set()
@@ -607,4 +607,4 @@ def _search_while_retiring(
 
 
 async def _session_of(broker: Broker, step: Callable[[Session], Awaitable[T]]) -> T:
-    return await step(await broker._core.session())
+    return await step(await broker.core.session())

@@ -60,7 +60,7 @@ def test_the_broker_refuses_a_second_stamp(cluster_broker: Broker, name: str) ->
     queue = wire(name)
 
     async def go() -> list[bool]:
-        session = await cluster_broker._core.session()
+        session = await cluster_broker.core.session()
         two = [stamps.new_stamp(), stamps.new_stamp()]
         made = []
         for stamp in [two[0], two[1], two[0]]:
@@ -76,13 +76,13 @@ def test_the_broker_refuses_a_second_stamp(cluster_broker: Broker, name: str) ->
                 made.append(False)
         return made
 
-    assert cluster_broker._core.run(go()) == [True, False, True]
+    assert cluster_broker.core.run(go()) == [True, False, True]
     assert counts(cluster_broker, queue) == (2, 0)  # the first and the third
-    cluster_broker._core.run(_delete(cluster_broker, queue))
+    cluster_broker.core.run(_delete(cluster_broker, queue))
 
 
 async def _delete(broker: Broker, queue: str) -> None:
-    await (await broker._core.session()).delete(queue)
+    await (await broker.core.session()).delete(queue)
 
 
 def test_first_use_leaves_no_admin_mutex_and_no_ledger(cluster_broker: Broker, name: str) -> None:
@@ -108,7 +108,7 @@ def test_a_connection_given_up_mid_creation_keeps_the_token(
     from amqp_locks.transport import queue_ops
 
     original = queue_ops._declare_and_publish
-    core = cluster_broker._core
+    core = cluster_broker.core
     given_up: list[str] = []
 
     async def and_give_up(ch: Any, queue: str, arguments: Any, messages: Any) -> None:
@@ -209,9 +209,9 @@ def test_a_queue_set_up_the_old_way_is_used_as_it_is(cluster_broker: Broker, nam
     TokenAdmin(cluster_broker, wire_name, quorum=True).setup(1)
 
     async def create() -> str:
-        return await fresh.create(await cluster_broker._core.session(), wire_name)
+        return await fresh.create(await cluster_broker.core.session(), wire_name)
 
-    assert cluster_broker._core.run(create()) == "other"
+    assert cluster_broker.core.run(create()) == "other"
     settles_at(cluster_broker, wire(name), (1, 0))
     with Mutex(cluster_broker, name, timeout=10) as lease:
         assert lease.number == 1
@@ -229,11 +229,11 @@ def test_repair_gives_a_tokenless_first_use_queue_its_token(
     wire_name = quorum_mutex_name(name)
 
     async def declare_empty() -> None:
-        session = await cluster_broker._core.session()
+        session = await cluster_broker.core.session()
         args = fresh.fresh_arguments(session, stamps.new_stamp())
         await session.declare(token_queue(wire_name), durable=True, arguments=args)
 
-    cluster_broker._core.run(declare_empty())
+    cluster_broker.core.run(declare_empty())
     assert Mutex(cluster_broker, name).acquire(timeout=0.5) is None
     # Repair while nobody holds or waits (the timed-out waiter's consumer goes a moment
     # after its acquire returned): on 3.x a replaced queue's holders would not be told.
@@ -282,7 +282,7 @@ def test_processes_racing_on_a_fresh_counting_semaphore_make_exactly_its_permits
         st = TokenAdmin(b, name).status()  # no ledger: the count is read from the stamp
         assert (st.permits, st.ready, st.held) == (3, 3, 0)
         assert not exists(b, ledger_queue(name)) and not exists(b, fence_queue(name))
-        b._core.run(_delete(b, token_queue(name)))
+        b.core.run(_delete(b, token_queue(name)))
 
 
 def test_another_count_is_refused_by_name(amqp_url: str, cluster_broker: Broker, name: str) -> None:
@@ -305,7 +305,7 @@ def test_another_count_is_refused_by_name(amqp_url: str, cluster_broker: Broker,
         TokenAdmin(cluster_broker, name).add_permits(1)
     audit = TokenAdmin(cluster_broker, name).audit(timeout=2)
     assert audit.ok and audit.seen == (1, 2)
-    cluster_broker._core.run(_delete(cluster_broker, token_queue(name)))
+    cluster_broker.core.run(_delete(cluster_broker, token_queue(name)))
 
 
 def test_repair_of_a_counting_first_use_queue_fences_by_shard(
@@ -315,11 +315,11 @@ def test_repair_of_a_counting_first_use_queue_fences_by_shard(
     the stamp and publishes them, with no per-name fence; grants take shard tokens."""
 
     async def declare_empty() -> None:
-        session = await cluster_broker._core.session()
+        session = await cluster_broker.core.session()
         args = fresh.fresh_arguments(session, stamps.new_stamp(3))
         await session.declare(token_queue(name), durable=True, arguments=args)
 
-    cluster_broker._core.run(declare_empty())
+    cluster_broker.core.run(declare_empty())
     audit = TokenAdmin(cluster_broker, name).repair(timeout=1)
     assert audit.missing == (1, 2, 3)
     settles_at(cluster_broker, token_queue(name), (3, 0))
@@ -330,18 +330,18 @@ def test_repair_of_a_counting_first_use_queue_fences_by_shard(
             tokens.append(lease.fencing_token)
     assert tokens[0] < tokens[1] and tokens[0] > 2**50  # shard values (the clock's scale)
     assert not exists(cluster_broker, fence_queue(name))
-    cluster_broker._core.run(_delete(cluster_broker, token_queue(name)))
+    cluster_broker.core.run(_delete(cluster_broker, token_queue(name)))
 
 
 def test_held_max_length_reads_without_making(cluster_broker: Broker, name: str) -> None:
     """The read-only stamp probe: a missing queue stays missing."""
 
     async def probe() -> int | None:
-        session = await cluster_broker._core.session()
+        session = await cluster_broker.core.session()
         return await session.held_max_length(token_queue(name), fresh.fresh_arguments(session, 0))
 
     with pytest.raises(QueueNotFound):
-        cluster_broker._core.run(probe())
+        cluster_broker.core.run(probe())
     assert not exists(cluster_broker, token_queue(name))
 
 

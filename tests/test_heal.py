@@ -53,18 +53,18 @@ def make_partial(broker: Broker, semaphore: str, permits: int, published: int) -
     leaves: the stamped queue with tokens 1..published (the real write, truncated)."""
 
     async def go() -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         messages = [
             (str(k).encode(), token_properties(semaphore, k, {"amqp-locks-fencing": "shard"}))
             for k in range(1, published + 1)
         ]
         await session.declare_and_publish(
             token_queue(semaphore),
-            fresh.fresh_arguments(session, stamps.new_stamp(permits), broker._core.cluster),
+            fresh.fresh_arguments(session, stamps.new_stamp(permits), broker.core.cluster),
             messages,
         )
 
-    broker._core.run(go())
+    broker.core.run(go())
 
 
 def test_a_mutex_whose_creator_died_before_its_token_grants_again(
@@ -93,9 +93,9 @@ def test_a_mutex_whose_creator_died_before_its_token_grants_again(
 
 def _cancels_reach_holders(broker: Broker) -> bool:
     async def go() -> bool:
-        return heal.cancels_reach_holders(await broker._core.session())
+        return heal.cancels_reach_holders(await broker.core.session())
 
-    return broker._core.run(go())
+    return broker.core.run(go())
 
 
 @pytest.mark.parametrize(("permits", "published"), [(1, 0), (3, 0), (3, 1), (3, 2)])
@@ -216,11 +216,11 @@ def _consumers(broker: Broker, queue: str) -> int | None:
 
     async def go() -> int | None:
         try:
-            return (await (await broker._core.session()).declare_passive_counts(queue))[1]
+            return (await (await broker.core.session()).declare_passive_counts(queue))[1]
         except QueueNotFound:
             return None
 
-    return broker._core.run(go())
+    return broker.core.run(go())
 
 
 def test_a_cut_creator_leaves_a_name_that_grants_again(
@@ -277,8 +277,8 @@ def make_rwlock(broker: Broker, name: str, readers: int, published: int, turn: b
         return Basic.Properties(delivery_mode=2, message_id=ident, app_id="amqp-locks")
 
     async def go() -> None:
-        session = await broker._core.session()
-        quorum = broker._core.cluster
+        session = await broker.core.session()
+        quorum = broker.core.cluster
         await session.declare_and_publish(
             readers_queue(name),
             {**lock_arguments(session, quorum, True), "x-max-length": stamps.new_stamp(readers)},
@@ -290,7 +290,7 @@ def make_rwlock(broker: Broker, name: str, readers: int, published: int, turn: b
             [(str(readers).encode(), props(f"{name}#w"))] if turn else [],
         )
 
-    broker._core.run(go())
+    broker.core.run(go())
 
 
 @pytest.mark.parametrize(

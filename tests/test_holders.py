@@ -283,11 +283,11 @@ def _cut(broker: Broker) -> None:
     goodbye; the broker deletes its exclusive queues when the socket closes."""
 
     async def abort() -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         assert session.transport_writer is not None
         session.transport_writer.transport.abort()
 
-    broker._core.run(abort())
+    broker.core.run(abort())
 
 
 def test_connection_loss_ends_the_record_and_a_reconnected_holder_claims_nothing(

@@ -245,3 +245,44 @@ def test_only_the_listed_modules_make_raw_channel_calls() -> None:
         "exchanges.py, the Session)"
     )
     assert RAW_CHANNEL_CALLERS - found == set(), "no longer calls them: drop from the list"
+
+
+#: Modules whose job is to reach into a third-party library's private attributes, each
+#: with its reasons in its docstring (aiormq's channel internals; py-amqp's, for Celery).
+COMPAT_SHIMS = ("amqp_locks.transport.aiormq_compat", "amqp_locks.celery.amqp_compat")
+#: Public names that start with an underscore.
+PUBLIC = {"os._exit"}
+
+
+def _private_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """`x._name` where `x` is not `self`, `cls` or `super()`: a private attribute of
+    another object (dunders are the language's own)."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        attr = node.attr
+        if not attr.startswith("_") or (attr.startswith("__") and attr.endswith("__")):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super":
+            continue
+        if ast.unparse(node) not in PUBLIC:
+            out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_no_class_reads_another_objects_private_attributes() -> None:
+    """Issue 37: the package's parts speak through each other's public names (the asyncio
+    twins through `acquire_on_loop` and friends, everything through `Broker.core`), so a
+    private name can change without a search; only the compat shims reach into aiormq or
+    py-amqp."""
+    found = []
+    for module, path in _modules().items():
+        if module in COMPAT_SHIMS:
+            continue
+        for line, text in _private_reads(ast.parse(path.read_text())):
+            found.append(f"{path.relative_to(ROOT)}:{line}: {text}")
+    assert not found, "\n".join(found)

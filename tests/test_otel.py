@@ -370,12 +370,12 @@ def test_election_term_span(otel: Telemetry, broker: Broker, name: str) -> None:
 def test_uninstrument_restores_the_library(broker: Broker, name: str) -> None:
     from amqp_locks.lockobject import LockObject
 
-    original = LockObject._acquire
+    original = LockObject.acquire_on_loop
     session = instrument()
     t = next(session)
-    assert LockObject._acquire is not original
+    assert LockObject.acquire_on_loop is not original
     next(session, None)  # uninstrument
-    assert LockObject._acquire is original
+    assert LockObject.acquire_on_loop is original
     with Mutex(broker, name):
         pass
     assert t.finished() == []
@@ -388,14 +388,14 @@ def test_noop_providers_patch_nothing(broker: Broker, name: str) -> None:
     from amqp_locks.events import _listeners
     from amqp_locks.lockobject import LockObject
 
-    original, listeners = LockObject._acquire, list(_listeners)
+    original, listeners = LockObject.acquire_on_loop, list(_listeners)
     instrumentor = AmqpLocksInstrumentor()
     instrumentor.instrument(
         tracer_provider=NoOpTracerProvider(), meter_provider=NoOpMeterProvider()
     )
     try:
         assert instrumentor.is_instrumented_by_opentelemetry
-        assert LockObject._acquire is original and _listeners == listeners
+        assert LockObject.acquire_on_loop is original and _listeners == listeners
         with Mutex(broker, name):
             pass
     finally:

@@ -124,13 +124,13 @@ def test_notice_header_only_while_instrumented(
     """The wake-up notice of a plain release has no headers at all (as before); the
     instrumentor's patches are all taken out again by uninstrument()."""
     seen: list[dict[str, Any]] = []
-    on_notice = Waiter._on_notice
+    on_notice = Waiter.on_notice
 
     async def record(waiter: Waiter, message: Any) -> None:
         seen.append(dict(headers_of(message)))
         await on_notice(waiter, message)
 
-    monkeypatch.setattr(Waiter, "_on_notice", record)
+    monkeypatch.setattr(Waiter, "on_notice", record)
     with Broker(amqp_url) as holder, Broker(amqp_url) as waiter:
         lease = Mutex(holder, name).acquire()
         assert lease is not None
@@ -152,13 +152,13 @@ def test_uninstrument_takes_every_patch_out() -> None:
     from amqp_locks.transport.queue_ops import QueueOps
 
     places = [
-        (LockObject, "_acquire"),
+        (LockObject, "acquire_on_loop"),
         (LeaseState, "release"),
         (permit.PermitState, "release"),
         (QueueOps, "notify_soon"),
         (permit, "carrying"),
         (Waiter, "__init__"),
-        (Waiter, "_on_notice"),
+        (Waiter, "on_notice"),
     ]
     before = [vars(owner)[attr] for owner, attr in places]
     session = instrument()

@@ -167,7 +167,7 @@ def test_a_token_queue_from_another_line_is_set_up_and_used(
     setup, acquire and release work on it, with a WARNING naming what it lacks. On 3.x a
     queue with ``x-delivery-limit: -1`` (a 4.x client's) is refused: 3.x would drop every
     token at its first return."""
-    here = broker._core.run(_version(broker))
+    here = broker.core.run(_version(broker))
     ours = _token_args(here)
     tried = 0
     for line in LINES:
@@ -221,7 +221,7 @@ def test_a_queue_with_another_delivery_limit_is_still_refused(
 
 
 async def _version(broker: Broker) -> tuple[int, int]:
-    return broker_version(await broker._core.session())
+    return broker_version(await broker.core.session())
 
 
 def _delete(url: str, queue: str) -> None:
@@ -246,17 +246,17 @@ def test_a_cluster_waiter_subscribes_to_helper_queues_of_another_line(
     with Broker(amqp_url, cluster=True) as broker:
 
         async def subscribed() -> tuple[tuple[int, int], bool]:
-            session = await broker._core.session()
+            session = await broker.core.session()
             async with subscribe(session, wakeups, sentinels) as waiter:
                 return session.version, waiter.ready
 
-        here = broker._core.run(_version(broker))
+        here = broker.core.run(_version(broker))
         other = (4, 0) if here < (4, 0) else (3, 13)
         theirs = {**quorum_arguments(other, lock_delay_ms=None), "x-expires": 600_000}
         _declare(amqp_url, wakeups, {**theirs, "x-message-ttl": NOTICE_TTL_MS})
         _declare(amqp_url, sentinels, theirs)
         try:
-            version, ready = broker._core.run(subscribed())
+            version, ready = broker.core.run(subscribed())
             assert version == here
             assert ready is (here >= (4, 0)), (here, theirs)
         finally:

@@ -197,29 +197,29 @@ def test_a_deleted_probe_queue_proves_nothing_and_is_declared_again(amqp_url: st
     guarded = Broker(amqp_url, cluster=True, net_ticktime=10, quorum_timeout=5)
     other = Broker(amqp_url)
     try:
-        core = guarded._core
+        core = guarded.core
         guard = core.run(core.session()).guard
         assert guard is not None
         queue = guard._queue
         wait_for(lambda: guard.confirmed >= 1, 10, "a first confirmed probe")
-        other._core.run(_delete(other, queue))
+        other.core.run(_delete(other, queue))
         wait_for(lambda: guard.returned >= 1, 10, "a probe returned unroutable")
         confirmed = guard.confirmed
-        wait_for(lambda: other._core.run(_exists(other, queue)), 10, "the queue declared again")
+        wait_for(lambda: other.core.run(_exists(other, queue)), 10, "the queue declared again")
         wait_for(lambda: guard.confirmed > confirmed, 10, "confirms on the new queue")
         assert core.run(core.session()).alive
     finally:
         guarded.close()
-        other._core.run(_delete(other, queue))
+        other.core.run(_delete(other, queue))
         other.close()
 
 
 async def _delete(broker: Broker, queue: str) -> None:
-    await (await broker._core.session()).delete(queue)
+    await (await broker.core.session()).delete(queue)
 
 
 async def _exists(broker: Broker, queue: str) -> bool:
-    return await (await broker._core.session()).exists_passive(queue)
+    return await (await broker.core.session()).exists_passive(queue)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
@@ -237,7 +237,7 @@ def test_held_locks_are_checked_on_their_own_queues(amqp_url: str, name: str) ->
     from amqp_locks.names import quorum_mutex_name, token_queue
 
     with Broker(amqp_url, cluster=True) as guarded, Broker(amqp_url, cluster=True) as other:
-        core = guarded._core
+        core = guarded.core
         guard = core.run(core.session()).guard
         assert guard is not None
         mutex_queue = token_queue(quorum_mutex_name(name))
@@ -284,7 +284,7 @@ def test_many_held_locks_behind_a_slow_link_stay_held_and_a_cut_is_told(
                 for i in range(LOCKS)
             ]
             assert None not in leases
-            core = broker._core
+            core = broker.core
             guard = core.run(core.session()).guard
             assert guard is not None
             period = core.timing.check_period

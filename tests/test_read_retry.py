@@ -34,7 +34,7 @@ def _dropping_reader(sessions: list[Any], drops: int) -> Any:
 
 def test_a_read_goes_on_over_a_new_connection(amqp_url: str, broker: Broker, name: str) -> None:
     sessions: list[Any] = []
-    core = broker._core
+    core = broker.core
     with Broker(amqp_url) as other, Mutex(other, name):  # held elsewhere: the read says so
         held = core.run(read_locked(core, _dropping_reader(sessions, 1), name))
     assert held is True
@@ -45,7 +45,7 @@ def test_a_read_goes_on_over_a_new_connection(amqp_url: str, broker: Broker, nam
 def test_a_second_loss_reaches_the_caller(broker: Broker, name: str) -> None:
     """Once more, not for ever: a read that keeps losing its connection raises."""
     sessions: list[Any] = []
-    core = broker._core
+    core = broker.core
     with pytest.raises(ConnectionLost, match="cut by the test"):
         core.run(read_locked(core, _dropping_reader(sessions, 2), name))
     assert len(sessions) == 2

@@ -72,7 +72,7 @@ def test_a_session_locking_many_names_stays_bounded(
             lease = Mutex(b, name).acquire(timeout=5)
             assert lease is not None
             lease.release()
-            session = b._core._session
+            session = b.core._session
             assert session is not None
             for attr in PER_NAME:
                 size = len(getattr(session, attr))

@@ -65,7 +65,7 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wire]:
 
 
 def _session(broker: Broker) -> Session:
-    return broker._core.run(broker._core.session())
+    return broker.core.run(broker.core.session())
 
 
 def settle(broker: Broker) -> None:
@@ -73,11 +73,11 @@ def settle(broker: Broker) -> None:
     commit, the wake-up notice, channels going back to the pool)."""
 
     async def done() -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         while session._tasks:
             await asyncio.gather(*list(session._tasks), return_exceptions=True)
 
-    broker._core.run(done())
+    broker.core.run(done())
 
 
 def cycles(broker: Broker, acquire: Callable[[], Lease | None], wire: Wire) -> dict[str, float]:
@@ -184,7 +184,7 @@ def test_a_watch_channel_with_a_parked_probe_is_cleaned_and_reused(
     while not state._parked:  # the probe's delivery reaches the holder's I/O thread
         assert time.monotonic() < deadline, "the searcher's probe never reached the holder"
         time.sleep(0.005)
-    watch = state._watch
+    watch = state.watch_channel
     wire.recording = True
     lease.release()
     settle(broker)
@@ -198,7 +198,7 @@ def test_a_watch_channel_with_a_parked_probe_is_cleaned_and_reused(
             await ch.basic_qos(prefetch_count=1)
         return [ch.is_closed for ch in session._ready]
 
-    assert not any(broker._core.run(round_trip_on_each()))
+    assert not any(broker.core.run(round_trip_on_each()))
     again = sem.acquire(timeout=10)
     assert again is not None and again.number == 1
     SemaphoreAdmin(broker, name).remove_slots(1)
@@ -213,7 +213,7 @@ def test_the_broker_accepts_an_ack_of_everything_when_nothing_is_outstanding(
     whenever a probe may be parked; with nothing outstanding the channel must survive."""
 
     async def ack_nothing() -> bool:
-        session = await broker._core.session()
+        session = await broker.core.session()
         ch = await session.ready_channel()
         await ch.basic_ack(0, multiple=True)
         await ch.basic_qos(prefetch_count=1)  # a round trip: the ack was handled before it
@@ -222,13 +222,13 @@ def test_the_broker_accepts_an_ack_of_everything_when_nothing_is_outstanding(
             await ch.close()
         return closed
 
-    assert broker._core.run(ack_nothing()) is False
+    assert broker.core.run(ack_nothing()) is False
 
 
 async def _take_once(broker: Broker, name: str) -> int:
     from amqp_locks.fencing import take_token
 
-    return await take_token(await broker._core.session(), name)
+    return await take_token(await broker.core.session(), name)
 
 
 def test_the_attempt_a_notice_starts_opens_no_channel(
@@ -267,7 +267,7 @@ def test_the_attempt_a_notice_starts_opens_no_channel(
         # A connection's first take on a fence shard consumes on a channel of its own
         # (fencing.py: a lost shard then times out alone); the woken attempt is judged
         # with its shard known, as every later attempt on this connection is.
-        other._core.run(_take_once(other, name))
+        other.core.run(_take_once(other, name))
         settle(other)  # the spares are back
         watched.append(session)
         monkeypatch.setattr(Session, "open_channel", recorded("call", open_channel))

@@ -412,10 +412,11 @@ def test_aio_readers_share_and_writer_excludes(amqp_url: str, name: str) -> None
                 task = asyncio.ensure_future(rw.read_lock.acquire())
 
                 async def consumers() -> int:
-                    session = await broker._core.session()
+                    session = await broker.core.session()
                     return (await session.declare_passive_counts(readers_queue(name)))[1]
 
-                while await broker._run(consumers()) < 2:  # the writer and our waiter
+                # the writer and our waiter
+                while await asyncio.wrap_future(broker.core.submit(consumers())) < 2:
                     pass
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -525,13 +526,13 @@ def test_a_lock_of_the_previous_format_keeps_its_r(broker: Broker, name: str) ->
     from amqp_locks.rwlock.admin import lock_arguments
 
     async def make_old() -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         args = {**lock_arguments(session, False, True), "x-max-length": 2}
         await session.declare(readers_queue(name), durable=True, arguments=args)
         for k in (1, 2):
             await session.publish("", readers_queue(name), str(k).encode(), persistent=True)
 
-    broker._core.run(make_old())
+    broker.core.run(make_old())
     assert ReadWriteLock(broker, name).setup() == 2
     with ReadWriteLock(broker, name).write_lock.acquire(timeout=10) as lease:
         assert lease is not None

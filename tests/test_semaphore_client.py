@@ -119,10 +119,10 @@ def test_waiter_is_woken_by_the_release_notice(amqp_url: str, broker: Broker, na
 
 def _bound(broker: Broker) -> bool:
     async def check() -> bool:
-        session = await broker._core.session()
+        session = await broker.core.session()
         return any(w.ready for w in session.waiters)
 
-    return broker._core.run(check())
+    return broker.core.run(check())
 
 
 def _slow_waiter(other: Broker, name: str, got: list[Lease | None]) -> threading.Thread:

@@ -50,16 +50,16 @@ def delete(broker: Broker, *queues: str) -> None:
 
 def version(broker: Broker) -> tuple[int, int]:
     async def go() -> tuple[int, int]:
-        return (await broker._core.session()).version
+        return (await broker.core.session()).version
 
-    return broker._core.run(go())
+    return broker.core.run(go())
 
 
 def first_token_headers(broker: Broker, queue: str) -> dict[str, object]:
     """The headers of the token at the head of `queue` (taken and given back)."""
 
     async def go() -> dict[str, object]:
-        session = await broker._core.session()
+        session = await broker.core.session()
         ch = await session.open_channel()
         try:
             message = await ch.basic_get(queue, no_ack=False)
@@ -67,7 +67,7 @@ def first_token_headers(broker: Broker, queue: str) -> dict[str, object]:
         finally:
             await ch.close()  # gives it back
 
-    return broker._core.run(go())
+    return broker.core.run(go())
 
 
 def test_tokens_say_their_shape(cluster_broker: Broker, name: str) -> None:
@@ -170,12 +170,12 @@ def test_tokens_of_an_earlier_release_are_checked_by_the_queue(
     wire = quorum_mutex_name(name)
 
     async def legacy() -> None:
-        session = await cluster_broker._core.session()
+        session = await cluster_broker.core.session()
         args = fresh.fresh_arguments(session, new_stamp(2), True)
         messages = [(str(k).encode(), token_properties(wire, k, shard_headers())) for k in (1, 2)]
         await session.declare_and_publish(token_queue(wire), args, messages)
 
-    cluster_broker._core.run(legacy())
+    cluster_broker.core.run(legacy())
     assert KIND_HEADER not in first_token_headers(cluster_broker, token_queue(wire))
     with pytest.raises(LockShapeMismatch, match=r"2 permit\(s\), not 1"):
         Mutex(cluster_broker, name).acquire(timeout=10)
@@ -239,11 +239,11 @@ def test_a_default_client_refuses_a_short_lock_delay(amqp_url: str, name: str) -
                 assert "2000 ms" in str(err.value) and "6000 ms" in str(err.value)
 
             async def found() -> None:
-                session = await default._core.session()
+                session = await default.core.session()
                 await fresh.create(session, f"{name}s", 2, True)
 
             with pytest.raises(LockShapeMismatch, match="2000 ms"):
-                default._core.run(found())
+                default.core.run(found())
         # The short-delay client itself is still served; so is one needing less than 20 s
         # on a queue made with 20 s (a longer delay is safe).
         with Mutex(short, name).acquire(timeout=10):
@@ -285,12 +285,12 @@ def test_an_earlier_release_s_short_lock_delay_is_read_from_the_queue(
             pytest.skip("x-consumer-disconnected-timeout (the lock delay) is RabbitMQ 4.3+")
 
         async def legacy() -> None:
-            session = await short._core.session()
+            session = await short.core.session()
             args = fresh.fresh_arguments(session, new_stamp(1), True)
             token = [(b"1", token_properties(wire, 1, shard_headers()))]
             await session.declare_and_publish(token_queue(wire), args, token)
 
-        short._core.run(legacy())
+        short.core.run(legacy())
         with Mutex(short, name).acquire(timeout=10):
             pass  # its own delay: served
     with Broker(amqp_url, cluster=True) as default:

@@ -89,25 +89,25 @@ def test_a_helper_queue_made_with_the_old_expiry_is_used_as_it_is(
     watch = sentinel_queue(name, "mutex")
 
     async def make_old() -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         old = features.OLD_HELPER_EXPIRES_MS
         await session.call(
             watch,
             lambda ch: ch.queue_declare(watch, durable=True, arguments={"x-expires": old}),
         )
 
-    broker._core.run(make_old())
+    broker.core.run(make_old())
     try:
         with Broker(amqp_url) as other:
             lease = Mutex(broker, name).acquire(timeout=5)
             assert lease is not None
 
             async def watchers() -> int:
-                session = await other._core.session()
+                session = await other.core.session()
                 return (await session.declare_passive_counts(watch))[1]
 
             # The holder's sentinel consumer: its declaration adapted to the old queue.
-            wait_until(lambda: other._core.run(watchers()) >= 1, 10, "the holder's sentinel")
+            wait_until(lambda: other.core.run(watchers()) >= 1, 10, "the holder's sentinel")
             box: list[Lease | None] = []
             waiter = threading.Thread(
                 target=lambda: box.append(Mutex(other, name).acquire(timeout=10))
@@ -185,7 +185,7 @@ def test_a_read_write_lock_whose_writer_queue_expired_still_excludes(
     with rw.read_lock.acquire(timeout=5):  # type: ignore[union-attr]
         pass
     # one turn, not two: a second writer waits while the first holds
-    ready, _ = broker._core.run(_counts(broker, f"{name}.rwlock-writer"))
+    ready, _ = broker.core.run(_counts(broker, f"{name}.rwlock-writer"))
     assert ready == 1
 
 
@@ -194,7 +194,7 @@ class _NoStatus:
 
 
 async def _counts(broker: Broker, queue: str) -> tuple[int, int]:
-    session = await broker._core.session()
+    session = await broker.core.session()
     return await session.declare_passive_counts(queue)
 
 
@@ -220,15 +220,15 @@ def test_a_fence_generation_is_renewed_and_tokens_keep_rising(
     before = fence_counter(broker, name)
 
     async def take(b: Broker) -> int:
-        return await fencing.take_token(await b._core.session(), name)
+        return await fencing.take_token(await b.core.session(), name)
 
     tokens: list[int] = []
     with Broker(amqp_url) as other:
         for i in range(40):
             b = other if i % 2 else broker
-            tokens.append(b._core.run(take(b)))
+            tokens.append(b.core.run(take(b)))
     assert tokens == sorted(set(tokens)), tokens
     after = fence_counter(broker, name)
     assert int(after.rsplit("-g", 1)[1]) >= int(before.rsplit("-g", 1)[1]) + 2, "not renewed"
     assert fence_messages(broker, name) == 1  # never doubled nor lost
-    assert broker._core.run(take(broker)) > tokens[-1]
+    assert broker.core.run(take(broker)) > tokens[-1]

@@ -213,7 +213,7 @@ def test_a_late_grant_is_given_back_not_kept(
     amqp_proxy.heal()  # every answer held back arrives now
     assert_free(kind, direct, name)
     assert amqp_proxy.connections >= 1  # freed by a release, not by a dropped connection
-    assert through._core._session is not None and through._core._session.alive
+    assert through.core._session is not None and through.core._session.alive
 
 
 def test_admin_mutex_wait_keeps_its_timeout_through_a_mute_broker(
@@ -249,7 +249,7 @@ def test_remove_permits_keeps_its_timeout_when_the_broker_stops_answering_mid_dr
     assert admin.status().permits == 1  # connected
 
     async def drains() -> int:
-        session = await direct._core.session()
+        session = await direct.core.session()
         _, consumers = await session.declare_passive_counts(token_queue(name))
         return consumers
 
@@ -257,7 +257,7 @@ def test_remove_permits_keeps_its_timeout_when_the_broker_stops_answering_mid_dr
     start = time.monotonic()
     worker = threading.Thread(target=lambda: outcome.append(_call(admin.remove_permits, 1, T)))
     worker.start()
-    while direct._core.run(drains()) < 2:  # the holder's consumer and the drain's
+    while direct.core.run(drains()) < 2:  # the holder's consumer and the drain's
         assert time.monotonic() - start < T, "the drain never started"
         time.sleep(0.01)
     amqp_proxy.mute()

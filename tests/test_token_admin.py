@@ -63,7 +63,7 @@ def test_token_admin_repairs_missing_and_surplus_tokens(broker: Broker, name: st
     admin.setup(3)
 
     async def tamper() -> int:
-        session = await broker._core.session()
+        session = await broker.core.session()
         ch = await session.open_channel()
         try:
             taken = await ch.basic_get(token_queue(name), no_ack=True)  # lost for good
@@ -74,7 +74,7 @@ def test_token_admin_repairs_missing_and_surplus_tokens(broker: Broker, name: st
         finally:
             await ch.close()
 
-    lost = broker._core.run(tamper())
+    lost = broker.core.run(tamper())
     audit = admin.audit(timeout=5)
     assert audit.missing == (lost,)
     assert 9 in audit.surplus and len(audit.surplus) == 2

@@ -24,10 +24,10 @@ from .test_semaphore_client import _spawn_holder
 
 def _consumers(ts: TokenSemaphore) -> int:
     async def count() -> int:
-        session = await ts._core.session()
+        session = await ts.broker.core.session()
         return (await session.declare_passive_counts(f"{ts.name}.semaphore"))[1]
 
-    return ts._core.run(count())
+    return ts.broker.core.run(count())
 
 
 def _wait_for(predicate, what: str, limit: float = 20.0) -> None:  # type: ignore[no-untyped-def]
@@ -267,9 +267,9 @@ def _take_fence(broker: Broker, name: str) -> int:
     from amqp_locks.fencing import take_epoch
 
     async def take() -> int:  # the token semaphore's own fence: its epochs
-        return await take_epoch(await broker._core.session(), name)
+        return await take_epoch(await broker.core.session(), name)
 
-    return broker._core.run(take())
+    return broker.core.run(take())
 
 
 def test_polite_handoffs_carry_the_counter_without_the_fence(

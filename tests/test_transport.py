@@ -80,10 +80,10 @@ def test_probes_are_pipelined_and_ordered(broker: Broker, name: str) -> None:
     SemaphoreAdmin(broker, name).create(5)
 
     async def probe() -> list[bool]:
-        session = await broker._core.session()
+        session = await broker.core.session()
         return await session.probe([slot_queue(name, k) for k in range(1, 301)])
 
-    found = broker._core.run(probe())
+    found = broker.core.run(probe())
     assert found == [True] * 5 + [False] * 295
 
 
@@ -93,10 +93,10 @@ def test_probes_leave_no_message_behind(
     SemaphoreAdmin(broker, name).create(1)
 
     async def probe() -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         await session.probe([slot_queue(name, 1)] * 50)
 
-    broker._core.run(probe())
+    broker.core.run(probe())
     out = devbroker.rabbitmqctl(node, "list_queues", "name", "messages", "--no-table-headers")
     row = [line.split() for line in out.splitlines() if line.startswith(slot_queue(name, 1))]
     assert row == [[slot_queue(name, 1), "0"]]

@@ -65,7 +65,7 @@ def _lock(broker: Broker, name: str, kind: str, backoff: Backoff | None = None) 
 def _loop_of(broker: Broker) -> int:
     """The Broker's I/O loop (connecting it first), which its attempts run on."""
     broker.connect()
-    io = broker._core._io
+    io = broker.core._io
     assert io is not None
     return id(io.loop)
 
@@ -154,10 +154,10 @@ def test_a_wake_tells_a_sentinel_from_a_notice() -> None:
     async def run() -> list[Wake]:
         waiter = Waiter(sentinels="L-sem-watch")
         wakes = []
-        await waiter._on_notice(message("L-sem-wakeups", 1, b"3"))
+        await waiter.on_notice(message("L-sem-wakeups", 1, b"3"))
         wakes.append(waiter.take())
-        await waiter._on_notice(message("L-sem-watch", 2, b"2"))
-        await waiter._on_notice(message("L-sem-wakeups", 3, b"0"))
+        await waiter.on_notice(message("L-sem-watch", 2, b"2"))
+        await waiter.on_notice(message("L-sem-wakeups", 3, b"0"))
         wakes.append(waiter.take())
         wakes.append(waiter.take())  # nothing since: no tags, no sentinel
         return wakes

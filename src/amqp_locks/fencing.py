@@ -1017,10 +1017,10 @@ async def _ensure_shard(session: Session, k: int) -> bool:
 def prepare_fences(broker: BrokerLike) -> list[str]:
     """Make the 16 fence counters now, at a quiet moment, rather than on the first fenced
     grant of each (once per broker or cluster; idempotent). Returns the markers made."""
-    return broker._core.run(_prepare(broker._core))
+    return broker.core.run(prepare_on_loop(broker.core))
 
 
-async def _prepare(core: BrokerCore) -> list[str]:
+async def prepare_on_loop(core: BrokerCore) -> list[str]:
     return await ensure_shards(await core.session())
 
 

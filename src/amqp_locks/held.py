@@ -54,7 +54,7 @@ class HeldState:
     _callbacks: list[Callable[[], Any]] = field(default_factory=list)
     _cb_lock: threading.Lock = field(default_factory=threading.Lock)
     _listener: int = -1
-    _async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(
+    async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(
         default_factory=list
     )
     #: ``release(wait=True)`` asked for the broker's word: a kind whose release only writes
@@ -95,7 +95,7 @@ class HeldState:
             held,
             reason,
         )
-        for loop, event in self._async_waiters:
+        for loop, event in self.async_waiters:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(event.set)
         with self._cb_lock:

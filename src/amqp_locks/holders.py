@@ -230,14 +230,14 @@ async def bounded(coro: Coroutine[Any, Any, T], timeout: float, what: str) -> T:
 
 class HolderQueries:
     """``locked()`` and ``holders()`` of the lock kinds (sync; aio has twins). A kind
-    gives its own read as :meth:`_own_status`."""
+    gives its own read as :meth:`own_status`."""
 
     kind: ClassVar[str]
     broker: BrokerLike
     name: str
 
     @staticmethod
-    async def _own_status(core: BrokerCore, name: str) -> Reading | None:
+    async def own_status(core: BrokerCore, name: str) -> Reading | None:
         """This kind's read of `name`; a kind that must exist raises when it does not."""
         raise NotImplementedError
 
@@ -248,15 +248,15 @@ class HolderQueries:
         permits a drain or audit holds too.
         Raises :class:`SemaphoreNotFound` / :class:`TokenSemaphoreNotFound` for a
         semaphore that does not exist."""
-        core = self.broker._core
-        return core.run(read_locked(core, self._own_status, self.name))
+        core = self.broker.core
+        return core.run(read_locked(core, self.own_status, self.name))
 
     def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[HolderRecord]:
         """A record per held slot, permit or mutex (empty when none is held), waiting up to
         `timeout` seconds for the holders' answers; a holder that did not answer is a
         record with ``holder_id=None`` (see :class:`HolderRecord`). Answers within
         `timeout` + 1 s whatever the broker does, or raises :class:`BrokerTimeout`."""
-        core = self.broker._core
+        core = self.broker.core
         what = f"holders of {self.name!r}"
-        read = read_holders(core, self._own_status, self.name, timeout)
+        read = read_holders(core, self.own_status, self.name, timeout)
         return core.run(bounded(read, timeout, what))

@@ -80,7 +80,7 @@ class LockObject(ABC):
         """The kind's own acquire, on the I/O loop: the held state, or None (not blocking /
         timed out)."""
 
-    async def _acquire(self, blocking: bool, timeout: float | None) -> HeldState | None:
+    async def acquire_on_loop(self, blocking: bool, timeout: float | None) -> HeldState | None:
         """One acquire, observed (its "acquire" event: granted, timeout or error). A
         timeout is a promise: the answer comes within ``timeout`` + 1 s even from a broker
         that keeps the connection alive but answers nothing (`within`): None. A wait cut
@@ -88,7 +88,7 @@ class LockObject(ABC):
         handshake, or a reconnect hangs) never asked for the lock: it raises
         :class:`BrokerUnreachable`, so "busy" and "broker down" are never confused."""
         bound = timeout = check_wait(blocking, timeout)
-        core = self.broker._core
+        core = self.broker.core
 
         def unconnected() -> BaseException | None:
             assert bound is not None  # only a bounded wait is cut
@@ -104,7 +104,7 @@ class LockObject(ABC):
         """Hold the lock: a :class:`Lease`, or None when not blocking / timed out.
         ``blocking=False`` with a timeout is a ValueError, as for ``threading.Lock``."""
         check_wait(blocking, timeout)  # before any I/O
-        state = self.broker._core.run(self._acquire(blocking, timeout))
+        state = self.broker.core.run(self.acquire_on_loop(blocking, timeout))
         return None if state is None else Lease(state)
 
     def acquire_later(
@@ -119,10 +119,10 @@ class LockObject(ABC):
         check_timeout(timeout)
 
         async def wait() -> Lease | None:
-            state = await self._acquire(True, timeout)
+            state = await self.acquire_on_loop(True, timeout)
             return None if state is None else Lease(state)
 
-        return self.broker._core.submit(wait())
+        return self.broker.core.submit(wait())
 
     def _stack(self) -> list[Lease]:
         stack: list[Lease] | None = getattr(self._local, "leases", None)

@@ -66,7 +66,7 @@ class Mutex(LockObject, HolderQueries):
     reentrant_with = False
 
     @staticmethod
-    async def _own_status(core: BrokerCore, name: str) -> Reading:
+    async def own_status(core: BrokerCore, name: str) -> Reading:
         return await read_mutex(core, name) or Reading(LockStatus(name, "mutex", 1, 0, 1))
 
     def __init__(
@@ -86,7 +86,7 @@ class Mutex(LockObject, HolderQueries):
         self._init_wait(blocking, timeout)
         #: Cluster mode's binary token semaphore (None on one node).
         self._token: TokenSemaphore | None = None
-        if broker._core.cluster:
+        if broker.core.cluster:
             self._token = TokenSemaphore(
                 broker, quorum_mutex_name(self.name), quorum=True, fencing=fencing, first_use=True
             )
@@ -100,7 +100,7 @@ class Mutex(LockObject, HolderQueries):
             check = asyncio.ensure_future(self._check_mode())
             acquire = asyncio.ensure_future(
                 acquire_mutex(
-                    self.broker._core,
+                    self.broker.core,
                     self.name,
                     blocking=blocking,
                     timeout=timeout,
@@ -134,7 +134,7 @@ class Mutex(LockObject, HolderQueries):
         """Once per connection: refuse a mutex that cluster-mode clients hold as a token
         (they and we would not exclude each other). One passive declare, never a probe
         publish: a message routed into a token queue could be taken for a token."""
-        session = await self.broker._core.session()
+        session = await self.broker.core.session()
         if self.name in session.modes_checked:
             return
         queue = token_queue(quorum_mutex_name(self.name))

@@ -42,7 +42,7 @@ class LeaseState(HeldState):
     notice_key: str
     #: The lock's sentinel queue (transport/wakeups.py): our death wakes a waiter.
     sentinels: str | None = None
-    _watch: AbstractChannel | None = None
+    watch_channel: AbstractChannel | None = None
     _tags: dict[str, str] = field(default_factory=dict)
     _sentinel_tag: int | None = None
     _sentinel_consumer: str | None = None
@@ -59,7 +59,7 @@ class LeaseState(HeldState):
         self._listener = self.session.add_listener(self._on_session_lost)
         self.session.leases.add(self)
         ch = channel if channel is not None else await self.session.ready_channel()
-        self._watch = ch
+        self.watch_channel = ch
         ch.on_consumer_cancel_callbacks.add(self._on_cancel)
         ch.closing.add_done_callback(self._on_watch_closed)
 
@@ -191,7 +191,7 @@ class LeaseState(HeldState):
         if not self.begin_release():
             return
         session = self.session
-        watch, self._watch = self._watch, None
+        watch, self.watch_channel = self.watch_channel, None
         if not session.alive:
             session.held.discard(self.held_queue)
             self.release_failure = f"the connection had ended ({session.lost_reason})"
@@ -231,8 +231,8 @@ class LeaseState(HeldState):
         with contextlib.suppress(Exception):
             if self.session.alive:
                 await self.session.delete(self.held_queue)
-        if self._watch is not None:
-            await close_quietly(self._watch)
+        if self.watch_channel is not None:
+            await close_quietly(self.watch_channel)
         self._drop_sentinel()
         self.session.held.discard(self.held_queue)
 
@@ -342,8 +342,8 @@ async def grant(
             session.return_ready(watch_channel)
         raise
     except BaseException:
-        if state._watch is None and watch_channel is not None:
-            state._watch = watch_channel
+        if state.watch_channel is None and watch_channel is not None:
+            state.watch_channel = watch_channel
         await asyncio.shield(state.abandon())
         raise
 

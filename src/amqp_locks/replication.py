@@ -15,7 +15,7 @@ from .transport.broker import BrokerLike
 def choose_quorum(broker: BrokerLike, quorum: bool | None, what: str) -> bool:
     """`quorum` as given, or (None) whether the broker is a cluster; refuses
     ``quorum=False`` in cluster mode."""
-    cluster = broker._core.cluster
+    cluster = broker.core.cluster
     if quorum is None:
         return cluster
     if cluster and not quorum:

@@ -84,8 +84,8 @@ def lock_status(
     answer themselves, and one that has not answered within `timeout` seconds is listed
     with ``holder_id=None`` rather than guessed. Answers within `timeout` + 1 s whatever
     the broker does, or raises :class:`~amqp_locks.errors.BrokerTimeout`."""
-    read = read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
-    return broker._core.run(bounded(read, timeout, f"status of {name!r}"))
+    read = read_lock_status(broker.core, name, kinds, records=records, timeout=timeout)
+    return broker.core.run(bounded(read, timeout, f"status of {name!r}"))
 
 
 def of_kind(found: Sequence[LockStatus], kind: Kind) -> LockStatus | None:

@@ -97,7 +97,7 @@ class Nodes:
         semaphore) whether a consumer waits for a token."""
         if tokens is not None:
             return TokenSemaphore(broker, tokens).status().waiting >= 1
-        session = broker._core._session
+        session = broker.core._session
         return session is not None and any(w.ready for w in list(session.waiters))
 
     def kill(self, index: int) -> None:

@@ -22,13 +22,13 @@ def _counts(broker: Broker, queue: str) -> tuple[int, int] | None:
     """(ready, consumers) of `queue`, None when it does not exist."""
 
     async def go() -> tuple[int, int] | None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         try:  # one passive declare: a queue can expire between two
             return await session.declare_passive_counts(queue)
         except QueueNotFound:
             return None
 
-    return broker._core.run(go())
+    return broker.core.run(go())
 
 
 def test_clients_on_every_node_racing_on_a_fresh_name(nodes: Nodes, name: str) -> None:

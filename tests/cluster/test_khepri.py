@@ -282,7 +282,7 @@ def test_lock_held_through_a_dead_node(store: Store, kind: str, trial: int, name
             lambda: TokenSemaphore(b3, name).status().waiting >= 1, 10, "the waiter to consume"
         )
     else:
-        session = b2._core._session
+        session = b2.core._session
         wait_until(
             lambda: session is not None and any(w.ready for w in list(session.waiters)),
             10,

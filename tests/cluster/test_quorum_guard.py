@@ -47,7 +47,7 @@ def test_holder_on_a_node_without_majority_is_told(
         lock = ReadWriteLock(b1, name).write_lock  # type: ignore[assignment]
     held = lock.acquire(timeout=20)
     assert held is not None
-    guard = b1._core._session.guard if b1._core._session else None
+    guard = b1.core._session.guard if b1.core._session else None
     assert guard is not None and guard.confirmed > 0, "the guard never had a confirm"
 
     frozen_at = _freeze(nodes, frozen)
@@ -56,7 +56,7 @@ def test_holder_on_a_node_without_majority_is_told(
     assert held.lost_reason is not None and "quorum" in held.lost_reason
     # The proof is the newest confirmed probe (sent at most one interval before the freeze)
     # or the held lock's newest answered check (at most one check period before it).
-    assert told >= BOUND - b1._core.timing.check_period - 0.1, told
+    assert told >= BOUND - b1.core.timing.check_period - 0.1, told
     print(f"\n{kind}: holder told {told:.2f} s after the freeze (quorum_timeout {BOUND} s)")
 
     for index in frozen:

@@ -60,14 +60,14 @@ def waiting(kind: str, broker: Broker, name: str, holders: int) -> int:
         queue = sentinel_queue(name, "sem" if kind == "semaphore" else "mutex")
 
     async def count() -> int:
-        session = await broker._core.session()
+        session = await broker.core.session()
         try:
             _, consumers = await session.declare_passive_counts(queue)
         except QueueNotFound:
             return 0
         return consumers - holders
 
-    return broker._core.run(count())
+    return broker.core.run(count())
 
 
 def capacity(kind: str, broker: Broker, name: str, permits: int) -> int:
@@ -120,10 +120,10 @@ def cleanup(url: str, name: str) -> None:
     ]
 
     async def delete_all(broker: Broker) -> None:
-        session = await broker._core.session()
+        session = await broker.core.session()
         for q in queues:
             with contextlib.suppress(Exception):
                 await session.delete(q)
 
     with contextlib.suppress(Exception), Broker(url, heartbeat=5) as broker:
-        broker._core.run(delete_all(broker))
+        broker.core.run(delete_all(broker))

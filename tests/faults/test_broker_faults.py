@@ -119,11 +119,11 @@ def test_memory_alarm_does_not_cost_the_lease(fault_node: devbroker.NodeInfo) ->
     with Broker(fault_node.url, heartbeat=HB) as b:
         lease = Mutex(b, name).acquire(timeout=10)
         assert lease is not None
-        session = b._core.run(b._core.session())
+        session = b.core.run(b.core.session())
         devbroker.rabbitmqctl(fault_node, "set_vm_memory_high_watermark", "0.0000001")
         try:
             # A publish during the alarm (an acquire's probe would do) blocks the connection.
-            b._core.run(_spawn_publish(session))
+            b.core.run(_spawn_publish(session))
             deadline = time.monotonic() + 20
             while not session._blocked():  # the broker told us: connection.blocked
                 assert time.monotonic() < deadline, "no connection.blocked from the broker"

@@ -84,7 +84,7 @@ def test_the_first_contact_gets_the_connect_timeout(proxy: FaultProxy, name: str
         done = threading.Event()
 
         def quick_once_connected() -> None:  # the acquire itself at full speed
-            waiting.wait_until(lambda: broker._core.connected or done.is_set(), 20, "connect")
+            waiting.wait_until(lambda: broker.core.connected or done.is_set(), 20, "connect")
             proxy.delay(0.0)
 
         thread = threading.Thread(target=quick_once_connected, daemon=True)
@@ -95,7 +95,7 @@ def test_the_first_contact_gets_the_connect_timeout(proxy: FaultProxy, name: str
         finally:
             done.set()
             thread.join(20)
-        assert broker._core.connected and time.monotonic() - began > 1.0  # the premise
+        assert broker.core.connected and time.monotonic() - began > 1.0  # the premise
         assert locker.lease is not None and not locker.lease.lost.is_set()
         locker.stop()
         locker.close()

@@ -46,28 +46,31 @@ __all__ = [
 ]
 
 
+async def _on_loop(broker: BrokerBase, coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the broker's I/O loop and await its result here."""
+    return await _settle(broker, broker.core.submit(coro))
+
+
+async def _settle(broker: BrokerBase, fut: concurrent.futures.Future[T]) -> T:
+    """Await an operation on the I/O loop. One that ``close()`` ended raises
+    BrokerClosed; a cancellation of our own task stays a CancelledError (and cancels
+    the operation on the I/O loop)."""
+    try:
+        return await asyncio.wrap_future(fut)
+    except (asyncio.CancelledError, Exception) as exc:
+        task = asyncio.current_task()
+        ours = task is not None and task.cancelling() > 0
+        closed = None if ours else broker.core.closed_error(exc)
+        if closed is not None:
+            raise closed from None
+        raise
+
+
 class Broker(BrokerBase):
     """asyncio twin of :class:`amqp_locks.Broker` (same arguments)."""
 
-    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await self._await(self._core.submit(coro))
-
-    async def _await(self, fut: concurrent.futures.Future[T]) -> T:
-        """Await an operation on the I/O loop. One that ``close()`` ended raises
-        BrokerClosed; a cancellation of our own task stays a CancelledError (and cancels
-        the operation on the I/O loop)."""
-        try:
-            return await asyncio.wrap_future(fut)
-        except (asyncio.CancelledError, Exception) as exc:
-            task = asyncio.current_task()
-            ours = task is not None and task.cancelling() > 0
-            closed = None if ours else self._core.closed_error(exc)
-            if closed is not None:
-                raise closed from None
-            raise
-
     async def connect(self) -> Broker:
-        await self._run(self._core.session())
+        await _on_loop(self, self.core.session())
         return self
 
     async def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
@@ -76,7 +79,7 @@ class Broker(BrokerBase):
         # Closing ends with joining the I/O thread (IOThread.stop): a blocking join that
         # cannot run on that thread's own loop and would stall the caller's, so it waits
         # on a worker thread. Only close does; every lock and admin call awaits the loop.
-        await asyncio.get_running_loop().run_in_executor(None, self._core.close, timeout)
+        await asyncio.get_running_loop().run_in_executor(None, self.core.close, timeout)
 
     async def __aenter__(self) -> Broker:
         return self
@@ -113,12 +116,12 @@ class Lease:
         if self._state.lost_reason is None:
             event = asyncio.Event()
             loop = asyncio.get_running_loop()
-            self._state._async_waiters.append((loop, event))
+            self._state.async_waiters.append((loop, event))
             try:
                 if self._state.lost_reason is None:
                     await event.wait()
             finally:
-                self._state._async_waiters.remove((loop, event))
+                self._state.async_waiters.remove((loop, event))
         return self._state.lost_reason or ""
 
     def on_lost(self, callback: Callable[[Lease], Any]) -> None:
@@ -127,13 +130,13 @@ class Lease:
 
     async def verify(self) -> bool:
         self._state.check_process()
-        return await self._broker._run(self._state.verify())
+        return await _on_loop(self._broker, self._state.verify())
 
     async def release(self, wait: bool = False) -> None:
         """See :meth:`amqp_locks.Lease.release`: ``await lease.release(wait=True)`` returns
         once the broker has confirmed the release (ReleaseUnconfirmed if it could not)."""
         self._state.check_process()
-        core = self._broker._core
+        core = self._broker.core
         if core.closed:
             core.release(self._state, wait)  # nothing to do but report (no I/O)
             return
@@ -142,7 +145,7 @@ class Lease:
             done, _ = await asyncio.wait({asyncio.wrap_future(fut)}, timeout=RELEASE_HANDOFF)
             if not done:
                 return
-        await self._broker._await(fut)
+        await _settle(self._broker, fut)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -168,7 +171,7 @@ class _Acquirable:
     def _start(
         self, blocking: bool, timeout: float | None
     ) -> Coroutine[Any, Any, HeldState | None]:
-        return self._sync._acquire(blocking, timeout)
+        return self._sync.acquire_on_loop(blocking, timeout)
 
     @property
     def name(self) -> str:
@@ -180,7 +183,7 @@ class _Acquirable:
         hand it to ``asyncio.create_task``, ``TaskGroup.create_task`` or
         ``asyncio.wait_for``, or use it as ``async with lock.acquire(...) as lease:``
         (raises LockTimeout instead of giving None; releases at the end)."""
-        return _AcquireCall(self, blocking, timeout)
+        return _AcquireCall(self, self._broker, self._start, blocking, timeout)
 
     async def __aenter__(self) -> Lease:
         sync = self._sync
@@ -212,16 +215,25 @@ class _AcquireCall(Coroutine[Any, Any, "Lease | None"]):
     The underlying coroutine is made on first use: an acquire never awaited costs nothing
     and warns of nothing."""
 
-    def __init__(self, owner: _Acquirable, blocking: bool, timeout: float | None) -> None:
+    def __init__(
+        self,
+        owner: _Acquirable,
+        broker: Broker,
+        start: Callable[[bool, float | None], Coroutine[Any, Any, HeldState | None]],
+        blocking: bool,
+        timeout: float | None,
+    ) -> None:
         self._owner = owner
+        self._broker = broker
+        self._start = start
         self._blocking = blocking
         self._timeout = timeout
         self._lease: Lease | None = None
         self._coro: Coroutine[Any, Any, Lease | None] | None = None
 
     async def _go(self) -> Lease | None:
-        broker = self._owner._broker
-        state = await broker._run(self._owner._start(self._blocking, self._timeout))
+        broker = self._broker
+        state = await _on_loop(broker, self._start(self._blocking, self._timeout))
         return None if state is None else Lease(state, broker)
 
     def _inner(self) -> Coroutine[Any, Any, Lease | None]:
@@ -265,18 +277,20 @@ class _HolderQueries:
 
     async def locked(self) -> bool:
         """See :meth:`amqp_locks.Mutex.locked`."""
-        core = self._broker._core
-        return await self._broker._run(
-            _holders.read_locked(core, self._sync._own_status, self.name)
+        core = self._broker.core
+        return await _on_loop(
+            self._broker, _holders.read_locked(core, self._sync.own_status, self.name)
         )
 
     async def holders(
         self, timeout: float = _holders.HOLDER_TIMEOUT
     ) -> list[_holders.HolderRecord]:
         """See :meth:`amqp_locks.Mutex.holders`."""
-        core = self._broker._core
-        read = _holders.read_holders(core, self._sync._own_status, self.name, timeout)
-        return await self._broker._run(_holders.bounded(read, timeout, f"holders of {self.name!r}"))
+        core = self._broker.core
+        read = _holders.read_holders(core, self._sync.own_status, self.name, timeout)
+        return await _on_loop(
+            self._broker, _holders.bounded(read, timeout, f"holders of {self.name!r}")
+        )
 
     @property
     def name(self) -> str:
@@ -357,25 +371,25 @@ class TokenAdmin:
         self.name = self._ops.name
 
     async def setup(self, permits: int) -> int:
-        return await self._broker._run(self._ops.setup(permits))
+        return await _on_loop(self._broker, self._ops.setup(permits))
 
     async def add_permits(self, count: int) -> list[int]:
-        return await self._broker._run(self._ops.add_permits(count))
+        return await _on_loop(self._broker, self._ops.add_permits(count))
 
     async def remove_permits(self, count: int, timeout: float | None = None) -> list[int]:
-        return await self._broker._run(self._ops.remove_permits(count, timeout))
+        return await _on_loop(self._broker, self._ops.remove_permits(count, timeout))
 
     async def status(self) -> _tokens.TokenStatus:
-        return await self._broker._run(self._ops.status())
+        return await _on_loop(self._broker, self._ops.status())
 
     async def audit(self, timeout: float = 5.0) -> _tokens.Audit:
-        return await self._broker._run(self._ops.audit(timeout))
+        return await _on_loop(self._broker, self._ops.audit(timeout))
 
     async def repair(self, timeout: float = 5.0) -> _tokens.Audit:
-        return await self._broker._run(self._ops.repair(timeout))
+        return await _on_loop(self._broker, self._ops.repair(timeout))
 
     async def destroy(self, *, purge_fence: bool = False) -> None:
-        await self._broker._run(self._ops.destroy(purge_fence=purge_fence))
+        await _on_loop(self._broker, self._ops.destroy(purge_fence=purge_fence))
 
     def __repr__(self) -> str:
         return f"aio.TokenAdmin({self.name!r})"
@@ -403,13 +417,13 @@ class ReadWriteLock(_HolderQueries):
         self.write_lock = _RWHalf(broker, self._sync.write_lock)
 
     async def setup(self) -> int:
-        return await self._broker._run(self._sync._setup())
+        return await _on_loop(self._broker, self._sync.setup_on_loop())
 
     async def status(self) -> _rwlock.RWLockStatus | None:
-        return await self._broker._run(self._sync._status())
+        return await _on_loop(self._broker, self._sync.status_on_loop())
 
     async def destroy(self) -> None:
-        await self._broker._run(self._sync._destroy())
+        await _on_loop(self._broker, self._sync.destroy_on_loop())
 
     def __repr__(self) -> str:
         return f"aio.{self._sync!r}"
@@ -424,13 +438,13 @@ async def lock_status(
     timeout: float = _holders.HOLDER_TIMEOUT,
 ) -> list[_status.LockStatus]:
     """asyncio twin of :func:`amqp_locks.lock_status`."""
-    read = _status.read_lock_status(broker._core, name, kinds, records=records, timeout=timeout)
-    return await broker._run(_holders.bounded(read, timeout, f"status of {name!r}"))
+    read = _status.read_lock_status(broker.core, name, kinds, records=records, timeout=timeout)
+    return await _on_loop(broker, _holders.bounded(read, timeout, f"status of {name!r}"))
 
 
 async def prepare_fences(broker: Broker) -> list[str]:
     """asyncio twin of :func:`amqp_locks.prepare_fences`."""
-    return await broker._run(_fencing._prepare(broker._core))
+    return await _on_loop(broker, _fencing.prepare_on_loop(broker.core))
 
 
 class SemaphoreAdmin:
@@ -446,32 +460,32 @@ class SemaphoreAdmin:
         self.name = self._ops.name
 
     async def create(self, slots: int) -> int:
-        return await self._broker._run(self._ops.create(slots))
+        return await _on_loop(self._broker, self._ops.create(slots))
 
     async def destroy(self, *, purge_fence: bool = False) -> _admin.Removal:
-        return await self._broker._run(self._ops.destroy(purge_fence=purge_fence))
+        return await _on_loop(self._broker, self._ops.destroy(purge_fence=purge_fence))
 
     async def max_slots(self) -> int:
-        return await self._broker._run(self._ops.max_slots())
+        return await _on_loop(self._broker, self._ops.max_slots())
 
     async def add_slots(self, count: int) -> int:
-        return await self._broker._run(self._ops.add_slots(count))
+        return await _on_loop(self._broker, self._ops.add_slots(count))
 
     async def remove_slots(self, count: int, *, wait: float | None = 0) -> _admin.Removal:
-        return await self._broker._run(self._ops.remove_slots(count, wait=wait))
+        return await _on_loop(self._broker, self._ops.remove_slots(count, wait=wait))
 
     async def holders(self, *, beyond: int = 0) -> list[int]:
-        return await self._broker._run(self._ops.holders(beyond=beyond))
+        return await _on_loop(self._broker, self._ops.holders(beyond=beyond))
 
     async def wait_for_holders(
         self, slots: Sequence[int], timeout: float | None = None, *, interval: float = 0.1
     ) -> list[int]:
-        return await self._broker._run(
-            self._ops.wait_for_holders(slots, timeout, interval=interval)
+        return await _on_loop(
+            self._broker, self._ops.wait_for_holders(slots, timeout, interval=interval)
         )
 
     async def repair_fence(self, base: int) -> bool:
-        return await self._broker._run(self._ops.repair_fence(base))
+        return await _on_loop(self._broker, self._ops.repair_fence(base))
 
     def __repr__(self) -> str:
         return f"aio.SemaphoreAdmin({self.name!r})"

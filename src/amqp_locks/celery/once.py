@@ -116,7 +116,7 @@ def keeper_key(task_id: str) -> str:
 
 
 async def _session(broker: Broker) -> Session:
-    return await broker._core.session()
+    return await broker.core.session()
 
 
 async def _declare_claim(
@@ -143,13 +143,13 @@ async def _declare_claim(
 
 def claim(broker: Broker, name: str, durable: bool = True) -> bool:
     """Free -> queued: True if this call created the key's claim (one round trip)."""
-    return broker._core.run(_declare_claim(broker, claim_exchange(name), durable))
+    return broker.core.run(_declare_claim(broker, claim_exchange(name), durable))
 
 
 def claim_soon(broker: Broker, name: str, durable: bool = True) -> Callable[[], bool]:
     """Start :func:`claim` on the lock connection; the returned callable waits for its
     answer (raising what it raised), as often as asked."""
-    core = broker._core
+    core = broker.core
     sent = threading.Event()
     future = core.submit(_declare_claim(broker, claim_exchange(name), durable, sent.set))
     future.add_done_callback(lambda _: sent.set())
@@ -230,7 +230,7 @@ def busy(broker: Broker, name: str) -> bool:
     async def go() -> bool:
         return await exchange_exists(await _session(broker), exchange)
 
-    return broker._core.run(broker._core.read(go))
+    return broker.core.run(broker.core.read(go))
 
 
 def forget(broker: Broker, name: str, task_id: str | None = None, force: bool = False) -> bool:
@@ -254,7 +254,7 @@ def forget(broker: Broker, name: str, task_id: str | None = None, force: bool = 
             return False
         return True
 
-    return broker._core.run(go())
+    return broker.core.run(go())
 
 
 async def _alive_queue(broker: Broker) -> str:
@@ -389,7 +389,7 @@ class Mark:
 
     def start(self, retried: bool) -> None:
         """Queued -> running."""
-        self.broker._core.run(self._start(retried))
+        self.broker.core.run(self._start(retried))
 
     def end(self, hand_over: bool) -> None:
         """Running -> free: remove our binding (the last one deletes the exchange); with
@@ -410,7 +410,7 @@ class Mark:
             elif not hand_over:
                 await unbind_exchange(await _session(self.broker), KEEPER, exchange, key)
 
-        self.broker._core.run(go())
+        self.broker.core.run(go())
 
 
 __all__ = [

@@ -33,7 +33,7 @@ class AmqpLocker(Locker):
         # A crashed master publishes no notice: re-check at most every interval (<= 1 s).
         poll = min(1.0, self.lock_acquire_sleep_interval)
         self._mutex = Mutex(broker, name, backoff=Backoff(min(0.05, poll), poll))
-        self._core = broker._core
+        self._core = broker.core
         self._lease: Lease | None = None
         self._reached = False  # whether an attempt ever got an answer from the broker
         #: The standby's one wait, kept across attempts (:meth:`_granted`).

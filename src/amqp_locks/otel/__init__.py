@@ -2,7 +2,7 @@
 amqp-locks[otel]``; docs/observability.md).
 
 ``AmqpLocksInstrumentor().instrument(tracer_provider=..., meter_provider=...)`` patches
-the one place every acquire goes through (``LockObject._acquire``: mutex, persistent and
+the one place every acquire goes through (``LockObject.acquire_on_loop``: mutex, persistent and
 token semaphores, both halves of the read-write lock, sync and asyncio alike, and what
 Celery, tooz and the lockers build on them) and the administration cores, and subscribes
 to :mod:`amqp_locks.events`; ``uninstrument()`` puts everything back. Until then nothing

@@ -149,16 +149,16 @@ def wrap_waiter_init(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def wrap_on_notice(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``Waiter._on_notice``: note a notice's handoff header (a sentinel has none)."""
+    """``Waiter.on_notice``: note a notice's handoff header (a sentinel has none)."""
 
-    async def _on_notice(waiter: Any, message: Any) -> None:
+    async def on_notice(waiter: Any, message: Any) -> None:
         notices = waiter.__dict__.get("_otel_notices")
         value = headers_of(message).get(HEADER)
         if notices is not None and value is not None:
             notices.append(value)
         await original(waiter, message)
 
-    return _on_notice
+    return on_notice
 
 
 def previous_hold(state: Any, notices: list[Any]) -> SpanContext | None:

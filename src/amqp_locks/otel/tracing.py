@@ -1,7 +1,7 @@
 """The spans: acquire (the call to its outcome), hold (the grant to the release or the
 loss), master (an election term) and one per administration call.
 
-Every acquire goes through ``LockObject._acquire`` (the sync lock objects, their asyncio
+Every acquire goes through ``LockObject.acquire_on_loop`` (the sync lock objects, their asyncio
 twins, the read-write lock's halves, and whatever is built on them). Its coroutine is
 *made* in the caller's thread or task and *run* on the Broker's private I/O thread, where
 the caller's context is not current: the patched method captures the context (and the
@@ -108,7 +108,7 @@ class Tracing:
         setattr(cls, attr, functools.wraps(original)(make(original)))
 
     def patch(self) -> None:
-        self._patch(LockObject, "_acquire", self._wrap_acquire)
+        self._patch(LockObject, "acquire_on_loop", self._wrap_acquire)
         for cls, kind, methods in ADMIN:
             for method in methods:
                 self._patch(cls, method, functools.partial(self._wrap_admin, kind, method))
@@ -121,7 +121,7 @@ class Tracing:
         self._patch(permit, "carrying", handoff.wrap_carrying)
         # ... and the waiting side reads it.
         self._patch(Waiter, "__init__", handoff.wrap_waiter_init)
-        self._patch(Waiter, "_on_notice", handoff.wrap_on_notice)
+        self._patch(Waiter, "on_notice", handoff.wrap_on_notice)
 
     def unpatch(self) -> None:
         """Put the originals back; end what is still open (its end is not known)."""
@@ -168,7 +168,7 @@ class Tracing:
         parent: otel_context.Context,
         start: int,
     ) -> Any:
-        core = lock.broker._core
+        core = lock.broker.core
         attrs = self._lock_attributes(lock.kind, lock.name)
         attrs[MODE] = "cluster" if core.cluster else "single_node"
         shared = getattr(lock, "shared", None)

@@ -58,7 +58,7 @@ class _Half(LockObject):
         while True:
             try:
                 return await acquire(
-                    self.rw._core,
+                    self.rw.broker.core,
                     self.name,
                     deadline=deadline,
                     nonblocking=nonblocking,
@@ -73,7 +73,8 @@ class _Half(LockObject):
                     raise
                 rounds += 1
                 rw = self.rw
-                await shielded(first_use(rw._core, self.name, rw.readers, rw.quorum, self.shared))
+                made = first_use(rw.broker.core, self.name, rw.readers, rw.quorum, self.shared)
+                await shielded(made)
             except ConnectionLost:
                 expired = deadline is not None and time.monotonic() >= deadline
                 if (nonblocking and retried) or expired:
@@ -121,7 +122,7 @@ class ReadWriteLock(HolderQueries):
     kind = "rwlock"
 
     @staticmethod
-    async def _own_status(core: BrokerCore, name: str) -> Reading:
+    async def own_status(core: BrokerCore, name: str) -> Reading:
         reading = await read_rwlock(core, name)
         return reading or Reading(LockStatus(name, "rwlock", 0, 0, 0))  # not set up: free
 
@@ -151,24 +152,24 @@ class ReadWriteLock(HolderQueries):
 
     @property
     def _core(self) -> BrokerCore:
-        return self.broker._core
+        return self.broker.core
 
-    async def _setup(self) -> int:
+    async def setup_on_loop(self) -> int:
         return await setup(self._core, self.name, self.readers, self.quorum)
 
     def setup(self) -> int:
         """Create the lock's queues and tokens unless they exist (acquires do it on first
         use); returns R. Raises LockError if ``readers`` was given and differs."""
-        return self._core.run(self._setup())
+        return self._core.run(self.setup_on_loop())
 
-    async def _status(self) -> RWLockStatus | None:
+    async def status_on_loop(self) -> RWLockStatus | None:
         return await read_status(await self._core.session(), self.name)
 
     def status(self) -> RWLockStatus | None:
         """Reader tokens, free tokens, writer and waiters; None if not set up."""
-        return self._core.run(self._status())
+        return self._core.run(self.status_on_loop())
 
-    async def _destroy(self) -> None:
+    async def destroy_on_loop(self) -> None:
         admin = held_mutex(self._core, base_name(self.name), self.mutex_timeout, Backoff())
         async with admin as m:
             for queue in (ledger_queue(self.name), readers_queue(self.name)):
@@ -178,7 +179,7 @@ class ReadWriteLock(HolderQueries):
     def destroy(self) -> None:
         """Delete the lock's queues (holders are told: lost). Its fence is a shared shard,
         so a lock set up again under this name keeps its fencing tokens rising."""
-        self._core.run(self._destroy())
+        self._core.run(self.destroy_on_loop())
 
     def __repr__(self) -> str:
         return f"ReadWriteLock({self.name!r})"

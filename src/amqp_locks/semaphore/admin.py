@@ -103,14 +103,14 @@ class SemaphoreAdminCore:
         self.backoff = backoff or Backoff()
         #: Cluster mode: the slots are tokens of a quorum queue (semaphore/cluster.py).
         self._cluster = (
-            ClusterSlots(broker, self.name, self.mutex_timeout) if broker._core.cluster else None
+            ClusterSlots(broker, self.name, self.mutex_timeout) if broker.core.cluster else None
         )
 
     # --- plumbing -----------------------------------------------------------------------
 
     @property
     def _core(self) -> BrokerCore:
-        return self.broker._core
+        return self.broker.core
 
     @contextlib.asynccontextmanager
     async def _mutex(self) -> AsyncIterator[Session]:
@@ -319,7 +319,7 @@ class SemaphoreAdmin:
 
     @property
     def _core(self) -> BrokerCore:
-        return self.broker._core
+        return self.broker.core
 
     def max_slots(self) -> int:
         """The semaphore's number of slots C (0 if it does not exist)."""

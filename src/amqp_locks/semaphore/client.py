@@ -188,7 +188,7 @@ class PersistentSemaphore(LockObject, HolderQueries):
     kind = "semaphore"
 
     @staticmethod
-    async def _own_status(core: BrokerCore, name: str) -> Reading:
+    async def own_status(core: BrokerCore, name: str) -> Reading:
         reading = await read_semaphore(core, name)
         if reading is None:
             raise SemaphoreNotFound(f"semaphore {name!r} does not exist (no slots)")
@@ -217,7 +217,7 @@ class PersistentSemaphore(LockObject, HolderQueries):
         self._init_wait(blocking, timeout)
 
     async def _wait(self, blocking: bool, timeout: float | None) -> HeldState | None:
-        core = self.broker._core
+        core = self.broker.core
         if core.cluster:  # slots are quorum tokens (semaphore/cluster.py)
             return await acquire_slot(self.broker, self.name, blocking=blocking, timeout=timeout)
         return await acquire_loop(

@@ -59,7 +59,7 @@ async def acquire_slot(
     try:
         return await tokens.wait_permit(blocking, timeout)
     except TokenSemaphoreNotFound:
-        session = await broker._core.session()
+        session = await broker.core.session()
         seed = False
         with contextlib.suppress(AccessRefused):  # permissions cover only our queues
             seed = await session.exists_passive(slot_queue(name, 1))
@@ -84,7 +84,7 @@ class ClusterSlots:
         )
 
     async def _ids(self) -> list[int]:
-        session = await self.broker._core.session()
+        session = await self.broker.core.session()
         ledger = await read_ledger_settled(session, self.tokens.name)
         return [] if ledger is None else list(ledger.ids)
 
@@ -117,7 +117,7 @@ class ClusterSlots:
     async def holders(self, timeout: float = HOLDER_TIMEOUT) -> list[int]:
         """Held slot numbers, as their holders report them (a holder that does not answer
         within `timeout` is counted by the queue but cannot be named)."""
-        records = await read_holders(self.broker._core, read_token, self.tokens.name, timeout)
+        records = await read_holders(self.broker.core, read_token, self.tokens.name, timeout)
         return sorted({r.number for r in records if r.number is not None})
 
     async def wait_for_holders(

@@ -144,7 +144,7 @@ class TokenAdminCore:
 
     @property
     def _core(self) -> BrokerCore:
-        return self.broker._core
+        return self.broker.core
 
     @contextlib.asynccontextmanager
     async def _mutex(self) -> AsyncIterator[Session]:
@@ -327,7 +327,7 @@ class TokenAdmin:
 
     @property
     def _core(self) -> BrokerCore:
-        return self.broker._core
+        return self.broker.core
 
     def setup(self, permits: int) -> int:
         """Declare the token queue and publish exactly `permits` tokens. Idempotent: a

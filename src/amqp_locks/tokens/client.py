@@ -302,7 +302,7 @@ class TokenSemaphore(LockObject, HolderQueries):
     kind = "token"
 
     @staticmethod
-    async def _own_status(core: BrokerCore, name: str) -> Reading:
+    async def own_status(core: BrokerCore, name: str) -> Reading:
         reading = await read_token(core, name)
         if reading is None:
             raise TokenSemaphoreNotFound(f"token semaphore {name!r} is not set up")
@@ -366,7 +366,7 @@ class TokenSemaphore(LockObject, HolderQueries):
 
     @property
     def _core(self) -> BrokerCore:
-        return self.broker._core
+        return self.broker.core
 
     def as_mutex(self, what: str) -> None:
         """This one-permit semaphore carries cluster mode's mutex: it mints, and accepts

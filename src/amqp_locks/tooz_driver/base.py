@@ -90,13 +90,13 @@ class DriverBase(
     async def session(self) -> Session:
         """The Broker's live session (the hook into amqp-locks' transport; see the report
         in docs/tooz.md: a public ``Broker.run``/``channel`` would replace it)."""
-        return await self.broker._core.session()
+        return await self.broker.core.session()
 
     def run(self, coro: Awaitable[T]) -> T:
         async def go() -> T:
             return await coro
 
-        return self.broker._core.run(go())
+        return self.broker.core.run(go())
 
     def on_session(self, op: Callable[[Session], Awaitable[T]]) -> T:
         """``op(session)`` on the Broker's loop: one queue operation outside a snapshot."""
@@ -104,7 +104,7 @@ class DriverBase(
         async def go() -> T:
             return await op(await self.session())
 
-        return self.broker._core.run(go())
+        return self.broker.core.run(go())
 
     def _submit(self, fn: Callable[[], T]) -> coordination.CoordinatorResult[T]:
         fut: futures.Future[T] = self._executor.submit(fn)

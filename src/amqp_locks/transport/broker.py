@@ -28,7 +28,7 @@ __all__ = [
 class BrokerLike(Protocol):
     """What the lock classes need of a broker: its core (both facades have one)."""
 
-    _core: BrokerCore
+    core: BrokerCore
 
 
 class BrokerBase:
@@ -49,7 +49,12 @@ class BrokerBase:
         quorum_timeout: float | None = None,
         lock_delay: float | None = None,
     ) -> None:
-        self._core = BrokerCore(
+        #: The transport core every lock object of this broker speaks through: its I/O
+        #: thread (``run``, ``submit``), its sessions (``session()``) and its mode
+        #: (``cluster``). Public so that the package's protocols and integrations (tooz,
+        #: Celery, OpenTelemetry) reach it without a private attribute; applications use
+        #: the lock classes instead.
+        self.core = BrokerCore(
             url,
             heartbeat=heartbeat,
             loss_timeout=loss_timeout,
@@ -66,45 +71,45 @@ class BrokerBase:
     @property
     def url(self) -> str:
         """The URL of the node connected to (or to be tried first), password censored."""
-        return censor(self._core.url)
+        return censor(self.core.url)
 
     @property
     def urls(self) -> list[str]:
         """Every node's URL, in the order given, passwords censored."""
-        return [censor(u) for u in self._core.urls]
+        return [censor(u) for u in self.core.urls]
 
     @property
     def cluster(self) -> bool:
         """Cluster mode (see the class docstring): several URLs, or ``cluster=True``."""
-        return self._core.cluster
+        return self.core.cluster
 
     @property
     def heartbeat(self) -> float:
-        return self._core.heartbeat
+        return self.core.heartbeat
 
     @property
     def net_ticktime(self) -> float:
         """The nodes' Erlang ``net_ticktime`` cluster mode assumes on lines without the
         lock delay (3.10-4.2): as given, else RabbitMQ's default 60 s."""
-        return self._core.timing.assumed_ticktime
+        return self.core.timing.assumed_ticktime
 
     @property
     def lock_delay(self) -> float:
         """Cluster mode on RabbitMQ 4.3+: how long a token held through a lost node stays
         ungranted (the lock queues' ``x-consumer-disconnected-timeout``; seconds)."""
-        return self._core.timing.lock_delay
+        return self.core.timing.lock_delay
 
     @property
     def quorum_timeout(self) -> float:
         """Cluster mode: seconds without a quorum-confirmed probe before this connection's
         locks are reported lost (transport/quorum_guard.py)."""
-        return self._core.timing.quorum_timeout
+        return self.core.timing.quorum_timeout
 
     @property
     def holder_id(self) -> str:
         """What the holder records of locks held through this Broker say (``holder_id``
         given, else ``host:pid`` of this process)."""
-        return self._core.holder_id or default_holder_id()
+        return self.core.holder_id or default_holder_id()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, heartbeat={self.heartbeat})"
@@ -147,17 +152,17 @@ class Broker(BrokerBase):
 
     def connect(self) -> Broker:
         """Open the connection now (it otherwise opens on first use); raises typed errors."""
-        self._core.run(self._core.session())
+        self.core.run(self.core.session())
         return self
 
     def round_trip(self) -> None:
         """One broker round trip (a passive declare of `amq.direct`'s twin queue check)."""
 
         async def rt() -> None:
-            session = await self._core.session()
+            session = await self.core.session()
             await session.call(None, lambda ch: ch.exchange_declare("amq.direct", passive=True))
 
-        self._core.run(rt())
+        self.core.run(rt())
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Close the connection. Every thread waiting on this Broker (an acquire, an admin
@@ -165,7 +170,7 @@ class Broker(BrokerBase):
         and the leases still held are released first, within `timeout` seconds (then the
         connection's close frees whatever is left). Using the Broker afterwards raises
         BrokerClosed."""
-        self._core.close(timeout)
+        self.core.close(timeout)
 
     def __enter__(self) -> Broker:
         return self

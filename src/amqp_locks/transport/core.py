@@ -63,7 +63,7 @@ _inherited: list[object] = []
 
 def _after_fork() -> None:
     for core in list(_cores):
-        core._forked()
+        core.after_fork()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
@@ -155,7 +155,7 @@ class BrokerCore:
                 io = self._io
         return io
 
-    def _forked(self) -> None:
+    def after_fork(self) -> None:
         """In a fork child: forget the parent's thread and connection without any I/O on
         them (a frame written from here would corrupt the parent's stream)."""
         _inherited.append((self._io, self._session, self._lock, self._ops, self._releases))

@@ -375,7 +375,7 @@ class QuorumGuard:
                 if now >= next_probe:
                     next_probe = now + self.timing.interval
                     if self.in_flight < MAX_IN_FLIGHT:
-                        self._spawn(self._probe(now))
+                        self.spawn(self._probe(now))
                 self._check_locks(now, held)
                 await asyncio.sleep(step)
         finally:
@@ -414,7 +414,7 @@ class QuorumGuard:
             )
             self._pipes.remove(pipe)
             pipe.forget(self._in_flight)
-            self._spawn(close_quietly(pipe.ch))
+            self.spawn(close_quietly(pipe.ch))
         if self._sender is not None and not self._sender.done():
             return  # the last step's checks are still being written (a pipe opening)
         chosen = self.due(now, held)
@@ -503,7 +503,7 @@ class QuorumGuard:
         self.lock_proofs[queue] = max(sent_at, self.lock_proofs.get(queue, sent_at))
         self._tries.pop(queue, None)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -672,7 +672,7 @@ class _Pipe:
             return
         queue, sent_at = self.fifo.popleft()
         if tag is not None:  # a spare permit taken: back at once, first to the next consumer
-            self.guard._spawn(self._give_back(tag))
+            self.guard.spawn(self._give_back(tag))
         self.guard.answered(queue, sent_at, tag)
 
     async def _give_back(self, tag: int) -> None:

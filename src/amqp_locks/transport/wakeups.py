@@ -64,7 +64,7 @@ class Waiter:
     def __init__(self, sentinels: str | None = None) -> None:
         self.event = asyncio.Event()
         self.sentinels = sentinels
-        self._channel: AbstractChannel | None = None
+        self.channel: AbstractChannel | None = None
         self._tags: list[tuple[AbstractChannel, int]] = []
         self._hint: int | None = None
         self._sentinel = False
@@ -74,12 +74,12 @@ class Waiter:
         #: node holding the (non-replicated) wake-up queue died. Subscribe again.
         self.broken = False
 
-    def _on_broken(self, *_: Any) -> None:
+    def on_broken(self, *_: Any) -> None:
         if self.ready:
             self.broken = True
             self.event.set()
 
-    async def _on_notice(self, message: DeliveredMessage) -> None:
+    async def on_notice(self, message: DeliveredMessage) -> None:
         tag = getattr(message.delivery, "delivery_tag", None)
         if isinstance(tag, int) and message.channel is not None:
             self._tags.append((message.channel, tag))
@@ -130,7 +130,7 @@ async def subscribe(
     try:
         try:
             ch = await session.open_channel()
-            waiter._channel = ch
+            waiter.channel = ch
             _watch_channel(ch, waiter)
             await ch.basic_qos(prefetch_count=1)
             # Again after a failure: the last waiter leaving may auto-delete the queue in
@@ -140,10 +140,10 @@ async def subscribe(
                 declare = session.declare if attempt else ch.queue_declare
                 try:
                     await declare(queue, **wakeup_options)
-                    await ch.basic_consume(queue, waiter._on_notice, no_ack=False)
+                    await ch.basic_consume(queue, waiter.on_notice, no_ack=False)
                     if sentinels is not None:
                         await declare(sentinels, **sentinel_options)
-                        await ch.basic_consume(sentinels, waiter._on_notice, no_ack=False)
+                        await ch.basic_consume(sentinels, waiter.on_notice, no_ack=False)
                     waiter.ready = True
                     break
                 except Exception:
@@ -151,7 +151,7 @@ async def subscribe(
                         raise
                     if ch.is_closed:
                         ch = await session.open_channel()
-                        waiter._channel = ch
+                        waiter.channel = ch
                         _watch_channel(ch, waiter)
                         await ch.basic_qos(prefetch_count=1)
         except Exception as exc:
@@ -160,11 +160,11 @@ async def subscribe(
     finally:
         session.waiters.discard(waiter)
         waiter.ready = False  # our own close below is no breakage
-        if waiter._channel is not None and not waiter._channel.is_closed:
+        if waiter.channel is not None and not waiter.channel.is_closed:
             # Closing returns an unanswered notice to the queue, for the next waiter.
-            session.spawn(close_quietly(waiter._channel))
+            session.spawn(close_quietly(waiter.channel))
 
 
 def _watch_channel(ch: AbstractChannel, waiter: Waiter) -> None:
-    ch.on_consumer_cancel_callbacks.add(waiter._on_broken)
-    ch.closing.add_done_callback(lambda _: waiter._on_broken() if ch is waiter._channel else None)
+    ch.on_consumer_cancel_callbacks.add(waiter.on_broken)
+    ch.closing.add_done_callback(lambda _: waiter.on_broken() if ch is waiter.channel else None)

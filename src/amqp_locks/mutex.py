@@ -14,11 +14,15 @@ declaration (no administration mutex, no ledger), and the broker deletes it a mi
 its last holder or waiter left (tokens/fresh.py). A creator whose connection ends while the
 broker makes the queue leaves it without its token: waiters then wait until their timeout,
 and `TokenAdmin(broker, "N.mutex").repair()` gives it back (tokens/fresh.py, "Residual
-window"). Its fencing token is the token's own
-counter above an epoch of the fence counter, so it keeps rising when the queue is made
-again. A queue set up by the earlier release (``TokenAdmin.setup``, with a ledger) is used
-as it is. Every connection's quorum guard (transport/quorum_guard.py) tells a holder cut
-off from the majority before the majority can grant the token again.
+window"). Its fencing token is taken, per grant, from the
+lock's fence shard (fencing.py) on a pooled prefetch-1 channel: two round trips after the
+token's delivery, no channel opened (tests/test_round_trips.py), and it keeps rising when
+the queue expires and is made again, which a count carried by the token (restarting with
+a new message) could not promise without a fence read at each creation. A queue set up by
+the earlier release (``TokenAdmin.setup``, with a ledger) is used as it is: its tokens
+carry their own count above an epoch, no fence read per grant. Every connection's quorum
+guard (transport/quorum_guard.py) tells a holder cut off from the majority before the
+majority can grant the token again.
 """
 
 from __future__ import annotations
@@ -55,9 +59,9 @@ class Mutex(LockObject, HolderQueries):
     cluster mode (see the module docstring).
 
     ``fencing=True`` (default) gives every grant a fencing token that rises strictly (one
-    node: from the lock's shared fence shard, fencing.py; cluster mode: the token's own
-    counter). ``backoff`` bounds the fallback polling for crashed holders on
-    one node; clean releases wake waiters at once. ``timeout`` / ``blocking`` are what
+    node and cluster mode alike: from the lock's fence shard, fencing.py). ``backoff``
+    bounds the fallback polling for crashed holders on one node; clean releases wake
+    waiters at once. ``timeout`` / ``blocking`` are what
     ``with mutex as lease:`` waits (default: for ever); it raises
     :class:`~amqp_locks.errors.LockTimeout` when the mutex was not obtained.
     """

@@ -3,6 +3,11 @@ proxy adding a round trip, for a while; count the leases falsely lost and what t
 guard's checks cost the broker.
 
     python -m benchmarks.guard_scale --locks 2000 --rtt-ms 10 --hold 600 [--url URL]
+        [--lock-delay SECONDS]
+
+``--lock-delay`` is the Brokers' ``lock_delay`` (default 10 s); the guard's bound is half
+of it and a held lock is checked every quarter, so the broker's checks per held lock per
+second are ``4 / lock_delay`` (0.4 by default, 0.067 with 60 s).
 
 Without ``--url`` a private node of ``$AMQP_LOCKS_RABBITMQ`` (default 3.10) is started
 (``amqp_locks_dev.devbroker``, name ``guardscale``). The locks are fencing-free mutexes
@@ -75,14 +80,25 @@ def _guard(broker: aio.Broker) -> QuorumGuard:
 
 
 async def run(
-    url: str, beam: int | None, locks: int, rtt_ms: float, hold: float, per_broker: int = 1000
+    url: str,
+    beam: int | None,
+    locks: int,
+    rtt_ms: float,
+    hold: float,
+    per_broker: int = 1000,
+    lock_delay: float | None = None,
 ) -> dict[str, Any]:
     host, port = url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
     proxy = _Proxy(host, int(port))
     try:
         # One held token is one channel: a connection carries fewer than channel_max (2047).
         brokers = [
-            aio.Broker(proxy.url, cluster=True, connection_name=f"guard_scale {i}")
+            aio.Broker(
+                proxy.url,
+                cluster=True,
+                connection_name=f"guard_scale {i}",
+                lock_delay=lock_delay,
+            )
             for i in range(math.ceil(locks / per_broker))
         ]
         prefix = f"guardscale-{os.getpid()}-{int(time.time())}"
@@ -151,6 +167,8 @@ async def run(
                 "locks": locks,
                 "brokers": len(brokers),
                 "rtt_ms": rtt_ms,
+                "lock_delay_s": brokers[0].lock_delay,
+                "quorum_timeout_s": brokers[0].quorum_timeout,
                 "held_s": round(span, 1),
                 "lost": lost,
                 "lost_reasons": sorted(str(r)[:200] for r in reasons)[:3],
@@ -186,12 +204,15 @@ def main() -> None:
     parser.add_argument("--per-broker", type=int, default=1000, help="locks per connection")
     parser.add_argument("--url", help="a running node (default: a private one is started)")
     parser.add_argument("--pid", type=int, help="the node's Erlang VM pid, for its CPU")
+    parser.add_argument("--lock-delay", type=float, help="the Brokers' lock_delay (s)")
     args = parser.parse_args()
     url, pid = args.url, args.pid
     if url is None:
         url = devbroker.url("guardscale")
         pid = int((devbroker.node_dir("guardscale") / "rabbitmq.pid").read_text().split()[0])
-    result = asyncio.run(run(url, pid, args.locks, args.rtt_ms, args.hold, args.per_broker))
+    result = asyncio.run(
+        run(url, pid, args.locks, args.rtt_ms, args.hold, args.per_broker, args.lock_delay)
+    )
     print(json.dumps(result, indent=1))
 
 

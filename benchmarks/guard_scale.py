@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from amqp_locks import aio
+from amqp_locks.errors import AmqpLocksError
 from amqp_locks.transport.quorum_guard import QuorumGuard
 from amqp_locks_dev import devbroker
 from tests.faults.proxy import FaultProxy
@@ -104,6 +105,7 @@ async def run(
         prefix = f"guardscale-{os.getpid()}-{int(time.time())}"
         leases: list[Any] = [None] * locks
         replaced = 0
+        failed_placing = 0
         rounds = 0
         try:
             t0 = time.monotonic()
@@ -126,9 +128,17 @@ async def run(
                                 fencing=False,
                             ).acquire(timeout=60)
                             for j in batch
-                        )
+                        ),
+                        return_exceptions=True,
                     )
                     for j, lease in zip(batch, got, strict=True):
+                        if isinstance(lease, BaseException):
+                            # a connection dropped while placing (a node busy making or
+                            # deleting queues): placed again in the next round
+                            if not isinstance(lease, AmqpLocksError):
+                                raise lease
+                            failed_placing += 1
+                            lease = None
                         leases[j] = lease
             placed = time.monotonic() - t0
             guards = [_guard(b) for b in brokers]
@@ -174,6 +184,7 @@ async def run(
                 "lost_reasons": sorted(str(r)[:200] for r in reasons)[:3],
                 "placed_s": round(placed, 1),
                 "lost_while_placing": replaced,
+                "acquires_failed_while_placing": failed_placing,
                 "checks_per_s": round(checks / span, 1),
                 "checks_per_lock_per_s": round(checks / span / locks, 3),
                 "broker_cpu_s_per_s": round(cpu / span, 3) if beam else None,

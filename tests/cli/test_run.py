@@ -26,7 +26,10 @@ def test_twenty_runs_never_exceed_three_slots(cli: Cli, name: str, tmp_path: Pat
         for _ in range(20)
     ]
     errors = [p.communicate(timeout=90)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0] * 20, errors
+    failed = [(i, p.returncode, errors[i]) for i, p in enumerate(procs) if p.returncode]
+    # each failed run's exit code and its whole stderr (rehearsal 13: one of 20 exited 69
+    # at load ~9, and pytest's cut-short list showed only the empty ones)
+    assert not failed, failed
 
     lines = log.read_text().splitlines()
     assert len(lines) == 40

@@ -91,6 +91,14 @@ class Session(QueueOps):
         #: When the newest request the broker answered was sent: the broker had read all
         #: we sent until then (its heartbeat timeout counts from the last frame it read).
         self.heard_at = time.monotonic()
+        #: When the watchdog last found the connection healthy, and when it last woke
+        #: late (this process had not run) and put its judgement off by one step.
+        self.judged_at = 0.0
+        self.stalled_at = 0.0
+        #: Late wakes seen (each put one judgement off), for logs and tests.
+        self.stalls = 0
+        #: Set by the watchdog after a stall: the pinger asks at once.
+        self._ping_now = asyncio.Event()
         self.transport_writer: asyncio.StreamWriter | None = None
         self.conn: aiormq.Connection | None = None
         self.lost_reason: str | None = None
@@ -201,8 +209,27 @@ class Session(QueueOps):
         """Declare the connection dead after `loss_timeout` of silence from the broker, or
         of no answer to what we sent (heartbeats only prove the broker talks to us)."""
         step = max(0.05, min(1.0, self.loss_timeout / 10))
+        woke = time.monotonic()
+        put_off = False
         while self.alive:
             await asyncio.sleep(step)
+            slept, woke = time.monotonic() - woke, time.monotonic()
+            if slept > 2 * step and not put_off:
+                # This process did not run for a while (a GIL held by user code, a
+                # starved machine): the broker's answers may wait unread in the socket,
+                # and no ping went out meanwhile, so the silence is ours, not the
+                # broker's. Ping now and judge one step later; a second late wake in a
+                # row is judged as it is, so a loss is told at most one step later.
+                put_off = True
+                self.stalled_at = woke
+                self.stalls += 1
+                log.debug(
+                    "%r: the I/O loop did not run for %.1fs; next judgement in %.2fs",
+                    self.connection_name, slept, step,
+                )
+                self._ping_now.set()
+                continue
+            put_off = False
             now = time.monotonic()
             silence_limit = self.loss_timeout
             if self._blocked():
@@ -220,6 +247,7 @@ class Session(QueueOps):
                     "(it may not hear us: heartbeats arrive one way only)"
                 )
             else:
+                self.judged_at = now
                 continue
             self.drop(reason)
             return
@@ -233,6 +261,7 @@ class Session(QueueOps):
             try:
                 if ch is None or ch.is_closed:
                     ch = await self.open_channel()
+                self._ping_now.clear()  # a stall told after this asks again at once
                 asked = time.monotonic()
                 await ch.basic_qos(prefetch_count=0)
                 self.heard_at = max(self.heard_at, asked)
@@ -240,7 +269,8 @@ class Session(QueueOps):
                 raise
             except Exception as exc:  # the watchdog decides; a broken channel is reopened
                 log.debug("ping on %r failed: %s", self.connection_name, exc)
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ping_now.wait(), interval)
 
     def _blocked(self) -> bool:
         """RabbitMQ sent connection.blocked (a resource alarm) and not yet unblocked."""

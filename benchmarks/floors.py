@@ -44,6 +44,15 @@ RAW = {
     "`tx.commit` -> delivery to a prefetch-1 consumer on another connection, classic queue",
     "token_cycle": "a token acquire as a loop makes it: `basic.consume` (prefetch 1) on a "
     "second channel while the last release's `tx.commit` is in flight on the first",
+    "token_handoff_plain": "a `fencing=False` token release's broker steps: cancel (nowait) "
+    "+ reject(requeue) in one write -> delivery to a prefetch-1 consumer on another "
+    "connection, classic queue",
+    "mutex_acquire": "an uncontended mutex acquire's broker steps, back to back: exclusive "
+    "declare N, then at once `basic.consume` N and the fence's two mandatory probes + "
+    "quorum `basic.get` (+ reject); released by cancel + `queue.delete`, untimed",
+    "semaphore_acquire": "an uncontended C=1 persistent-semaphore acquire's broker steps, "
+    "back to back: mandatory probes of A[1] and B[1], exclusive declare B[1], then at once "
+    "`basic.consume` A[1] and B[1] and the fence's probes + quorum `basic.get` (+ reject)",
     "mutex_handoff": "a mutex handoff's broker steps after 50 ms idle: `queue.delete` N, "
     "then a mandatory notice -> waiter on another connection: exclusive declare N, "
     "then `basic.consume` N and quorum fence `basic.get` + reject",
@@ -363,6 +372,97 @@ async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[f
             await b_wake.queue_delete(wakeups)
 
 
+async def _probe(ch: AbstractChannel, queues: list[str]) -> list[bool]:
+    """Mandatory publishes to `queues` on a confirm channel: which exist (a return says
+    not), all written before the first answer is awaited."""
+    sent = [
+        asyncio.ensure_future(ch.basic_publish(PING, routing_key=q, mandatory=True))
+        for q in queues
+    ]
+    answers = await asyncio.gather(*sent, return_exceptions=True)
+    for a in answers:
+        if isinstance(a, BaseException) and not isinstance(a, aiormq.exceptions.PublishError):
+            raise a
+    return [not isinstance(a, aiormq.exceptions.PublishError) for a in answers]
+
+
+async def _acquire_floor(
+    url: str, samples: int, reps: int, semaphore: bool
+) -> list[list[float]]:
+    """:data:`RAW`'s ``mutex_acquire`` / ``semaphore_acquire``: the held queue's steps as
+    the library's grant makes them (queue_lease.grant), with raw aiormq on one connection."""
+    what = "semaphore acquire" if semaphore else "mutex acquire"
+    async with one_message_queue(url, 1, True, what) as ((conn,), _, fence):
+        tag = uuid.uuid4().hex[:8]
+        lock, slot = f"bench-floor-a-{tag}", f"bench-floor-a-{tag}-A"
+        main, watch = await conn.channel(), await conn.channel()
+        probes, fence_ch = [await conn.channel(publisher_confirms=True) for _ in range(2)]
+        await watch.basic_qos(prefetch_count=1)
+        if semaphore:
+            await main.queue_declare(slot, durable=True, arguments={"x-max-length": 0})
+        absent = [f"bench-floor-a-{tag}-gen{i}" for i in (1, 2)]
+
+        async def take_fence() -> None:
+            found = asyncio.ensure_future(_probe(fence_ch, absent))
+            await asyncio.sleep(0)  # the probes are written before the get
+            msg = await fence_ch.basic_get(fence, no_ack=False)
+            await found
+            await fence_ch.basic_reject(msg.delivery_tag or 0, requeue=True)
+
+        async def sample() -> float:
+            t0 = time.perf_counter()
+            if semaphore:
+                await _probe(probes, [slot, lock])
+            await main.queue_declare(lock, exclusive=True)
+            watched = [slot, lock] if semaphore else [lock]
+            oks = await asyncio.gather(
+                *(watch.basic_consume(q, lambda _m: asyncio.sleep(0)) for q in watched),
+                take_fence(),
+            )
+            dt = time.perf_counter() - t0
+            for ok in oks[:-1]:
+                await watch.basic_cancel(str(ok.consumer_tag))
+            await main.queue_delete(lock)
+            return dt
+
+        try:
+            return await repeat(sample, samples, reps, min(20, samples))
+        finally:
+            if semaphore:
+                await main.queue_delete(slot)
+
+
+async def _plain_handoff_floor(url: str, samples: int, reps: int) -> list[list[float]]:
+    """:data:`RAW`'s ``token_handoff_plain``: cancel (nowait) + reject in one write."""
+    async with one_message_queue(url, 2, False, "plain handoff") as (conns, _, name):
+        chans = []
+        for conn in conns:
+            chans.append(ch := await conn.channel(publisher_confirms=False))
+            await ch.basic_qos(prefetch_count=1)
+        held = await consume(chans[0], name)
+        await asyncio.wait_for(held[1], 10)
+        waiting = await consume(chans[1], name)
+
+        async def sample() -> float:
+            nonlocal held, waiting
+            tag, got = held
+            delivery = got.result()[1].delivery_tag or 0
+            chan: Any = chans[0]
+            chan.consumers.pop(tag, None)  # nowait: no cancel-ok will come
+            frames = [
+                spec.Basic.Cancel(consumer_tag=tag, nowait=True),
+                spec.Basic.Reject(delivery_tag=delivery, requeue=True),
+            ]
+            t0 = time.perf_counter()
+            await write_together(chans[0], frames)
+            at, _ = await asyncio.wait_for(waiting[1], 10)
+            held, waiting = waiting, await consume(chans[0], name)  # the releaser waits next
+            chans.reverse()
+            return at - t0
+
+        return await repeat(sample, samples, reps, min(20, samples))
+
+
 def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     """Every raw-aiormq floor (:data:`RAW`): its summary and label."""
     out: dict[str, Any] = {}
@@ -372,6 +472,9 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
     out.update(asyncio.run(_declare_floor(url, samples, reps)))
     out["token_cycle"] = asyncio.run(_token_cycle_floor(url, samples, reps))
     out["token_handoff_tx"] = asyncio.run(handoff_floor(url, False, samples, reps, tx=True))
+    out["token_handoff_plain"] = asyncio.run(_plain_handoff_floor(url, samples, reps))
+    out["mutex_acquire"] = asyncio.run(_acquire_floor(url, samples, reps, semaphore=False))
+    out["semaphore_acquire"] = asyncio.run(_acquire_floor(url, samples, reps, semaphore=True))
     # Each mutex handoff sample holds for MUTEX_SETTLE: a tenth of the samples keeps it short.
     out["mutex_handoff"] = asyncio.run(_mutex_handoff_floor(url, max(10, samples // 10), reps))
     return {key: {**summarize_reps(out[key]), "label": label} for key, label in RAW.items()}

@@ -223,7 +223,7 @@ _TARGETS: list[tuple[str, str, tuple[str, ...], float | None, str | None]] = [
         "reject_deliver_classic",
         ("handoff", "token_nofence"),
         1.5,
-        None,
+        "token_handoff_plain",
     ),
     (
         "token semaphore, quorum token queue: uncontended acquire",
@@ -244,7 +244,7 @@ _TARGETS: list[tuple[str, str, tuple[str, ...], float | None, str | None]] = [
         "exclusive_declare",
         ("uncontended", "mutex", "acquire"),
         2.0,
-        None,
+        "mutex_acquire",
     ),
     (
         "mutex: handoff, releaser asking again at once",
@@ -258,7 +258,7 @@ _TARGETS: list[tuple[str, str, tuple[str, ...], float | None, str | None]] = [
         "exclusive_declare",
         ("uncontended", "semaphore_c1", "acquire"),
         2.0,
-        None,
+        "semaphore_acquire",
     ),
     (
         "persistent semaphore, C=1: handoff, releaser asking again at once",

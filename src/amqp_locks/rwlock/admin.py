@@ -232,7 +232,7 @@ async def read_shape(
     except (QueueNotFound, LockError):  # gone (our consumer is cancelled), or not ours
         count = None
     delay = None
-    for quorum in (session.cluster, not session.cluster) if need_delay else ():
+    for quorum in session.queue_types if need_delay else ():
         args = lock_arguments(session, quorum, readers)
         try:
             held = await session.held_max_length(queue, args)
@@ -286,7 +286,7 @@ async def lock_readers(session: Session, name: str) -> int:
     legacy = await read_ledger(session, name)
     if legacy is not None:
         return legacy
-    for quorum in (session.cluster, not session.cluster):  # a lock of either type
+    for quorum in session.queue_types:  # a lock of either type
         args = lock_arguments(session, quorum, True)
         held = await session.held_max_length(readers_queue(name), args)
         if held is not None and held >= 1:

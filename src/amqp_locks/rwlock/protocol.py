@@ -132,12 +132,8 @@ def _ended(session: Session, name: str, exc: _Ended, *boxes: _Inbox | None) -> E
 # --- healing a lock that lost tokens at its creation (tokens/heal.py) ---------------------
 
 
-def _quorum_types(session: Session) -> tuple[bool, bool]:
-    return (session.cluster, not session.cluster)
-
-
 async def _stamped(session: Session, queue: str, readers: bool) -> int | None:
-    for quorum in _quorum_types(session):
+    for quorum in session.queue_types:
         count = await heal.stamped_permits(session, queue, lock_arguments(session, quorum, readers))
         if count is not None:
             return count

@@ -177,7 +177,7 @@ async def held_permits(session: Session, name: str) -> tuple[int, bool] | None:
     """(permit count, quorum) of the first-use queue of `name`, read from its stamp
     (`Session.held_max_length`); None when the queue is missing or is not a first-use
     queue of this release (made by `TokenAdmin.setup`, with a ledger)."""
-    for quorum in (session.cluster, not session.cluster):  # a queue of either type
+    for quorum in session.queue_types:  # a queue of either type
         try:
             stamp = await session.held_max_length(
                 token_queue(name), fresh_arguments(session, 0, quorum)

@@ -211,7 +211,7 @@ def token_plan(session: Session, name: str) -> Plan:
     queue, waiting = token_queue(name), token_waiting_queue(name)
 
     async def permits() -> int | None:
-        for quorum in (session.cluster, not session.cluster):  # a queue of either type
+        for quorum in session.queue_types:  # a queue of either type
             count = await stamped_permits(session, queue, fresh_arguments(session, 0, quorum))
             if count is not None:
                 return count

@@ -23,7 +23,7 @@ async def read_token_shape(
     queue = token_queue(name)
     permits: int | None = None
     candidates = []
-    for quorum in (session.cluster, not session.cluster):  # a queue of either type
+    for quorum in session.queue_types:  # a queue of either type
         try:
             stamp = await session.held_max_length(queue, fresh_arguments(session, 0, quorum))
         except QueueNotFound:

@@ -195,6 +195,13 @@ class Session(QueueOps):
         return link
 
     @property
+    def queue_types(self) -> tuple[bool, bool]:
+        """Quorum or not, in the order a lock's queue is looked for: this Broker's mode's
+        own type first, then the other (a lock made by a client of the other mode is
+        still found, and its shape or mode refused)."""
+        return (self.cluster, not self.cluster)
+
+    @property
     def alive(self) -> bool:
         return self.lost_reason is None and self.conn is not None and not self.conn.is_closed
 

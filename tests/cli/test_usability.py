@@ -16,10 +16,11 @@ from .conftest import CMD, Cli, child_env
 
 
 def _on_terminal(
-    argv: Sequence[str], env: dict[str, str], timeout: float = 30.0
+    argv: Sequence[str], env: dict[str, str], timeout: float = 30.0, term_on: str | None = None
 ) -> tuple[int, str]:
     """Run with stderr on a pseudo-terminal (stdout a pipe): (status, what the terminal
-    got)."""
+    got). With `term_on`, SIGTERM is sent once the terminal shows that text (so the
+    signal finds the program where the text says it is, however slowly it started)."""
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         list(argv),
@@ -42,6 +43,9 @@ def _on_terminal(
                 if not chunk:
                     break
                 got += chunk
+                if term_on is not None and term_on.encode() in got:
+                    proc.send_signal(signal.SIGTERM)
+                    term_on = None
             elif proc.poll() is not None:
                 break
         return proc.wait(timeout), got.decode(errors="replace")
@@ -150,15 +154,10 @@ def test_elect_standby_line_on_a_terminal(cli: Cli, name: str) -> None:
     # The COMMAND outlives the test's patience by far: only a forwarded SIGTERM ends it.
     master = cli.start("elect", name, "--interval", "0.5", "-c", "echo master; exec sleep 600")
     master.expect("master")
-    argv = [
-        "timeout",
-        "--preserve-status",
-        "-s",
-        "TERM",
-        "3",
-        *cli.argv(["elect", name, "--", "true"]),
-    ]
-    rc, screen = _on_terminal(argv, child_env())
+    # SIGTERM once the standby line is on the screen: a fixed 3 s (`timeout 3`) killed
+    # the program before its handlers were set while 4 lanes loaded 2 cores (rc 143).
+    standby = f"standby for amqp lock {name!r}, "
+    rc, screen = _on_terminal(cli.argv(["elect", name, "--", "true"]), child_env(), term_on=standby)
     assert rc == 0  # stopped by SIGTERM while standby
     assert f"standby for amqp lock {name!r}, " in screen
     assert f"held by {socket.gethostname()}:{master.popen.pid} since " in screen

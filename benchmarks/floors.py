@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import aiormq
 from aiormq.abc import AbstractChannel, AbstractConnection, ChannelFrame, DeliveredMessage
@@ -217,41 +217,51 @@ async def write_together(ch: AbstractChannel, frames: list[Any]) -> None:
         await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
 
 
+#: How a handoff floor's releaser gives the message back (:func:`_hand_over`).
+HandOver = Literal["reject", "together", "tx"]
+
+
 async def _hand_over(
-    ch: AbstractChannel, queue: str, tag: str, delivery: int, tx: bool
+    ch: AbstractChannel, queue: str, tag: str, delivery: int, how: HandOver
 ) -> tuple[float, Awaitable[Any] | None]:
-    """Cancel (untimed), then reject the held message; returns the time just before. With
-    ``tx``, a fenced token release's steps: cancel (nowait), ack and publish again in one
-    write, then ``tx.commit`` (its reply awaited in the returned task, untimed)."""
-    if not tx:
+    """Give the held message back; returns the time just before the timed write.
+    ``reject``: cancel (untimed, its reply awaited), then reject. ``together``: a
+    ``fencing=False`` token release, cancel (nowait) and reject in one write. ``tx``: a
+    fenced token release, cancel (nowait), ack and publish again in one write, then
+    ``tx.commit`` (its reply awaited in the returned task, untimed)."""
+    if how == "reject":
         await ch.basic_cancel(tag)
         t0 = time.perf_counter()
         await ch.basic_reject(delivery, requeue=True)
         return t0, None
     chan: Any = ch
     chan.consumers.pop(tag, None)  # nowait: no cancel-ok will come
-    frames = [
-        spec.Basic.Cancel(consumer_tag=tag, nowait=True),
-        spec.Basic.Ack(delivery_tag=delivery),
-        spec.Basic.Publish(exchange="", routing_key=queue),
-        ContentHeader(body_size=len(b"token"), properties=spec.Basic.Properties()),
-        ContentBody(b"token"),
-    ]
+    frames: list[Any] = [spec.Basic.Cancel(consumer_tag=tag, nowait=True)]
+    if how == "together":
+        frames.append(spec.Basic.Reject(delivery_tag=delivery, requeue=True))
+    else:
+        frames += [
+            spec.Basic.Ack(delivery_tag=delivery),
+            spec.Basic.Publish(exchange="", routing_key=queue),
+            ContentHeader(body_size=len(b"token"), properties=spec.Basic.Properties()),
+            ContentBody(b"token"),
+        ]
     t0 = time.perf_counter()
     await write_together(ch, frames)
-    return t0, asyncio.ensure_future(ch.tx_commit())
+    return t0, (asyncio.ensure_future(ch.tx_commit()) if how == "tx" else None)
 
 
 async def handoff_floor(
-    url: str, quorum: bool, samples: int, reps: int, tx: bool = False
+    url: str, quorum: bool, samples: int, reps: int, how: HandOver = "reject"
 ) -> list[list[float]]:
-    """:data:`RAW`'s ``reject_deliver_*`` (``tx``: ``token_handoff_tx``); the roles swap."""
-    async with one_message_queue(url, 2, quorum, "reject") as (conns, _, name):
+    """:data:`RAW`'s ``reject_deliver_*`` (`how`: ``together``, ``token_handoff_plain``;
+    ``tx``, ``token_handoff_tx``); the roles swap."""
+    async with one_message_queue(url, 2, quorum, f"handoff {how}") as (conns, _, name):
         chans = []
         for conn in conns:
-            chans.append(ch := await conn.channel(publisher_confirms=not tx))
+            chans.append(ch := await conn.channel(publisher_confirms=how == "reject"))
             await ch.basic_qos(prefetch_count=1)
-            if tx:
+            if how == "tx":
                 await ch.tx_select()
         held = await consume(chans[0], name)
         await asyncio.wait_for(held[1], 10)
@@ -261,7 +271,7 @@ async def handoff_floor(
             nonlocal held, waiting
             tag, got = held
             delivery = got.result()[1].delivery_tag or 0
-            t0, commit = await _hand_over(chans[0], name, tag, delivery, tx)
+            t0, commit = await _hand_over(chans[0], name, tag, delivery, how)
             at, _ = await asyncio.wait_for(waiting[1], 10)
             if commit is not None:
                 await commit
@@ -328,6 +338,15 @@ async def _token_cycle_floor(url: str, samples: int, reps: int) -> list[list[flo
                 await committing.pop()
 
 
+async def _let_go(
+    watch: AbstractChannel, consumers: list[str], ch: AbstractChannel, lock: str
+) -> None:
+    """A raw grant's release, untimed: cancel its watch consumers, delete its queue."""
+    for tag in consumers:
+        await watch.basic_cancel(tag)
+    await ch.queue_delete(lock)
+
+
 async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[float]]:
     """:data:`RAW`'s ``mutex_handoff``, from the delete to the waiter's last reply."""
     async with one_message_queue(url, 2, True, "mutex") as ((cb, ca), _, fence):
@@ -362,8 +381,7 @@ async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[f
             )
             dt = time.perf_counter() - t0
             await b_wake.basic_ack(notice)
-            await b_watch.basic_cancel(str(ok.consumer_tag))
-            await b_ch.queue_delete(lock)
+            await _let_go(b_watch, [str(ok.consumer_tag)], b_ch, lock)
             return dt
 
         try:
@@ -420,9 +438,7 @@ async def _acquire_floor(
                 take_fence(),
             )
             dt = time.perf_counter() - t0
-            for ok in oks[:-1]:
-                await watch.basic_cancel(str(ok.consumer_tag))
-            await main.queue_delete(lock)
+            await _let_go(watch, [str(ok.consumer_tag) for ok in oks[:-1]], main, lock)
             return dt
 
         try:
@@ -430,37 +446,6 @@ async def _acquire_floor(
         finally:
             if semaphore:
                 await main.queue_delete(slot)
-
-
-async def _plain_handoff_floor(url: str, samples: int, reps: int) -> list[list[float]]:
-    """:data:`RAW`'s ``token_handoff_plain``: cancel (nowait) + reject in one write."""
-    async with one_message_queue(url, 2, False, "plain handoff") as (conns, _, name):
-        chans = []
-        for conn in conns:
-            chans.append(ch := await conn.channel(publisher_confirms=False))
-            await ch.basic_qos(prefetch_count=1)
-        held = await consume(chans[0], name)
-        await asyncio.wait_for(held[1], 10)
-        waiting = await consume(chans[1], name)
-
-        async def sample() -> float:
-            nonlocal held, waiting
-            tag, got = held
-            delivery = got.result()[1].delivery_tag or 0
-            chan: Any = chans[0]
-            chan.consumers.pop(tag, None)  # nowait: no cancel-ok will come
-            frames = [
-                spec.Basic.Cancel(consumer_tag=tag, nowait=True),
-                spec.Basic.Reject(delivery_tag=delivery, requeue=True),
-            ]
-            t0 = time.perf_counter()
-            await write_together(chans[0], frames)
-            at, _ = await asyncio.wait_for(waiting[1], 10)
-            held, waiting = waiting, await consume(chans[0], name)  # the releaser waits next
-            chans.reverse()
-            return at - t0
-
-        return await repeat(sample, samples, reps, min(20, samples))
 
 
 def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
@@ -471,8 +456,9 @@ def raw_floors(url: str, samples: int, reps: int) -> dict[str, dict[str, Any]]:
         out[f"reject_deliver_{kind}"] = asyncio.run(handoff_floor(url, quorum, samples, reps))
     out.update(asyncio.run(_declare_floor(url, samples, reps)))
     out["token_cycle"] = asyncio.run(_token_cycle_floor(url, samples, reps))
-    out["token_handoff_tx"] = asyncio.run(handoff_floor(url, False, samples, reps, tx=True))
-    out["token_handoff_plain"] = asyncio.run(_plain_handoff_floor(url, samples, reps))
+    out["token_handoff_tx"] = asyncio.run(handoff_floor(url, False, samples, reps, how="tx"))
+    plain = handoff_floor(url, False, samples, reps, how="together")
+    out["token_handoff_plain"] = asyncio.run(plain)
     out["mutex_acquire"] = asyncio.run(_acquire_floor(url, samples, reps, semaphore=False))
     out["semaphore_acquire"] = asyncio.run(_acquire_floor(url, samples, reps, semaphore=True))
     # Each mutex handoff sample holds for MUTEX_SETTLE: a tenth of the samples keeps it short.

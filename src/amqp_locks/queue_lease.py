@@ -187,7 +187,8 @@ class LeaseState(HeldState):
         return ok
 
     async def release(self) -> None:
-        """Delete the held queue (waiting for delete-ok), then tell waiters it is free."""
+        """Delete the held queue and tell waiters it is free, in one round trip
+        (`Session.delete_and_notify`: the notice follows the delete on one channel)."""
         if not self.begin_release():
             return
         session = self.session
@@ -196,8 +197,9 @@ class LeaseState(HeldState):
             session.held.discard(self.held_queue)
             self.release_failure = f"the connection had ended ({session.lost_reason})"
             return
+        slot = self.number if self.kind == "semaphore" else 0
         try:
-            await session.delete(self.held_queue)
+            routed = await session.delete_and_notify(self.held_queue, self.notice_key, slot)
         except BaseException as exc:
             self._let_go(watch)
             if isinstance(exc, ConnectionLost) and not session.alive:
@@ -209,11 +211,9 @@ class LeaseState(HeldState):
             raise
         if self.kind == "semaphore":
             session.slot_hints[self.name] = self.number
-        # The waiter's notice goes out before our own clean-up, which nobody waits for.
-        routed = session.notify_soon(
-            self.notice_key, [self.number if self.kind == "semaphore" else 0]
-        )
-        session.released_at[self.notice_key] = (time.monotonic(), routed)
+        answered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        answered.set_result(routed)
+        session.released_at[self.notice_key] = (time.monotonic(), answered)
         self._let_go(watch)
         log.debug(
             "released %s %d of %r after %.3fs",

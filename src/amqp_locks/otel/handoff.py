@@ -117,6 +117,22 @@ def wrap_notify(original: Callable[..., Any]) -> Callable[..., Any]:
     return notify_soon
 
 
+def wrap_delete_and_notify(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Session.delete_and_notify``: a release's notice carries the releasing hold's
+    header, as :func:`wrap_notify`'s does."""
+
+    async def delete_and_notify(
+        session: Session, queue: str, wakeup_queue: str, slot: int = 0
+    ) -> Any:
+        releasing = RELEASING.get()
+        if releasing is None:
+            return await original(session, queue, wakeup_queue, slot)
+        headers = {HEADER: notice_value(releasing)}
+        return await original(session, queue, wakeup_queue, slot, headers=headers)
+
+    return delete_and_notify
+
+
 def wrap_carrying(original: Callable[..., Basic.Properties]) -> Callable[..., Basic.Properties]:
     """``tokens.permit.carrying``: the re-published token carries the releasing hold's
     header, bound to the counter written beside it (a copied stale one is replaced)."""

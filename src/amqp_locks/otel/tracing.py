@@ -118,6 +118,7 @@ class Tracing:
         self._patch(LeaseState, "release", self._wrap_release)
         self._patch(PermitState, "release", self._wrap_release)
         self._patch(QueueOps, "notify_soon", handoff.wrap_notify)
+        self._patch(QueueOps, "delete_and_notify", handoff.wrap_delete_and_notify)
         self._patch(permit, "carrying", handoff.wrap_carrying)
         # ... and the waiting side reads it.
         self._patch(Waiter, "__init__", handoff.wrap_waiter_init)

@@ -245,6 +245,39 @@ class QueueOps(ChannelPools):
         routed: bool = await self.call(None, send)
         return routed
 
+    async def delete_and_notify(
+        self,
+        queue: str,
+        wakeup_queue: str,
+        slot: int = 0,
+        headers: dict[str, Any] | None = None,
+    ) -> bool:
+        """Delete `queue` (a released lock) and publish its wake-up notice naming `slot`
+        (0: no hint), back to back on one channel; True when the notice found the wake-up
+        queue (someone waits). The broker handles a channel's methods in order, so the
+        notice is routed only once the delete is done, and its confirm, which we await,
+        says that too: one round trip where a delete-ok and then a notice took two. A
+        waiter is woken without our round trip in between, and our own next acquire knows
+        at once whether anyone waits (waiting.py). A failed delete closes the channel,
+        which fails the publish with the delete's error (raised, typed, naming `queue`)."""
+        props = Basic.Properties(delivery_mode=1, headers=headers)
+
+        async def op(ch: AbstractChannel) -> bool:
+            await ch.queue_delete(queue, nowait=True)
+            try:
+                await ch.basic_publish(
+                    str(slot).encode(), routing_key=wakeup_queue, properties=props, mandatory=True
+                )
+            except ex.DeliveryError:
+                # Returned (nobody waits), or nacked (4.x: the wake-up queue went away
+                # under the notice as its last waiter left): the delete was handled before
+                # either, and the channel stays usable.
+                return False
+            return True
+
+        routed: bool = await self.call(queue, op)
+        return routed
+
     def notify_soon(
         self,
         wakeup_queue: str,

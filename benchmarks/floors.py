@@ -53,8 +53,9 @@ RAW = {
     "semaphore_acquire": "an uncontended C=1 persistent-semaphore acquire's broker steps, "
     "back to back: mandatory probes of A[1] and B[1], exclusive declare B[1], then at once "
     "`basic.consume` A[1] and B[1] and the fence's probes + quorum `basic.get` (+ reject)",
-    "mutex_handoff": "a mutex handoff's broker steps after 50 ms idle: `queue.delete` N, "
-    "then a mandatory notice -> waiter on another connection: exclusive declare N, "
+    "mutex_handoff": "a mutex handoff's broker steps after 50 ms idle: `queue.delete` N "
+    "(no-wait) and a mandatory notice behind it -> waiter on another connection: "
+    "exclusive declare N, "
     "then `basic.consume` N and quorum fence `basic.get` + reject",
 }
 MUTEX_SETTLE = 0.05  # seconds the holder holds before each mutex handoff (as the report's)
@@ -372,7 +373,7 @@ async def _mutex_handoff_floor(url: str, samples: int, reps: int) -> list[list[f
             await a_ch.queue_declare(lock, exclusive=True)
             await asyncio.sleep(MUTEX_SETTLE)
             t0 = time.perf_counter()
-            await a_ch.queue_delete(lock)
+            await a_ch.queue_delete(lock, nowait=True)  # the notice follows it on the channel
             await a_ch.basic_publish(b"0", routing_key=wakeups, mandatory=True)
             notice = await notices.get()
             await b_ch.queue_declare(lock, exclusive=True)

@@ -41,8 +41,12 @@ def _slots_conflict(name: str, kind: str, have: int, asked: int) -> CliError:
 
 
 def _semaphore_size(broker: Broker, name: str) -> int:
-    """The persistent semaphore's slot count, 0 if absent (read-only; no admin mutex)."""
-    st = of_kind(lock_status(broker, name, ("semaphore",)), "semaphore")
+    """The persistent semaphore's slot count, 0 if absent (read-only; no admin mutex).
+    Bounded by the connect timeout, as "silent" is for the rest of the CLI (exit 69): the
+    status default (1 s for holders' answers, + 1 s) cut a count read that 20 `run`s
+    starting at once on a loaded 2-core machine made slower (rehearsal 16)."""
+    found = lock_status(broker, name, ("semaphore",), timeout=broker.core.connect_timeout)
+    st = of_kind(found, "semaphore")
     return 0 if st is None else st.capacity
 
 

@@ -210,7 +210,8 @@ def sem_wait(name: str, slots: tuple[int, ...], timeout: float | None) -> int:
         admin = SemaphoreAdmin(b, name)
         wanted = list(slots)
         if not wanted:
-            sem = of_kind(lock_status(b, name, ("semaphore",)), "semaphore")
+            found = lock_status(b, name, ("semaphore",), timeout=b.core.connect_timeout)
+            sem = of_kind(found, "semaphore")
             c = 0 if sem is None else sem.capacity
             if c == 0:
                 raise CliError(Exit.DATAERR, f"semaphore {name!r} does not exist")

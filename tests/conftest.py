@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import uuid
@@ -69,6 +70,18 @@ def on_session(broker: Broker, step: Callable[[Session], Awaitable[T]]) -> T:
         return await step(await broker.core.session())
 
     return broker.core.run(go())
+
+
+def settle(broker: Broker) -> None:
+    """Wait for everything the releases left running in the background (the token's
+    commit, the wake-up notice, channels going back to the pool)."""
+
+    async def done() -> None:
+        session = await broker.core.session()
+        while session._tasks:
+            await asyncio.gather(*list(session._tasks), return_exceptions=True)
+
+    broker.core.run(done())
 
 
 def queue_counts(broker: Broker, queue: str) -> tuple[int, int]:

@@ -17,7 +17,7 @@ import pytest
 from amqp_locks import Broker, Lease, Mutex, PersistentSemaphore, SemaphoreAdmin
 from amqp_locks.transport.session import Session
 
-from .conftest import on_session
+from .conftest import on_session, settle
 from .faultproxy import FaultProxy
 
 #: Seconds from the cut to the waiter's grant: the sentinel's push, or a back-off re-check
@@ -44,9 +44,7 @@ def _frames_of_release(proxy: FaultProxy, make: Make, name: str) -> int:
         assert lease is not None
         proxy.count_frames()
         lease.release(wait=True)
-        # the clean-up after it (sentinel, watch channel) runs in the background
-        with contextlib.closing(Broker(proxy.url())):
-            pass
+        settle(holder)  # the clean-up after it (sentinel, watch channel) is sent too
         return proxy.frames_sent
 
 

@@ -26,6 +26,8 @@ from amqp_locks import (
 )
 from amqp_locks.transport.session import Session
 
+from .conftest import settle
+
 CYCLES = 10
 
 
@@ -66,18 +68,6 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wire]:
 
 def _session(broker: Broker) -> Session:
     return broker.core.run(broker.core.session())
-
-
-def settle(broker: Broker) -> None:
-    """Wait for everything the releases left running in the background (the token's
-    commit, the wake-up notice, channels going back to the pool)."""
-
-    async def done() -> None:
-        session = await broker.core.session()
-        while session._tasks:
-            await asyncio.gather(*list(session._tasks), return_exceptions=True)
-
-    broker.core.run(done())
 
 
 def cycles(broker: Broker, acquire: Callable[[], Lease | None], wire: Wire) -> dict[str, float]:

@@ -220,7 +220,8 @@ class Session(QueueOps):
         put_off = False
         while self.alive:
             await asyncio.sleep(step)
-            slept, woke = time.monotonic() - woke, time.monotonic()
+            now = time.monotonic()
+            slept, woke = now - woke, now
             if slept > 2 * step and not put_off:
                 # This process did not run for a while (a GIL held by user code, a
                 # starved machine): the broker's answers may wait unread in the socket,
@@ -228,7 +229,7 @@ class Session(QueueOps):
                 # broker's. Ping now and judge one step later; a second late wake in a
                 # row is judged as it is, so a loss is told at most one step later.
                 put_off = True
-                self.stalled_at = woke
+                self.stalled_at = now
                 self.stalls += 1
                 log.debug(
                     "%r: the I/O loop did not run for %.1fs; next judgement in %.2fs",
@@ -237,7 +238,6 @@ class Session(QueueOps):
                 self._ping_now.set()
                 continue
             put_off = False
-            now = time.monotonic()
             silence_limit = self.loss_timeout
             if self._blocked():
                 # A resource alarm: the broker stops reading us and pauses its own

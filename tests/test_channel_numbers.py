@@ -9,6 +9,7 @@ made 20 at a time lost their connection that way)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -21,13 +22,18 @@ from pamqp.heartbeat import Heartbeat
 
 from amqp_locks import Broker, aio
 from amqp_locks.errors import AmqpLocksError
-from amqp_locks.transport.aiormq_compat import ChannelNumbers, FrameWatch
+from amqp_locks.transport.aiormq_compat import ChannelNumbers, FrameWatch, WriteGuard
 from amqp_locks.transport.session import Session
 
 from . import waiting
 from .conftest import on_session
+from .faults.proxy import FaultProxy
 
 # --- the bookkeeping itself (no broker) ---------------------------------------------------
+
+
+def _marshal(frames: list[tuple[Any, int]]) -> bytes:
+    return b"".join(pamqp.frame.marshal(f, ch) for f, ch in frames)
 
 
 def _wire() -> bytes:
@@ -40,21 +46,81 @@ def _wire() -> bytes:
         (spec.Channel.CloseOk(), 5),
         (spec.Channel.Close(reply_code=404, reply_text="NOT_FOUND", class_id=50, method_id=10), 7),
     ]
-    return ProtocolHeader().marshal() + b"".join(pamqp.frame.marshal(f, ch) for f, ch in frames)
+    return _marshal(frames)
+
+
+def _chunks(data: bytes, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    out, i = [], 0
+    while i < len(data):
+        step = rng.randint(1, 9)
+        out.append(data[i : i + step])
+        i += step
+    return out
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_the_frame_watch_sees_every_method_in_any_chunking(seed: int) -> None:
-    data = _wire()
     seen: list[tuple[int, int, int]] = []
-    watch = FrameWatch(lambda *m: seen.append(m), protocol_header=True)
-    rng = random.Random(seed)
-    i = 0
-    while i < len(data):
-        step = rng.randint(1, 9)
-        watch.feed(data[i : i + step])
-        i += step
+    watch = FrameWatch(lambda *m: seen.append(m))
+    for chunk in _chunks(_wire(), seed):
+        watch.feed(chunk)
     assert seen == [(3, 20, 10), (3, 60, 40), (5, 20, 41), (7, 20, 40)]
+
+
+def _publish(channel: int) -> list[tuple[Any, int]]:
+    return [
+        (spec.Basic.Publish(routing_key="q"), channel),
+        (ContentHeader(body_size=5), channel),
+        (ContentBody(b"hello"), channel),
+    ]
+
+
+_CLOSE = spec.Channel.Close(reply_code=504, reply_text="RPC timeout", class_id=0, method_id=0)
+
+
+@pytest.mark.parametrize("seed", [None, *range(20)])
+def test_the_write_guard_drops_what_follows_a_channel_close(seed: int | None) -> None:
+    """What RabbitMQ answers with a connection close (504 "expected 'channel.open'"): a
+    frame on a channel after our close of it (an RPC that timed out, then a publish) or
+    after our close-ok to its close. Those are dropped, whole frames, in any chunking;
+    everything else passes unchanged, and a channel.open makes the number usable again."""
+    passes: list[tuple[Any, int]] = [
+        (spec.Channel.Open(), 3),
+        *_publish(3),
+        (spec.Channel.Open(), 5),
+        (_CLOSE, 3),  # our close (aiormq's, after a timed-out RPC)
+    ]
+    dropped_1: list[tuple[Any, int]] = [*_publish(3), (spec.Basic.Ack(delivery_tag=1), 3)]
+    passes_2: list[tuple[Any, int]] = [
+        (Heartbeat(), 0),
+        *_publish(5),
+        (spec.Channel.CloseOk(), 3),  # the broker's close crossed ours: answered
+        (spec.Channel.CloseOk(), 5),  # our close-ok to the broker's close of 5
+    ]
+    dropped_2: list[tuple[Any, int]] = [(_CLOSE, 5), *_publish(5), (_CLOSE, 3)]
+    passes_3: list[tuple[Any, int]] = [(spec.Channel.Open(), 3), *_publish(3)]
+    header = ProtocolHeader().marshal()
+    wire = header + _marshal(passes + dropped_1 + passes_2 + dropped_2 + passes_3)
+    expected = header + _marshal(passes + passes_2 + passes_3)
+    numbers = ChannelNumbers()
+    guard = WriteGuard(numbers)
+    chunks = [wire] if seed is None else _chunks(wire, seed)
+    assert b"".join(guard.filter(c) for c in chunks) == expected
+    assert numbers.dropped == len(dropped_1) + len(dropped_2)
+    assert guard.shut == {5}
+
+
+def test_the_write_guard_frees_numbers_only_for_what_it_wrote() -> None:
+    """The channel bookkeeping sees the close-ok that went out, not a dropped one."""
+    numbers = ChannelNumbers()
+    assert numbers.take(9) == 1
+    numbers.heard(1, 20, 40)  # the broker closes 1
+    guard = WriteGuard(numbers)
+    guard.filter(ProtocolHeader().marshal())
+    assert numbers.take(9) == 2
+    guard.filter(_marshal([(spec.Channel.CloseOk(), 1)]))
+    assert 1 not in numbers.taken and guard.shut == {1}
 
 
 def test_a_number_comes_back_only_once_the_broker_let_go_of_it() -> None:
@@ -83,6 +149,40 @@ def test_a_number_comes_back_only_once_the_broker_let_go_of_it() -> None:
 
 
 # --- on the broker ------------------------------------------------------------------------
+
+
+def test_a_publish_after_a_timed_out_rpc_keeps_the_connection(
+    amqp_proxy: FaultProxy, name: str
+) -> None:
+    """An RPC that times out makes aiormq write ``channel.close`` without waiting for the
+    broker's close-ok; its ``basic_publish`` still goes out on that channel until the
+    close-ok arrives, and RabbitMQ, which forgot the channel when it sent the close-ok,
+    closes the whole connection (504 "expected 'channel.open'"), every lease on it lost
+    (stop 45's CI). The proxy holds the broker's replies back until the close-ok was sent,
+    so the publish surely follows it; the connection must live."""
+    broker = Broker(amqp_proxy.url(), heartbeat=30.0)
+    try:
+
+        async def cross(session: Session) -> tuple[int, bool]:
+            ch = await session.open_channel()
+            amqp_proxy.mute(hold=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await ch.queue_declare(f"{name}-q", exclusive=True, timeout=0.3)
+            deadline = asyncio.get_running_loop().time() + 10
+            while (ch.number, 20, 41) not in amqp_proxy.held_methods():
+                assert asyncio.get_running_loop().time() < deadline, "no close-ok held"
+                await asyncio.sleep(0.01)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ch.basic_publish(b"x", routing_key=f"{name}-q"), 1.0)
+            amqp_proxy.heal()
+            check = await session.open_channel()
+            await check.queue_declare(f"{name}-check", exclusive=True)
+            return session.numbers.dropped, session.alive
+
+        dropped, alive = on_session(broker, cross)
+        assert alive and dropped == 3, (alive, dropped)  # the publish's method, header, body
+    finally:
+        broker.close(timeout=2)
 
 #: Rounds of the focused churn, channels closed by the broker / flooded per round, and
 #: the publishes of each flood.

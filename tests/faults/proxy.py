@@ -177,6 +177,17 @@ class FaultProxy:
         for pair in pairs:
             pair.close(rst=True)
 
+    def held_methods(self) -> list[tuple[int, int, int]]:
+        """(channel, class id, method id) of each method frame ``mute(hold=True)`` holds
+        back now, every connection's, in arrival order."""
+        with self._cond:
+            frames = [f for held in self._held.values() for f in held]
+        return [
+            (struct.unpack_from("!H", f, 1)[0], *struct.unpack_from("!HH", f, 7))
+            for f in frames
+            if f[0] == 1 and len(f) >= 12
+        ]
+
     @property
     def blackholed(self) -> bool:
         with self._cond:

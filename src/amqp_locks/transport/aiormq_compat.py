@@ -32,6 +32,15 @@ breaks one small module, and `tests/test_compat.py` says which:
   also queues its close-ok with ``put_nowait`` on its bounded write queue and *drops* it
   when the queue is full (the broker then holds the channel, closing, for the connection's
   life): `keep_every_close_ok` makes that queue unbounded.
+* **No frame on a channel after its close** (:class:`WriteGuard`): once our
+  ``channel.close`` (or our ``close-ok`` to the broker's) is written, RabbitMQ forgets the
+  number, and any later frame on it but ``channel.open`` closes the whole connection (504
+  "expected 'channel.open'"), every lease on it lost. aiormq writes such frames: an RPC
+  that times out writes ``channel.close`` without waiting, and ``basic_publish`` (its
+  ``lock`` checks only ``is_closed``, false until the close-ok arrives) still goes out
+  after it, as do `send_together`'s frames (stop 45's CI: a lease on a live node lost so,
+  on 3.10.8, while the node leading the lock's queues died). The writer drops them: what
+  they carried is what the closing channel gives back anyway.
 * **Many ``basic.get`` in flight on one channel** (`route_gets`, the quorum guard's lock
   checks): aiormq runs one ``basic.get`` per channel at a time. The replies are taken
   from its channel reader (``_on_get_frame``, ``_get_frame``, ``rpc_frames``) and
@@ -41,6 +50,7 @@ breaks one small module, and `tests/test_compat.py` says which:
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import time
 from collections.abc import Callable, Container
@@ -58,7 +68,10 @@ from yarl import URL
 #: The loggers aiormq writes connection and channel records to.
 LOGGER_NAMES = ("aiormq.connection", "aiormq.connection.marshall", "aiormq.channel")
 
+log = logging.getLogger("amqp_locks.transport")
+
 #: (class id, method id) of the channel methods :class:`ChannelNumbers` follows.
+CHANNEL_OPEN = (20, 10)
 CHANNEL_CLOSE = (20, 40)
 CHANNEL_CLOSE_OK = (20, 41)
 _FRAME_HEADER = struct.Struct(">BHI")  # type, channel, payload size
@@ -68,23 +81,15 @@ _METHOD_FRAME = 1
 class FrameWatch:
     """Reads an AMQP 0-9-1 byte stream (in any chunks) just far enough to call
     ``on_method(channel, class_id, method_id)`` for every method frame; the rest of each
-    frame is skipped unread. `protocol_header`: the stream starts with ``AMQP\\0\\0\\9\\1``
-    (what a client writes first)."""
+    frame is skipped unread (what the broker sends; our writes pass :class:`WriteGuard`)."""
 
-    def __init__(
-        self, on_method: Callable[[int, int, int], None], *, protocol_header: bool = False
-    ) -> None:
+    def __init__(self, on_method: Callable[[int, int, int], None]) -> None:
         self._on_method = on_method
         self._head = bytearray()  # the frame header read so far (7 bytes, then 4 of method)
-        self._skip = 8 if protocol_header else 0  # bytes to pass over unread
-        self._sniff = protocol_header  # whether the header is still to be checked for
+        self._skip = 0  # bytes to pass over unread
 
     def feed(self, data: bytes) -> None:
         i, n = 0, len(data)
-        if self._sniff and n:
-            self._sniff = False
-            if not data.startswith(b"AMQP"[: min(4, n)]):
-                self._skip = 0
         while i < n:
             if self._skip:
                 step = min(self._skip, n - i)
@@ -125,6 +130,8 @@ class ChannelNumbers:
         self.taken: set[int] = set()
         #: Numbers whose ``channel.close`` came from the broker, our close-ok not yet written.
         self.closed_by_broker: set[int] = set()
+        #: Frames :class:`WriteGuard` kept off the wire (written after their channel's close).
+        self.dropped = 0
         self._next = 1
 
     def take(self, limit: int, in_use: Container[int] = ()) -> int:
@@ -214,16 +221,91 @@ class _TimedReader:
         return getattr(self._reader, name)
 
 
-class _WatchedWriter:
-    """A StreamWriter proxy showing every write to `watch` (in socket order)."""
+class WriteGuard:
+    """Every frame a connection writes passes here, in socket order (aiormq writes whole
+    frames; a partial one is held until the rest comes). Method frames go to `on_method`
+    as they pass (`numbers`: :meth:`ChannelNumbers.wrote`). A frame on a channel whose
+    ``channel.close`` or ``close-ok`` we already wrote is dropped, until a
+    ``channel.open`` on that number (the module docstring says why), except the
+    ``close-ok`` that answers a close of the broker's crossing ours."""
 
-    def __init__(self, writer: asyncio.StreamWriter, watch: FrameWatch) -> None:
+    def __init__(self, numbers: ChannelNumbers) -> None:
+        self._numbers = numbers
+        self._held = b""  # a frame begun but not yet whole (or the protocol header)
+        self._started = False
+        #: Numbers we closed (or confirmed the broker's close of), not reopened since.
+        self.shut: set[int] = set()
+
+    def filter(self, data: bytes) -> bytes:
+        """The bytes of `data` that may go to the socket."""
+        if self._held:
+            data, self._held = self._held + data, b""
+        i, n = 0, len(data)
+        if not self._started:
+            if n < 8 and b"AMQP".startswith(data[:4]):
+                self._held = data
+                return b""
+            self._started = True
+            if data.startswith(b"AMQP"):
+                i = 8
+        kept: list[memoryview] | None = None  # None: everything so far is kept
+        mv = memoryview(data)
+        while i < n:
+            if n - i < 7:
+                break
+            kind, channel, size = _FRAME_HEADER.unpack_from(data, i)
+            end = i + 7 + size + 1
+            if end > n:
+                break
+            method = (
+                struct.unpack_from(">HH", data, i + 7) if kind == _METHOD_FRAME and size >= 4
+                else None
+            )
+            if self._passes(channel, method):
+                if kept is not None:
+                    kept.append(mv[i:end])
+                if method is not None:
+                    self._numbers.wrote(channel, *method)
+            else:
+                if kept is None:
+                    kept = [mv[:i]]
+                self._numbers.dropped += 1
+                log.debug(
+                    "frame (type %d, method %s) on channel %d dropped: written after the"
+                    " channel's close, which RabbitMQ answers by closing the connection",
+                    kind, method, channel,
+                )
+            i = end
+        if i < n:
+            self._held = bytes(data[i:])
+            if kept is None:
+                kept = [mv[:i]]
+        return data if kept is None else b"".join(kept)
+
+    def _passes(self, channel: int, method: tuple[int, int] | None) -> bool:
+        if channel == 0:
+            return True
+        if method == CHANNEL_OPEN:
+            self.shut.discard(channel)
+            return True
+        if channel in self.shut:
+            return method == CHANNEL_CLOSE_OK
+        if method in (CHANNEL_CLOSE, CHANNEL_CLOSE_OK):
+            self.shut.add(channel)
+        return True
+
+
+class _WatchedWriter:
+    """A StreamWriter proxy passing every write through `guard` (in socket order)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, guard: WriteGuard) -> None:
         self._writer = writer
-        self._watch = watch
+        self._guard = guard
 
     def write(self, data: bytes) -> None:
-        self._writer.write(data)
-        self._watch.feed(data)
+        kept = self._guard.filter(data)
+        if kept:
+            self._writer.write(kept)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._writer, name)
@@ -255,8 +337,8 @@ class TimedTransport(TransportFactory):
         if self._numbers is None:
             return _TimedReader(reader, self._on_bytes), writer
         heard = FrameWatch(self._numbers.heard)
-        wrote = FrameWatch(self._numbers.wrote, protocol_header=True)
-        return _TimedReader(reader, self._on_bytes, heard), _WatchedWriter(writer, wrote)
+        guard = WriteGuard(self._numbers)
+        return _TimedReader(reader, self._on_bytes, heard), _WatchedWriter(writer, guard)
 
 
 def connection_blocked(conn: aiormq.Connection | None) -> bool:

@@ -126,7 +126,9 @@ def test_status_json_matches_reality(cli: Cli, name: str) -> None:
         table.stdout
     )
     assert f"mtx-1 (host {socket.gethostname()}, pid {holders[2].popen.pid})" in table.stdout
-    bare = json.loads(cli.run("status", sem, "--json", "--holder-timeout", "0").stdout)
+    out = cli.run("status", sem, "--json", "--holder-timeout", "0")
+    assert out.returncode == 0, out.stderr
+    bare = json.loads(out.stdout)
     assert "records" not in bare[0]  # not asked
     for h in [*holders, waiter]:
         h.popen.send_signal(signal.SIGTERM)

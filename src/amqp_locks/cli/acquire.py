@@ -10,10 +10,10 @@ from ..lease import Lease
 from ..mutex import Mutex
 from ..rwlock import ReadWriteLock
 from ..semaphore import PersistentSemaphore, SemaphoreAdmin
-from ..status import lock_status, of_kind
+from ..status import of_kind
 from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
 from ..transport.broker import Broker
-from .common import CliError
+from .common import CliError, read_status
 from .exitcodes import Exit
 from .status import since_text
 from .waitline import Probe
@@ -41,11 +41,8 @@ def _slots_conflict(name: str, kind: str, have: int, asked: int) -> CliError:
 
 
 def _semaphore_size(broker: Broker, name: str) -> int:
-    """The persistent semaphore's slot count, 0 if absent (read-only; no admin mutex).
-    Bounded by the connect timeout, as "silent" is for the rest of the CLI (exit 69): the
-    status default (1 s for holders' answers, + 1 s) cut a count read that 20 `run`s
-    starting at once on a loaded 2-core machine made slower (rehearsal 16)."""
-    found = lock_status(broker, name, ("semaphore",), timeout=broker.core.connect_timeout)
+    """The persistent semaphore's slot count, 0 if absent (read-only; no admin mutex)."""
+    found = read_status(broker, name, ("semaphore",))
     st = of_kind(found, "semaphore")
     return 0 if st is None else st.capacity
 
@@ -149,19 +146,19 @@ def holders_probe(broker: Broker, kind: str, name: str) -> Probe:
                 f"{rw.writers_waiting} writer(s) waiting"
             )
         if kind == "mutex":
-            mutex = of_kind(lock_status(broker, name, ("mutex",), records=True), "mutex")
+            mutex = of_kind(read_status(broker, name, ("mutex",), records=True), "mutex")
             if mutex is None or not mutex.held:
                 return None
             holder = pick_holder(mutex.records)
             return "held elsewhere" if holder is None else who([holder])
         if kind == "semaphore":
-            sem = of_kind(lock_status(broker, name, ("semaphore",), records=True), "semaphore")
+            sem = of_kind(read_status(broker, name, ("semaphore",), records=True), "semaphore")
             if sem is None:
                 return None
             if not sem.holders:
                 return f"{sem.capacity} slot(s), none held"
             return f"{who(sem.records)} ({sem.held} of {sem.capacity} slot(s))"
-        tok = of_kind(lock_status(broker, name, ("token",), records=True), "token")
+        tok = of_kind(read_status(broker, name, ("token",), records=True), "token")
         if tok is None:
             return None
         held = f"{tok.held} of {tok.capacity} permit(s) held"

@@ -9,10 +9,10 @@ from typing import TypeVar
 import click
 
 from ..semaphore import Removal, SemaphoreAdmin
-from ..status import lock_status, of_kind
+from ..status import of_kind
 from ..tokens import Audit, TokenAdmin
 from ..transport.broker import Broker
-from .common import CliError, get_globals, lock_name, seconds_option
+from .common import CliError, get_globals, lock_name, read_status, seconds_option
 from .exitcodes import Exit
 
 T = TypeVar("T")
@@ -210,7 +210,7 @@ def sem_wait(name: str, slots: tuple[int, ...], timeout: float | None) -> int:
         admin = SemaphoreAdmin(b, name)
         wanted = list(slots)
         if not wanted:
-            found = lock_status(b, name, ("semaphore",), timeout=b.core.connect_timeout)
+            found = read_status(b, name, ("semaphore",))
             sem = of_kind(found, "semaphore")
             c = 0 if sem is None else sem.capacity
             if c == 0:

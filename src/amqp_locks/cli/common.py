@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -26,7 +26,10 @@ from ..errors import (
     PreconditionFailed,
     SemaphoreNotFound,
 )
+from ..holders import bounded
 from ..names import validate_name
+from ..records import ALL_KINDS, HOLDER_TIMEOUT, Kind, LockStatus
+from ..status import read_lock_status
 from ..tokens import TokenSemaphoreNotFound
 from ..transport.broker import Broker
 from ..transport.urls import default_connection_name
@@ -358,3 +361,21 @@ def command_argv(command: tuple[str, ...], shell_command: str | None, usage: str
     if shell_command is None and not command:
         raise click.UsageError(f"missing COMMAND (use: {usage})")
     return ["/bin/sh", "-c", shell_command] if shell_command is not None else list(command)
+
+
+def read_status(
+    broker: Broker,
+    name: str,
+    kinds: Sequence[Kind] = ALL_KINDS,
+    *,
+    records: bool = False,
+    holder_timeout: float = HOLDER_TIMEOUT,
+) -> list[LockStatus]:
+    """``lock_status`` as the CLI reads it: holders get `holder_timeout` to answer, the
+    broker's own reads the connect timeout, as "silent" is for the rest of the CLI (exit
+    69). The library's bound (the holders' time + 1 s) cut reads that a loaded 2-core
+    machine made slower, and the CLI reported a slow broker as a silent one (rehearsals
+    13 and 16: `run -n C`'s slot count; 17: `status --holder-timeout 0`)."""
+    read = read_lock_status(broker.core, name, kinds, records=records, timeout=holder_timeout)
+    limit = holder_timeout + broker.core.connect_timeout
+    return broker.core.run(bounded(read, limit, f"status of {name!r}"))

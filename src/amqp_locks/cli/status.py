@@ -16,9 +16,9 @@ from typing import Any
 import click
 
 from ..holders import HOLDER_TIMEOUT, HolderRecord
-from ..status import LockStatus, lock_status
+from ..status import LockStatus
 from ..transport.broker import Broker
-from .common import get_globals, lock_name, seconds_option
+from .common import get_globals, lock_name, read_status, seconds_option
 
 
 def since_text(since: datetime | None, now: datetime | None = None) -> str:
@@ -63,7 +63,7 @@ def collect(b: Broker, name: str, timeout: float = HOLDER_TIMEOUT) -> list[dict[
     shape of `--json` (per kind: slots/holders/free, permits/ready/consumers/waiting, and
     `records`: who holds it, unless `timeout` is 0)."""
     found: list[dict[str, Any]] = []
-    for st in lock_status(b, name, records=timeout > 0, timeout=timeout):
+    for st in read_status(b, name, records=timeout > 0, holder_timeout=timeout):
         row = _row(name, st)
         if st.kind != "absent" and timeout > 0:
             row["records"] = [r.as_dict() for r in st.records]

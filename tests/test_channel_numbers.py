@@ -111,6 +111,21 @@ def test_the_write_guard_drops_what_follows_a_channel_close(seed: int | None) ->
     assert guard.shut == {5}
 
 
+def test_the_write_guard_passes_what_is_not_amqp_framing() -> None:
+    """A stream without the protocol header, or a frame without its end octet, is passed
+    as it comes from then on: the guard never holds bytes it cannot read."""
+    raw = WriteGuard(ChannelNumbers())
+    assert raw.filter(b"GET / HTTP/1.1\r\n") == b"GET / HTTP/1.1\r\n"
+    closing = _marshal([(_CLOSE, 3), *_publish(3)])
+    assert raw.filter(closing) == closing
+    guard = WriteGuard(ChannelNumbers())
+    closed = ProtocolHeader().marshal() + _marshal([(_CLOSE, 3)])
+    assert guard.filter(closed) == closed
+    broken = _marshal(_publish(5))[:-1] + b"\x00"
+    assert guard.filter(broken) == broken  # its last frame has no end octet
+    assert guard.filter(_marshal(_publish(3))) == _marshal(_publish(3))  # blind from then
+
+
 def test_the_write_guard_frees_numbers_only_for_what_it_wrote() -> None:
     """The channel bookkeeping sees the close-ok that went out, not a dropped one."""
     numbers = ChannelNumbers()
@@ -183,6 +198,7 @@ def test_a_publish_after_a_timed_out_rpc_keeps_the_connection(
         assert alive and dropped == 3, (alive, dropped)  # the publish's method, header, body
     finally:
         broker.close(timeout=2)
+
 
 #: Rounds of the focused churn, channels closed by the broker / flooded per round, and
 #: the publishes of each flood.

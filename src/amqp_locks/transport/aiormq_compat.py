@@ -76,6 +76,7 @@ CHANNEL_CLOSE = (20, 40)
 CHANNEL_CLOSE_OK = (20, 41)
 _FRAME_HEADER = struct.Struct(">BHI")  # type, channel, payload size
 _METHOD_FRAME = 1
+_FRAME_END = 0xCE
 
 
 class FrameWatch:
@@ -223,21 +224,25 @@ class _TimedReader:
 
 class WriteGuard:
     """Every frame a connection writes passes here, in socket order (aiormq writes whole
-    frames; a partial one is held until the rest comes). Method frames go to `on_method`
-    as they pass (`numbers`: :meth:`ChannelNumbers.wrote`). A frame on a channel whose
+    frames; a partial one is held until the rest comes). Each method frame that passes is
+    told to `numbers` (:meth:`ChannelNumbers.wrote`). A frame on a channel whose
     ``channel.close`` or ``close-ok`` we already wrote is dropped, until a
     ``channel.open`` on that number (the module docstring says why), except the
-    ``close-ok`` that answers a close of the broker's crossing ours."""
+    ``close-ok`` that answers a close of the broker's crossing ours. Bytes that turn out
+    not to be AMQP framing (no frame-end octet) pass unfiltered from then on."""
 
     def __init__(self, numbers: ChannelNumbers) -> None:
         self._numbers = numbers
         self._held = b""  # a frame begun but not yet whole (or the protocol header)
         self._started = False
+        self._blind = False  # the stream is not AMQP framing: pass it as it comes
         #: Numbers we closed (or confirmed the broker's close of), not reopened since.
         self.shut: set[int] = set()
 
     def filter(self, data: bytes) -> bytes:
         """The bytes of `data` that may go to the socket."""
+        if self._blind:
+            return data
         if self._held:
             data, self._held = self._held + data, b""
         i, n = 0, len(data)
@@ -246,8 +251,10 @@ class WriteGuard:
                 self._held = data
                 return b""
             self._started = True
-            if data.startswith(b"AMQP"):
-                i = 8
+            if not data.startswith(b"AMQP"):  # not a client's AMQP 0-9-1 stream
+                self._blind = True
+                return data
+            i = 8
         kept: list[memoryview] | None = None  # None: everything so far is kept
         mv = memoryview(data)
         while i < n:
@@ -257,8 +264,12 @@ class WriteGuard:
             end = i + 7 + size + 1
             if end > n:
                 break
+            if data[end - 1] != _FRAME_END:
+                self._blind = True
+                return data if kept is None else b"".join([*kept, mv[i:]])
             method = (
-                struct.unpack_from(">HH", data, i + 7) if kind == _METHOD_FRAME and size >= 4
+                struct.unpack_from(">HH", data, i + 7)
+                if kind == _METHOD_FRAME and size >= 4
                 else None
             )
             if self._passes(channel, method):
@@ -273,7 +284,9 @@ class WriteGuard:
                 log.debug(
                     "frame (type %d, method %s) on channel %d dropped: written after the"
                     " channel's close, which RabbitMQ answers by closing the connection",
-                    kind, method, channel,
+                    kind,
+                    method,
+                    channel,
                 )
             i = end
         if i < n:

@@ -221,9 +221,12 @@ class Holder:
             time.sleep(0.01)
 
     def resume(self) -> float:
+        """SIGCONT; the time is read before the signal, so every write of the resumed
+        process is later (read after it, the holder's first write once beat the read:
+        rehearsal 18, a refused stale write not counted as stale)."""
+        t = time.monotonic()
         os.kill(self.pid, signal.SIGCONT)
         self.paused = False
-        t = time.monotonic()
         self.faults.append((t, "resume"))
         return t
 

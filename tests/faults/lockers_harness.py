@@ -226,8 +226,12 @@ class Run:
         found: Worker = wait_until(find, timeout, "a master")
         return found
 
+    def events(self) -> list[Event]:
+        """The run's history so far, every worker's, in file order."""
+        return load(self.history)
+
     def grants(self) -> list[Event]:
-        return [e for e in load(self.history) if e.kind == "grant"]
+        return [e for e in self.events() if e.kind == "grant"]
 
     def losses(self) -> list[float]:
         """When masters learnt they lost the lock (``lost`` events), in time order."""

@@ -121,7 +121,7 @@ async def _spare_holder(session: Session, transactional: bool) -> None:
 
 class DeletedWhileWaiting(TokenSemaphoreNotFound):
     """The broker cancelled our waiting consumer: the queue was deleted (a heal, an
-    expiry, an operator), and on RabbitMQ 3.x may still be being deleted
+    expiry, an operator), and may still be being deleted
     (:func:`fresh.until_deleted`)."""
 
 

@@ -78,25 +78,26 @@ from .message import token_properties
 EXPIRES_MS = NAME_EXPIRES_MS
 
 
-#: RabbitMQ 3.x: the longest a waiter whose queue was deleted under it waits for the delete
-#: to finish before it makes the queue again (:func:`until_deleted`), and its poll step.
+#: The longest a waiter whose queue was deleted under it waits for the delete to finish
+#: before it makes the queue again (:func:`until_deleted`), and its poll step.
 DELETE_WAIT = 5.0
 DELETE_POLL = 0.02
 
 
 async def until_deleted(session: Session, queue: str) -> None:
     """After the broker cancelled our consumer because `queue` was deleted (a waiter's
-    heal, an expiry, an operator): on RabbitMQ 3.x, wait until the delete finished before
-    anything is sent to the queue again. 3.10 cancels a quorum queue's consumers once its
+    heal, an expiry, an operator): wait until the delete finished before anything is sent
+    to the queue again. 3.10 cancels a quorum queue's consumers once its
     Raft members stop, before it drops the queue's record; a ``basic.consume`` in between
     (our first use's test-and-set is refused, the queue still "exists", and we consume)
     meets no member and the broker closes the whole connection (541; CI, 3.10.8,
     ``{badmatch,{error,noproc}}`` in ``rabbit_quorum_queue:consume``). A passive declare
     then answers 0 ready and 0 consumers without a crash (``stat`` of a queue with no
     leader): polled until the queue is gone (404) or made again (a token or a consumer),
-    at most :data:`DELETE_WAIT` seconds (nothing tells us when the record goes)."""
-    if session.version >= (4, 0):
-        return
+    at most :data:`DELETE_WAIT` seconds (nothing tells us when the record goes). Once
+    thought 3.x only; 4.3.6 did it once too (rehearsal 19: a heal's delete, then a
+    waiter's consume, 541 ``failed consuming from quorum queue ...: noproc``). Where the
+    delete is already done, this costs one passive declare (404)."""
     deadline = time.monotonic() + DELETE_WAIT
     while time.monotonic() < deadline:
         try:

@@ -42,8 +42,7 @@ def _slots_conflict(name: str, kind: str, have: int, asked: int) -> CliError:
 
 def _semaphore_size(broker: Broker, name: str) -> int:
     """The persistent semaphore's slot count, 0 if absent (read-only; no admin mutex)."""
-    found = read_status(broker, name, ("semaphore",))
-    st = of_kind(found, "semaphore")
+    st = of_kind(read_status(broker, name, ("semaphore",)), "semaphore")
     return 0 if st is None else st.capacity
 
 

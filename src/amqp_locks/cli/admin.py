@@ -210,8 +210,7 @@ def sem_wait(name: str, slots: tuple[int, ...], timeout: float | None) -> int:
         admin = SemaphoreAdmin(b, name)
         wanted = list(slots)
         if not wanted:
-            found = read_status(b, name, ("semaphore",))
-            sem = of_kind(found, "semaphore")
+            sem = of_kind(read_status(b, name, ("semaphore",)), "semaphore")
             c = 0 if sem is None else sem.capacity
             if c == 0:
                 raise CliError(Exit.DATAERR, f"semaphore {name!r} does not exist")

@@ -49,7 +49,8 @@ def test_status_and_holders_in_cluster_mode(nodes: Nodes, name: str) -> None:
     b2 = nodes.broker(2)
     assert Mutex(b2, name).holder() is None and not Mutex(b2, name).locked()
     SemaphoreAdmin(b2, name).create(3)
-    with Mutex(b1, name), PersistentSemaphore(b1, name) as slot:
+    held = Mutex(b1, name).acquire()
+    with PersistentSemaphore(b1, name) as slot:
         record = Mutex(b2, name).holder()
         assert record is not None and record.holder_id == "worker-7" and record.kind == "mutex"
         sem = PersistentSemaphore(b2, name)
@@ -59,6 +60,10 @@ def test_status_and_holders_in_cluster_mode(nodes: Nodes, name: str) -> None:
         assert found["semaphore"].capacity == 3 and found["semaphore"].held == 1
         assert found["semaphore"].holders == (slot.number,)
         assert [r.holder_id for r in found["semaphore"].records] == ["worker-7"]
+    # The end of a `with` hands the release to the connection; another client's read is
+    # ordered after it only once the broker confirmed it (README: "use it before telling
+    # someone else the lock is free"), so the read follows release(wait=True).
+    held.release(wait=True)
     assert not Mutex(b2, name).locked()
     b1.close()
 

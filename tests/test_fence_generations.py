@@ -24,7 +24,7 @@ import itertools
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiormq
 import pytest
@@ -532,6 +532,95 @@ def test_fresh_clients_never_see_a_counter_gone_while_it_is_renewed(
     assert not any(t.is_alive() for t in threads)
     assert not failures, failures[:2]
     assert seen and min(seen) > first
+
+
+def test_warm_cluster_takes_beside_renewals_and_retires_keep_their_connection(
+    node: devbroker.NodeInfo,
+    amqp_url: str,
+    broker: Broker,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cluster-mode take writes its probes and its consume at once when its process saw
+    the generation current less than STALE_AFTER ago (fencing._look_pushed): none it may
+    consume can then be being deleted (RabbitMQ closes the whole connection, 541, of a
+    client reading a quorum queue while it is deleted). Takers pausing for random times
+    on both sides of STALE_AFTER, beside a renewal every 0.2 s whose generations are
+    retired RETIRE_AFTER later (both shortened tenfold, so deletes run all through): every
+    taker keeps its connection, its tokens rise, and both kinds of take were made."""
+    import random
+    import threading
+
+    from amqp_locks import fencing
+
+    monkeypatch.setattr(fencing, "RETIRE_AFTER", 1.0)
+    monkeypatch.setattr(fencing, "STALE_AFTER", 0.5)
+    at_once = 0
+    probe_at_once = fencing.bulk_probe
+
+    async def counted(ch: Any, queues: Any) -> list[bool]:
+        nonlocal at_once
+        at_once += 1  # cluster-mode takers never basic.get: each call is a take at once
+        return await probe_at_once(ch, queues)
+
+    monkeypatch.setattr(fencing, "bulk_probe", counted)
+    looks = 0
+    look_pushed = fencing._look_pushed
+
+    async def look(*args: Any, **kwargs: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return await look_pushed(*args, **kwargs)
+
+    monkeypatch.setattr(fencing, "_look_pushed", look)
+    k = fence_shard_index(name)
+    _reset_shard(node, amqp_url, k)
+    first = _take(broker, name)
+    stop = time.monotonic() + 15.0
+    failures: list[BaseException] = []
+    takes: list[int] = []
+    renewals: list[int] = []
+
+    async def renew(session: Session) -> int:
+        g = session.fence_gens[k]
+        await fencing._supersede(session, k, g)  # retires g RETIRE_AFTER later
+        return g
+
+    def renewer() -> None:
+        try:
+            while time.monotonic() < stop:
+                renewals.append(_run(broker, renew))
+                time.sleep(0.2)
+        except BaseException as exc:
+            failures.append(exc)
+
+    def taker(seed: int) -> None:
+        pauses = random.Random(seed)
+        try:
+            with Broker(amqp_url, cluster=True) as b:
+                session = b.core.run(b.core.session())
+                last = first
+                while time.monotonic() < stop:
+                    token = _take(b, name, timeout=20.0)
+                    assert token > last, (token, last)
+                    last = token
+                    takes.append(token)
+                    time.sleep(pauses.uniform(0.0, 1.0))  # half of them past STALE_AFTER
+                assert b.core.run(b.core.session()) is session and session.alive
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=renewer)]
+    threads += [threading.Thread(target=taker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert not any(t.is_alive() for t in threads)
+    assert not failures, failures[:2]
+    assert len(renewals) >= 10, renewals
+    assert len(takes) >= 20, takes
+    assert 0 < at_once < looks, (at_once, looks)  # probes with the consume, and before it
 
 
 #: Rounds of :func:`test_cold_searches_beside_a_retiring_generation_keep_their_connection`.

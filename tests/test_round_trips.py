@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,10 +34,13 @@ CYCLES = 10
 
 class Wire:
     """Counts the AMQP methods this process sends while `recording` (the loss
-    watchdog's pings, a `basic.qos` with prefetch 0, are not the lock's)."""
+    watchdog's pings, a `basic.qos` with prefetch 0, are not the lock's), and keeps
+    every method sent or received in the order the I/O thread met them (`events`:
+    direction, method, the queue or routing key it names)."""
 
     def __init__(self) -> None:
         self.sent: collections.Counter[str] = collections.Counter()
+        self.events: list[tuple[str, str, str]] = []
         self.recording = False
 
     def seen(self, frames: Any) -> None:
@@ -48,9 +52,34 @@ class Wire:
             if isinstance(frame, commands.Basic.Qos) and frame.prefetch_count == 0:
                 continue
             self.sent[frame.name] += 1
+            self.events.append(("sent", frame.name, _target(frame)))
+
+    def received(self, frame: Any) -> None:
+        if self.recording and isinstance(frame, base.Frame):
+            self.events.append(("received", frame.name, _target(frame)))
 
     def per_cycle(self, cycles: int) -> dict[str, float]:
         return {name: n / cycles for name, n in sorted(self.sent.items())}
+
+
+def _target(frame: Any) -> str:
+    return str(getattr(frame, "queue", "") or getattr(frame, "routing_key", "") or "")
+
+
+class _Receipts(logging.Filter):
+    """aiormq logs every frame it reads (at DEBUG, the frame as the first argument): the
+    one place a received frame can be seen without patching the reader. First among the
+    logger's filters, before the one that routes aiormq's records to ours as text."""
+
+    def __init__(self, wire: Wire) -> None:
+        super().__init__()
+        self.wire = wire
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and str(record.msg).startswith("Received frame"):
+            self.wire.received(record.args[0])
+            return False  # counted, not logged
+        return True
 
 
 @pytest.fixture
@@ -63,7 +92,15 @@ def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wire]:
         return marshall(cls, channel_number, frames, drain_future)
 
     monkeypatch.setattr(aiormq.abc.ChannelFrame, "marshall", classmethod(counting))
-    yield w
+    reader = logging.getLogger("aiormq.connection")
+    receipts, level = _Receipts(w), reader.level
+    reader.filters.insert(0, receipts)
+    reader.setLevel(logging.DEBUG)
+    try:
+        yield w
+    finally:
+        reader.removeFilter(receipts)
+        reader.setLevel(level)
 
 
 def _session(broker: Broker) -> Session:
@@ -279,9 +316,9 @@ def test_the_attempt_a_notice_starts_opens_no_channel(
 
 def test_cluster_mode_fenced_grant_opens_no_channel(amqp_url: str, name: str, wire: Wire) -> None:
     """Issue 37: a warm fenced grant in cluster mode takes its fencing token on a pooled
-    prefetch-1 channel: the probes of the next generation and this one's tombstone, then a
-    consume answered by the delivery (two round trips after the lock's own delivery), no
-    channel opened, closed or set up per grant."""
+    prefetch-1 channel: the probes of the next generation and this one's tombstone and a
+    consume, written at once and answered by the delivery (one round trip after the lock's
+    own delivery), no channel opened, closed or set up per grant."""
     with Broker(amqp_url, cluster=True) as broker:
         sent = cycles(broker, Mutex(broker, name).acquire, wire)
     for setup in ("Channel.Open", "Channel.Close", "Confirm.Select", "Basic.Qos"):
@@ -290,3 +327,24 @@ def test_cluster_mode_fenced_grant_opens_no_channel(amqp_url: str, name: str, wi
     # token is the other consume and the other reject)
     assert sent["Basic.Consume"] == 2 and sent["Basic.Cancel"] == 2, sent
     assert sent["Basic.Reject"] == 2, sent
+    # One round trip for the fence: each grant's consume on its fence generation is sent
+    # before the broker has answered any of that grant's probes (a probe of a missing
+    # queue is answered by a basic.return naming it).
+    fence = "amqp-locks-fence-"
+    consumes = [
+        i
+        for i, (way, method, target) in enumerate(wire.events)
+        if way == "sent" and method == "Basic.Consume" and target.startswith(fence)
+    ]
+    assert len(consumes) == CYCLES, wire.events
+    for i in consumes:
+        probes = [
+            j
+            for j in range(i)
+            if wire.events[j][:2] == ("sent", "Basic.Publish")
+            and wire.events[j][2].startswith(fence)
+        ]
+        assert probes, f"no probe before the fence consume at {i}: {wire.events}"
+        between = wire.events[probes[-2] : i]  # this grant's two probes up to its consume
+        answered = [e for e in between if e[0] == "received" and e[2].startswith(fence)]
+        assert answered == [], f"the consume waited for the probes' answers: {between}"

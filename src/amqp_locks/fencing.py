@@ -20,7 +20,9 @@ message is read. It uses G's count only if neither exists; it moves to G+1 if th
 exists; a tombstone without G+1 means G+1 was deleted by hand (below). A connection's
 first take on a generation, and every take in cluster mode, consume instead (RabbitMQ
 3.10 answers a get on a leaderless quorum queue with 541, which closes the connection),
-after the same probes.
+with the same probes: written with them when this process saw that generation current
+less than STALE_AFTER ago (one round trip; it cannot be being deleted then), else a round
+trip after them.
 
 **Why tokens of one lock strictly rise.** The generations that exist always form one
 unbroken run [D, M], and D and M never go down: a generation G+1 is made only by a write
@@ -365,25 +367,48 @@ async def _look_get(session: Session, k: int, g: int) -> _Look:
     return look
 
 
-async def _look_pushed(session: Session, k: int, g: int, wait: float, probed: bool) -> _Look:
+async def _look_pushed(
+    session: Session, k: int, g: int, wait: float, probed: bool, current_since: float | None = None
+) -> _Look:
     """A take by a prefetch-1 consumer (cluster mode, a connection's first take, or after a
     `basic.get` found g empty): waits up to `wait` for g's message, on a pooled channel
     (:class:`_Pushed`: no channel opened per take). Unless `probed`, g+1 and g's tombstone
-    are probed first: never a consume on a superseded g, which may be being deleted
-    (RabbitMQ 3.10 closes the whole connection, 541, of a client reading a quorum queue
-    while it is deleted). Two round trips in all."""
+    are probed too. Never a consume on a superseded g, which may be being deleted (RabbitMQ
+    3.10 closes the whole connection, 541, of a client reading a quorum queue while it is
+    deleted; 4.3.6 too, "failed consuming from quorum queue: noproc"): the probes come
+    first, a round trip before the consume, unless probes sent after `current_since`
+    (monotonic) found g or a generation below it current, less than STALE_AFTER ago
+    (:data:`_seen_current`). g is deleted no sooner than RETIRE_AFTER after g+1 was made,
+    after those probes, so a consume written within STALE_AFTER of them cannot meet a
+    delete: the probes and the consume then go in one write on one channel (the broker
+    handles them in that order), one round trip in all instead of two."""
     queue = _gen(k, g)
     look = _Look()
-    if not probed:
-        look.above, look.dead = await session.probe(_neighbours(k, g))
-        if look.above or look.dead:
-            return look
     async with _Pushed(session, queue) as pushed:
+        probes: asyncio.Future[list[bool]] | None = None
+        fresh = current_since is not None and time.monotonic() - current_since < STALE_AFTER
+        if not probed and fresh:
+            probes = asyncio.ensure_future(bulk_probe(pushed.ch, _neighbours(k, g)))
+            await asyncio.sleep(0)  # written before the consume (bulk_probe's first step)
+        elif not probed:
+            look.above, look.dead = await session.probe(_neighbours(k, g))
+            if look.above or look.dead:
+                return look
         try:
-            await pushed.start()
-        except ChannelNotFoundEntity:
-            look.missing = True
-            return look
+            try:
+                await pushed.start()
+            except ChannelNotFoundEntity:
+                look.missing = True
+                return look
+            if probes is not None:
+                look.above, look.dead = await probes
+                if look.above or look.dead:
+                    return look  # leaving cancels the consumer and returns what came
+        finally:
+            if probes is not None and not probes.done():
+                probes.cancel()
+            if probes is not None:
+                await asyncio.gather(probes, return_exceptions=True)
         message = await pushed.first(wait)
         if message is None:
             return look  # nothing arrived: held by a frozen taker, or lost
@@ -471,23 +496,29 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
     deadline = time.monotonic() + timeout
     g = session.fence_gens.get(k)
     seen = _seen_current.setdefault(session, {})
-    if g is not None and _careful(session) and time.monotonic() - seen.get(k, 0.0) > STALE_AFTER:
+    last = seen.get(k)
+    if g is not None and _careful(session) and (last is None or _age(last) > STALE_AFTER):
         # Others may have moved on and be deleting g+1 (a take probes it): look again the
         # careful way first (:func:`_generations_exist`).
+        asked = time.monotonic()
         g = await _discover(session, k, deadline, start=g)
-        seen[k] = time.monotonic()
+        seen[k] = (g, asked)
     elif g is None:
+        asked = time.monotonic()
         g = await _discover(session, k, deadline)
-        seen[k] = time.monotonic()
+        seen[k] = (g, asked)
     for _ in range(_MAX_STEPS):
         queue = _gen(k, g)
         wait = _wait(deadline)
+        asked = time.monotonic()
         if session.cluster or queue not in session.fences_known:
             # Never basic.get in a cluster (541 "nodedown" while a leader is elected closes
             # the connection), nor on a connection's first take of a queue (RabbitMQ 3.10
             # can bring back a quorum queue without a leader: a get then ends in 541 after
             # 60 s): a consumer just waits.
-            look = await _look_pushed(session, k, g, wait, probed=False)
+            last = seen.get(k)
+            since = last[1] if last is not None and g >= last[0] else None
+            look = await _look_pushed(session, k, g, wait, probed=False, current_since=since)
         else:
             look = await _look_get(session, k, g)
             if look.taken is None and not (
@@ -516,7 +547,7 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
         else:
             count, returns = look.taken
             session.fence_gens[k] = g
-            seen[k] = time.monotonic()
+            seen[k] = (g, asked)  # this look's probes were sent after `asked`
             session.fences_known.add(queue)
             if returns >= RENEW_AFTER:
                 _renew_soon(session, k, g)
@@ -890,8 +921,17 @@ def _retire_later(session: Session, k: int, g: int, *, again: bool = False) -> N
     busy[(k, g)] = session.spawn(go())
 
 
-#: When each shard's generation was last seen current, per session (monotonic).
-_seen_current: weakref.WeakKeyDictionary[Session, dict[int, float]] = weakref.WeakKeyDictionary()
+#: Per session and shard, (g, t): probes sent after monotonic time t found generation g
+#: current. No generation >= g can be deleted before t + RETIRE_AFTER (each is deleted
+#: RETIRE_AFTER after its successor was made, and g+1 did not exist after t), whatever
+#: else other takes on the session wrote since.
+_seen_current: weakref.WeakKeyDictionary[Session, dict[int, tuple[int, float]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _age(seen: tuple[int, float]) -> float:
+    return time.monotonic() - seen[1]
 
 _retiring: weakref.WeakKeyDictionary[Session, dict[tuple[int, int], asyncio.Task[Any]]] = (
     weakref.WeakKeyDictionary()

@@ -15,8 +15,8 @@ its last holder or waiter left (tokens/fresh.py). A creator whose connection end
 broker makes the queue leaves it without its token: waiters then wait until their timeout,
 and `TokenAdmin(broker, "N.mutex").repair()` gives it back (tokens/fresh.py, "Residual
 window"). Its fencing token is taken, per grant, from the
-lock's fence shard (fencing.py) on a pooled prefetch-1 channel: two round trips after the
-token's delivery, no channel opened (tests/test_round_trips.py), and it keeps rising when
+lock's fence shard (fencing.py) on a pooled prefetch-1 channel: one round trip after the
+token's delivery when warm, no channel opened (tests/test_round_trips.py), and it keeps rising when
 the queue expires and is made again, which a count carried by the token (restarting with
 a new message) could not promise without a fence read at each creation. A queue set up by
 the earlier release (``TokenAdmin.setup``, with a ledger) is used as it is: its tokens

@@ -933,6 +933,7 @@ _seen_current: weakref.WeakKeyDictionary[Session, dict[int, tuple[int, float]]] 
 def _age(seen: tuple[int, float]) -> float:
     return time.monotonic() - seen[1]
 
+
 _retiring: weakref.WeakKeyDictionary[Session, dict[tuple[int, int], asyncio.Task[Any]]] = (
     weakref.WeakKeyDictionary()
 )

@@ -233,7 +233,9 @@ class Session(QueueOps):
                 self.stalls += 1
                 log.debug(
                     "%r: the I/O loop did not run for %.1fs; next judgement in %.2fs",
-                    self.connection_name, slept, step,
+                    self.connection_name,
+                    slept,
+                    step,
                 )
                 self._ping_now.set()
                 continue

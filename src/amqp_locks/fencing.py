@@ -66,10 +66,12 @@ and asks whether the marker exists (a passive declare: a probe would be a messag
 pushing the marker's hints out); if nothing is found and the marker exists, it reads the
 hints again and probes SCAN_WINDOW names a round trip from there.
 
-**Searching on RabbitMQ 3.x.** 3.10 closes the whole connection (541) of a client that
-publishes to a quorum queue while it is deleted (40 of 40 probes; a passive declare: 0 of
-40), and a cold cluster-mode search starts from generation 0, where retiring happens.
-There a search probes the window's tombstones first (classic queues: harmless) and then
+**Never touching a generation being deleted.** RabbitMQ closes the whole connection of a
+client that publishes to a quorum queue while it is deleted: 3.10.8 with 541 (40 of 40
+probes; a passive declare: 0 of 40), 4.3.6 with 506 "failed to deliver message:
+{not_found, ...}" (seen once: 1 of 8 rounds of a test's cold searches beside a retire,
+in a CI rehearsal), and a cold cluster-mode search starts from generation 0, where retiring
+happens. So a search probes the window's tombstones first (classic queues: harmless) and then
 only the generations without one: a buried generation is counted as existing and never
 touched (the run's top, what the search wants, has no tombstone). A generation is
 deleted only RETIRE_AFTER after its tombstone exists (:func:`_retire` buries one a cut
@@ -188,8 +190,8 @@ RETIRE_AFTER = 10.0
 #: looks again before it reports the counter gone (a racing genesis or renewal).
 GONE_LOOKS = 3
 GONE_PAUSE = 0.2
-#: RabbitMQ 3.x: a generation this process last saw current longer ago than this is
-#: looked for again before a take touches its neighbours (:func:`take_token`).
+#: A generation this process last saw current longer ago than this is looked for again
+#: before a take touches its neighbours (:func:`take_token`).
 STALE_AFTER = RETIRE_AFTER / 2
 #: Generation names probed first where a client looks for the current one (its hint).
 FIRST_WINDOW = 4
@@ -284,18 +286,10 @@ def _neighbours(k: int, g: int) -> list[str]:
 TOMBSTONE_ARGS: dict[str, Any] = {"x-max-length": 0}
 
 
-def _careful(session: Session) -> bool:
-    """RabbitMQ 3.x closes the whole connection (541) of a client that publishes to or
-    reads from a quorum queue while it is being deleted (3.10.8: 40 of 40 publish probes
-    during a delete; 0 of 40 passive declares): there, a generation that may be retiring
-    is never probed or read (module docstring, "Searching on RabbitMQ 3.x")."""
-    return broker_version(session) < (4, 0)
-
-
 async def _generations_exist(session: Session, k: int, gs: list[int]) -> list[bool]:
-    """Whether each generation of `gs` exists, one round trip of probes (mandatory
-    publishes). On RabbitMQ 3.x two: the tombstones first (classic queues: a publish to
-    one being deleted is harmless), then only the generations without one. A generation
+    """Whether each generation of `gs` exists: two round trips of probes (mandatory
+    publishes), the tombstones first (classic queues: a publish to one being deleted is
+    harmless), then only the generations without one. A generation
     with a tombstone was superseded and may be being deleted right now: it is counted as
     existing without being touched (its successor is in the run above it, and the search
     only wants the run's top). One without a tombstone is not deleted for RETIRE_AFTER
@@ -303,8 +297,6 @@ async def _generations_exist(session: Session, k: int, gs: list[int]) -> list[bo
     RETIRE_AFTER when it had to): its probe follows within RETIRE_AFTER / 2, or the
     tombstones are asked again."""
     names = [_gen(k, g) for g in gs]
-    if not _careful(session):
-        return await session.probe(names)
     while True:
         asked = time.monotonic()
         buried = await session.probe([fence_tombstone(k, g) for g in gs])
@@ -315,11 +307,9 @@ async def _generations_exist(session: Session, k: int, gs: list[int]) -> list[bo
 
 
 async def _exists_untouched(session: Session, queue: str) -> bool:
-    """Whether a generation that may be being deleted exists: a passive declare on
-    RabbitMQ 3.x (never a crash there; a 404 costs only a pooled channel), a probe on 4.x."""
-    if _careful(session):
-        return await session.exists_passive(queue)
-    return (await session.probe([queue]))[0]
+    """Whether a generation that may be being deleted exists: a passive declare (never a
+    crash; a 404 costs only a pooled channel), never a probe (module docstring)."""
+    return await session.exists_passive(queue)
 
 
 async def _settle(
@@ -497,7 +487,7 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
     g = session.fence_gens.get(k)
     seen = _seen_current.setdefault(session, {})
     last = seen.get(k)
-    if g is not None and _careful(session) and (last is None or _age(last) > STALE_AFTER):
+    if g is not None and (last is None or _age(last) > STALE_AFTER):
         # Others may have moved on and be deleting g+1 (a take probes it): look again the
         # careful way first (:func:`_generations_exist`).
         asked = time.monotonic()
@@ -953,7 +943,7 @@ async def _retire(session: Session, k: int, g: int) -> None:
     for x in range(low, g + 1):
         if not await _exists_untouched(session, _gen(k, x + 1)):
             return  # never delete the newest
-        if _careful(session) and not (await session.probe([fence_tombstone(k, x)]))[0]:
+        if not (await session.probe([fence_tombstone(k, x)]))[0]:
             # Superseded by a creator cut before its tombstone: bury it, and delete it only
             # RETIRE_AFTER later, so no search that saw it unburied touches it while it is
             # deleted (:func:`_generations_exist`).

@@ -78,8 +78,9 @@ deleted only RETIRE_AFTER after its tombstone exists (:func:`_retire` buries one
 creator left unburied, and waits again), and a search sends its second round within
 RETIRE_AFTER / 2 of its first (else it asks the tombstones again). A retire asks whether
 a neighbour exists with passive declares, and a take whose generation was last seen
-current more than STALE_AFTER ago searches again first (others may be retiring what its
-probes would touch).
+current more than STALE_AFTER ago first asks whether that generation has a tombstone
+(one round trip; others may be retiring what its probes would touch), and searches above
+it when it has.
 
 **Made once, never again from scratch.** The first generation is made by a write whose first
 frame declares the marker's name as an *exclusive* queue: refused (405) when the marker
@@ -488,10 +489,13 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
     seen = _seen_current.setdefault(session, {})
     last = seen.get(k)
     if g is not None and (last is None or _age(last) > STALE_AFTER):
-        # Others may have moved on and be deleting g+1 (a take probes it): look again the
-        # careful way first (:func:`_generations_exist`).
+        # Others may have moved on and be deleting what a take touches (g, g+1). A
+        # generation with no tombstone is not deleted for RETIRE_AFTER, nor any above it
+        # (lowest first): one probe of g's tombstone (a classic queue, harmless to touch)
+        # clears g; a buried g is searched above the careful way (_generations_exist).
         asked = time.monotonic()
-        g = await _discover(session, k, deadline, start=g)
+        if (await session.probe([fence_tombstone(k, g)]))[0]:
+            g = await _discover(session, k, deadline, start=g)
         seen[k] = (g, asked)
     elif g is None:
         asked = time.monotonic()
@@ -912,9 +916,9 @@ def _retire_later(session: Session, k: int, g: int, *, again: bool = False) -> N
 
 
 #: Per session and shard, (g, t): probes sent after monotonic time t found generation g
-#: current. No generation >= g can be deleted before t + RETIRE_AFTER (each is deleted
-#: RETIRE_AFTER after its successor was made, and g+1 did not exist after t), whatever
-#: else other takes on the session wrote since.
+#: current, or at least without a tombstone. No generation >= g can be deleted before
+#: t + RETIRE_AFTER (each is deleted RETIRE_AFTER after its tombstone was written, with
+#: its successor, and lowest first), whatever else other takes on the session wrote since.
 _seen_current: weakref.WeakKeyDictionary[Session, dict[int, tuple[int, float]]] = (
     weakref.WeakKeyDictionary()
 )

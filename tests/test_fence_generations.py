@@ -483,6 +483,27 @@ def test_the_current_generation_deleted_right_after_a_renewal_refuses_typed(
     assert min(after) > max(tokens) and after[0] < after[1]
 
 
+def _renew_until(
+    broker: Broker, k: int, stop: float, pause: float, failures: list[BaseException], out: list[int]
+) -> None:
+    """Renew shard `k` (make its next generation; the old one is retired RETIRE_AFTER
+    later) every `pause` seconds until monotonic time `stop`, on a thread: each renewed
+    generation into `out`, an error into `failures`."""
+    from amqp_locks import fencing
+
+    async def renew(session: Session) -> int:
+        g = session.fence_gens[k]
+        await fencing._supersede(session, k, g)
+        return g
+
+    try:
+        while time.monotonic() < stop:
+            out.append(_run(broker, renew))
+            time.sleep(pause)
+    except BaseException as exc:
+        failures.append(exc)
+
+
 def test_fresh_clients_never_see_a_counter_gone_while_it_is_renewed(
     node: devbroker.NodeInfo, amqp_url: str, broker: Broker, name: str
 ) -> None:
@@ -491,7 +512,6 @@ def test_fresh_clients_never_see_a_counter_gone_while_it_is_renewed(
     20 processes): its narrow scan can see generation G, then G's tombstone, written after
     G+1 in the same creation write, before the marker holds G+1's hint. It must look
     above G, never report the counter gone."""
-    from amqp_locks import fencing
 
     k = fence_shard_index(name)
     _reset_shard(node, amqp_url, k)
@@ -499,19 +519,6 @@ def test_fresh_clients_never_see_a_counter_gone_while_it_is_renewed(
     stop = time.monotonic() + 12.0
     failures: list[BaseException] = []
     seen: list[int] = []
-
-    async def renew(session: Session) -> int:
-        g = session.fence_gens[k]
-        await fencing._supersede(session, k, g)
-        return g
-
-    def renewer() -> None:
-        try:
-            while time.monotonic() < stop:
-                _run(broker, renew)
-                time.sleep(1.0)  # a renewal a second (in use: one per 4,096 takes)
-        except BaseException as exc:
-            failures.append(exc)
 
     def fresh_client() -> None:
         while time.monotonic() < stop:
@@ -523,7 +530,8 @@ def test_fresh_clients_never_see_a_counter_gone_while_it_is_renewed(
 
     import threading
 
-    threads = [threading.Thread(target=renewer)]
+    # a renewal a second (in use: one per 4,096 takes)
+    threads = [threading.Thread(target=_renew_until, args=(broker, k, stop, 1.0, failures, []))]
     threads += [threading.Thread(target=fresh_client) for _ in range(6)]
     for t in threads:
         t.start()
@@ -581,19 +589,6 @@ def test_warm_cluster_takes_beside_renewals_and_retires_keep_their_connection(
     takes: list[int] = []
     renewals: list[int] = []
 
-    async def renew(session: Session) -> int:
-        g = session.fence_gens[k]
-        await fencing._supersede(session, k, g)  # retires g RETIRE_AFTER later
-        return g
-
-    def renewer() -> None:
-        try:
-            while time.monotonic() < stop:
-                renewals.append(_run(broker, renew))
-                time.sleep(0.2)
-        except BaseException as exc:
-            failures.append(exc)
-
     def taker(seed: int) -> None:
         pauses = random.Random(seed)
         try:
@@ -610,8 +605,8 @@ def test_warm_cluster_takes_beside_renewals_and_retires_keep_their_connection(
         except BaseException as exc:
             failures.append(exc)
 
-    threads = [threading.Thread(target=renewer)]
-    threads += [threading.Thread(target=taker, args=(i,)) for i in range(4)]
+    renewer = threading.Thread(target=_renew_until, args=(broker, k, stop, 0.2, failures, renewals))
+    threads = [renewer] + [threading.Thread(target=taker, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:

@@ -346,6 +346,12 @@ async def _look_get(session: Session, k: int, g: int) -> _Look:
         except ChannelNotFoundEntity:
             look.missing = True
             message = None
+        except BaseException:
+            # A connection lost under the get, or our caller's deadline: the probes end
+            # with it, retrieved here (never "Task exception was never retrieved").
+            probes.cancel()
+            await asyncio.gather(probes, return_exceptions=True)
+            raise
         found = await asyncio.gather(probes, return_exceptions=True)
         if isinstance(found[0], list):
             look.above, look.dead = found[0][0], found[0][1]

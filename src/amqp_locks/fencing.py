@@ -495,13 +495,8 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
     seen = _seen_current.setdefault(session, {})
     last = seen.get(k)
     if g is not None and (last is None or _age(last) > STALE_AFTER):
-        # Others may have moved on and be deleting what a take touches (g, g+1). A
-        # generation with no tombstone is not deleted for RETIRE_AFTER, nor any above it
-        # (lowest first): one probe of g's tombstone (a classic queue, harmless to touch)
-        # clears g; a buried g is searched above the careful way (_generations_exist).
         asked = time.monotonic()
-        if (await session.probe([fence_tombstone(k, g)]))[0]:
-            g = await _discover(session, k, deadline, start=g)
+        g = await _recheck(session, k, g, deadline)
         seen[k] = (g, asked)
     elif g is None:
         asked = time.monotonic()
@@ -560,6 +555,17 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
         f"no configure permission on {fence_generation(k, 0)[:-1]}*); the library retries "
         "it on the next grant"
     )
+
+
+async def _recheck(session: Session, k: int, g: int, deadline: float) -> int:
+    """The generation to take from, when this process saw `g` current more than
+    STALE_AFTER ago: others may have moved on and be deleting what a take touches (g, g+1).
+    A generation with no tombstone is not deleted for RETIRE_AFTER, nor any above it
+    (lowest first), so one probe of g's tombstone (a classic queue, harmless to touch)
+    clears g; a buried g is searched above the careful way (:func:`_generations_exist`)."""
+    if (await session.probe([fence_tombstone(k, g)]))[0]:
+        return await _discover(session, k, deadline, start=g)
+    return g
 
 
 def _wait(deadline: float) -> float:

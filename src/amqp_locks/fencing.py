@@ -346,11 +346,8 @@ async def _look_get(session: Session, k: int, g: int) -> _Look:
         except ChannelNotFoundEntity:
             look.missing = True
             message = None
-        except BaseException:
-            # A connection lost under the get, or our caller's deadline: the probes end
-            # with it, retrieved here (never "Task exception was never retrieved").
-            probes.cancel()
-            await asyncio.gather(probes, return_exceptions=True)
+        except BaseException:  # a connection lost under the get, or our caller's deadline
+            await _end(probes)
             raise
         found = await asyncio.gather(probes, return_exceptions=True)
         if isinstance(found[0], list):
@@ -362,6 +359,13 @@ async def _look_get(session: Session, k: int, g: int) -> _Look:
 
     await session.call(queue, op)
     return look
+
+
+async def _end(probes: asyncio.Future[Any]) -> None:
+    """Probes written beside a get or consume that ended: cancelled if still waiting,
+    their outcome retrieved (never "Task exception was never retrieved")."""
+    probes.cancel()  # a no-op once they are done
+    await asyncio.gather(probes, return_exceptions=True)
 
 
 async def _look_pushed(
@@ -402,10 +406,8 @@ async def _look_pushed(
                 if look.above or look.dead:
                     return look  # leaving cancels the consumer and returns what came
         finally:
-            if probes is not None and not probes.done():
-                probes.cancel()
             if probes is not None:
-                await asyncio.gather(probes, return_exceptions=True)
+                await _end(probes)
         message = await pushed.first(wait)
         if message is None:
             return look  # nothing arrived: held by a frozen taker, or lost

@@ -1,14 +1,17 @@
 """Client connections lost while an administrator removes and re-adds a persistent
 semaphore's top slot (docs/protocol.md, "Known gaps": quorum slots removed while in use).
 
-    python -m benchmarks.slot_churn [--rabbitmq 4.3] [--quorum] [--seconds 30]
+    python -m benchmarks.slot_churn [--rabbitmq 4.3] [--quorum] [--seconds 30] [--grace S]
 
 CLIENTS threads, each with its own Broker, loop ``acquire(blocking=False)`` /
 ``release(wait=True)`` on a semaphore of SLOTS slots while this process removes and
 re-adds the top slot as fast as it can. A client's connection counts as lost when its
 Broker's session at the end is not the one it started with (the broker closed it; the
 library reconnected). With quorum slots RabbitMQ closes a connection whose probe or watch
-meets the slot's queue while it is deleted (measured 2026-11-30: 3.10.8 and 4.3.6).
+meets the slot's queue while it is deleted (measured 2026-11-30: 3.10.8 and 4.3.6), which
+the library's burial of quorum slots (semaphore/burial.py) keeps clients from doing. Each
+quorum removal waits the burial grace (10 s); ``--grace`` shortens it (and the clients'
+look freshness to half of it) so that a run makes more removals.
 On a private node of its own (``amqplockschurn``), stopped at the end.
 """
 
@@ -21,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from amqp_locks import Broker, PersistentSemaphore, SemaphoreAdmin
+from amqp_locks.semaphore import burial
 from amqp_locks_dev import devbroker
 
 NODE = "amqplockschurn"
@@ -92,7 +96,9 @@ def main() -> None:
     parser.add_argument("--rabbitmq", choices=devbroker.VERSIONS, default=None)
     parser.add_argument("--quorum", action="store_true", help="quorum slot queues")
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--grace", type=float, default=burial.BURY_GRACE, help="burial grace")
     args = parser.parse_args()
+    burial.BURY_GRACE, burial.LOOK_FRESH = args.grace, args.grace / 2
     version = devbroker.check_version(args.rabbitmq or devbroker.default_version())
     info = devbroker.start(NODE, version=version)
     try:
@@ -101,7 +107,8 @@ def main() -> None:
         devbroker.stop(NODE, version=version)
     kind = "quorum" if args.quorum else "classic"
     print(
-        f"RabbitMQ {version}, {kind} slots, {args.seconds:.0f} s: {out.rounds} remove/add "
+        f"RabbitMQ {version}, {kind} slots, burial grace {args.grace:g} s, "
+        f"{args.seconds:.0f} s: {out.rounds} remove/add "
         f"rounds, {sum(out.grants)} grants, client connections lost: {len(set(out.lost))} of "
         f"{CLIENTS}"
     )

@@ -16,7 +16,7 @@ from amqp_locks import (
     SemaphoreAdmin,
     SemaphoreNotFound,
 )
-from amqp_locks.names import slot_queue
+from amqp_locks.names import quorum_marker, slot_queue
 from amqp_locks_dev import devbroker
 
 from .conftest import fence_counter
@@ -74,7 +74,11 @@ async def _bound(broker: Broker) -> bool:
 def test_quorum_slots(broker: Broker, name: str, node: devbroker.NodeInfo) -> None:
     admin = SemaphoreAdmin(broker, name, quorum=True)
     admin.create(2)
-    assert [q[1] for q in _queues(node, name + "-") if q[0].endswith("-A")] == ["quorum"] * 2
+    assert {q[0]: q[1] for q in _queues(node, name + "-") if q[0].endswith("-A")} == {
+        quorum_marker(name): "classic",  # clients look at tombstones first (burial.py)
+        slot_queue(name, 1): "quorum",
+        slot_queue(name, 2): "quorum",
+    }
     sem = PersistentSemaphore(broker, name)
     with sem.acquire() as a, sem.acquire() as b:  # type: ignore[union-attr]
         assert {a.number, b.number} == {1, 2}

@@ -150,9 +150,9 @@ def test_semaphore_grant_sends_only_the_lock_s_own_methods(
     SemaphoreAdmin(broker, name).create(1)
     sent = cycles(broker, PersistentSemaphore(broker, name).acquire, wire)
     assert sent == {
-        # probes of A[1], B[1], the next fence generation, this one's tombstone; sentinel;
-        # the wake-up notice
-        "Basic.Publish": 6,
+        # probes of the quorum-slots marker (semaphore/burial.py), A[1], B[1], the next
+        # fence generation, this one's tombstone; sentinel; the wake-up notice
+        "Basic.Publish": 7,
         "Queue.Declare": 1,  # B[1] exclusive
         "Basic.Consume": 3,  # watch A[1] and B[1]; hold the sentinel
         "Basic.Get": 1,

@@ -38,7 +38,8 @@ within the 127 characters AMQP clients allow an exchange name (:func:`claim_exch
 docs/protocol.md section 1.1 has the rule and the argument.
 
 A persistent semaphore ``N`` owns ``N`` (admin mutex), ``N-k-A`` (slots), ``N-k-B``
-(holders), ``N-fence`` (an earlier release's fencing counter), the wake-up queues
+(holders), with quorum slots ``N-0-A`` (their marker) and ``N-0k-A`` (slot k's tombstone
+while it is removed), ``N-fence`` (an earlier release's fencing counter), the wake-up queues
 ``N-sem-wakeups`` / ``N-mutex-wakeups`` and the sentinel queues ``N-sem-watch`` /
 ``N-mutex-watch``; a mutex ``N`` on one node owns ``N`` and the mutex wake-up and
 sentinel queues; a token semaphore ``N.semaphore`` (and an earlier release's
@@ -76,6 +77,8 @@ GENERAL_SUFFIXES: tuple[str, ...] = (
     "",  # a mutex, a semaphore's (or a token semaphore's) administration mutex
     "-{k}-A",  # {k}: a slot number, 1..9,999,999
     "-{k}-B",
+    "-0{k}-A",  # slot k's tombstone (quorum slots: semaphore/burial.py)
+    "-0-A",  # the marker of a semaphore whose slots are quorum queues
     "-fence",
     "-sem-wakeups",
     "-mutex-wakeups",
@@ -279,6 +282,18 @@ def slot_queue(name: str, k: int) -> str:
 def holder_queue(name: str, k: int) -> str:
     """`B[k]`: the exclusive queue whose existence means slot k is held."""
     return f"{queue_base(name)}-{k}-B"
+
+
+def slot_tombstone(name: str, k: int) -> str:
+    """`T[k]`: a classic queue whose existence means quorum slot k is being removed
+    (semaphore/burial.py). A leading zero no slot number has keeps it apart from `A[k]`."""
+    return f"{queue_base(name)}-0{k}-A"
+
+
+def quorum_marker(name: str) -> str:
+    """`M`: a classic queue whose existence means semaphore `name`'s slots are quorum
+    queues, which a client must not touch unlooked (semaphore/burial.py). Slot 0 is no slot."""
+    return f"{queue_base(name)}-0-A"
 
 
 def fence_queue(name: str) -> str:

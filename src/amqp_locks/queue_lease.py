@@ -39,6 +39,10 @@ class LeaseState(HeldState):
     held_queue: str
     watch_queues: Sequence[str]
     must_exist: Sequence[str]
+    #: A classic queue whose existence says a `must_exist` queue is being removed (a quorum
+    #: slot's tombstone, semaphore/burial.py): verify asks it first and touches the
+    #: `must_exist` queues only when it is absent.
+    tombstone: str | None = None
     notice_key: str
     #: The lock's sentinel queue (transport/wakeups.py): our death wakes a waiter.
     sentinels: str | None = None
@@ -171,6 +175,9 @@ class LeaseState(HeldState):
         if self.lost_reason is not None or not self.session.alive:
             return False
         try:
+            if self.tombstone is not None and (await self.session.probe([self.tombstone]))[0]:
+                self.lose(f"{self.kind} {self.number} of {self.name!r} is being removed")
+                return False
             routes, mine = await asyncio.gather(
                 self.session.probe(list(self.must_exist)),
                 self.session.exists_passive(self.held_queue),

@@ -49,6 +49,10 @@ def _holder(name: str) -> str:
     return names.holder_queue(name, 1)
 
 
+def _tombstone(name: str) -> str:
+    return names.slot_tombstone(name, 1)
+
+
 def _rw(role: str) -> Callable[[str], str]:
     def name(n: str) -> str:
         return names.rwlock_queue(n, role)  # type: ignore[arg-type]
@@ -121,6 +125,26 @@ QUEUES: tuple[Queue, ...] = (
         "slot k is held (`N-k-B`)",
         "release, or its connection's end",
         "amqp_locks.queue_lease:grant",
+    ),
+    Queue(
+        "semaphore",
+        ONE_NODE,
+        names.quorum_marker,
+        "durable classic (quorum slots only)",
+        "amqp_locks.semaphore.burial:TOMBSTONE_ARGS",
+        "the slots are quorum queues: clients look at their tombstones first",
+        "from before the first slot to after the last",
+        "amqp_locks.semaphore.admin:SemaphoreAdminCore",
+    ),
+    Queue(
+        "semaphore",
+        ONE_NODE,
+        _tombstone,
+        "durable classic (quorum slots only)",
+        "amqp_locks.semaphore.burial:TOMBSTONE_ARGS",
+        "quorum slot k is being removed (`N-0k-A`): it counts as missing",
+        "BURY_GRACE (10 s) before its slot's delete, until just after it",
+        "amqp_locks.semaphore.admin:SemaphoreAdminCore",
     ),
     Queue(
         "semaphore",

@@ -9,6 +9,10 @@
   fail fast; the gaps it leaves are only safe with overshoot or expiry to prune them.
 - holders / wait: probe `B` queues; after a slot is removed, its holder keeps it until it
   releases (the seed's largest limitation) - `wait_for_holders` polls until they have.
+- quorum slots (``quorum=True``) have a marker, declared before the first slot and deleted
+  after the last, and are buried before they are deleted (burial.py): every delete above
+  waits BURY_GRACE (10 s) after the slots' tombstones. An action that finds tombstones a
+  cut removal left finishes that removal (destroy, remove) or takes them back (create, add).
 
 :class:`SemaphoreAdminCore` holds these actions as coroutines on the Broker's I/O loop;
 :class:`SemaphoreAdmin` (sync) and `amqp_locks.aio.SemaphoreAdmin` only submit them.
@@ -25,25 +29,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..admin_mutex import held_mutex
-from ..errors import ConfigurationError, LockError
+from ..errors import ConfigurationError, LockError, PreconditionFailed
 from ..fencing import ensure_fence, repair_fence
 from ..names import (
     MAX_SLOT_DIGITS,
     check_slot_number,
     fence_queue,
     fence_shard_lock,
+    quorum_marker,
     slot_queue,
+    slot_tombstone,
     validate_name,
     wakeup_queue,
 )
 from ..records import HOLDER_TIMEOUT
 from ..replication import choose_quorum
 from ..transport.broker import BrokerCore, BrokerLike
+from ..transport.refusals import inequivalent
 from ..transport.session import Session
 from ..transport.shield import admin_deadline, answered
 from ..waiting import Backoff, check_timeout
+from . import burial
 from .cluster import ClusterSlots
-from .slots import find_max, held_slots, held_slots_among
+from .slots import find_max, held_slots, held_slots_among, survey
 
 log = logging.getLogger("amqp_locks.semaphore.admin")
 
@@ -118,26 +126,84 @@ class SemaphoreAdminCore:
         async with held_mutex(self._core, self.name, self.mutex_timeout, self.backoff) as m:
             yield m.session
 
-    async def _delete_slots(self, session: Session, ks: Sequence[int]) -> None:
-        """Delete `A[k]` for ks in the given order, each after the previous delete-ok."""
+    async def _survey(self, session: Session) -> tuple[int, tuple[int, ...], bool]:
+        """(C, slots a cut removal left buried, whether the slots are quorum queues),
+        marking quorum slots made before markers existed (:meth:`_unmarked_quorum`)."""
+        c, buried, quorum = await survey(session, self.name)
+        if not quorum and c:
+            quorum = await self._unmarked_quorum(session, c)
+        return c, buried, quorum
+
+    async def _unmarked_quorum(self, session: Session, c: int) -> bool:
+        """Whether slots without a marker are quorum queues (made before 0.9): re-declaring
+        the top one as a classic queue is refused on ``x-queue-type``. Such slots get their
+        marker now, so clients look at their tombstones before touching them."""
+        try:
+            await session.declare(
+                slot_queue(self.name, c), durable=True, arguments=slot_arguments(False)
+            )
+        except PreconditionFailed as exc:
+            refusal = inequivalent(exc)
+            if refusal is None or refusal.arg != "x-queue-type":
+                raise
+            await self._mark(session)
+            log.warning("semaphore %r has quorum slots without a marker: marked", self.name)
+            return True
+        return False
+
+    async def _mark(self, session: Session) -> None:
+        await session.declare(
+            quorum_marker(self.name), durable=True, arguments=burial.TOMBSTONE_ARGS
+        )
+        session.quorum_slots[self.name] = True
+
+    async def _delete_slots(self, session: Session, ks: Sequence[int], quorum: bool) -> None:
+        """Delete `A[k]` for ks in the given order, each after the previous delete-ok;
+        quorum slots are buried BURY_GRACE first (burial.py) and their tombstones go last."""
+        if quorum and ks:
+            for k in ks:
+                await session.declare(
+                    slot_tombstone(self.name, k), durable=True, arguments=burial.TOMBSTONE_ARGS
+                )
+            log.info(
+                "buried slots %s of %r: deleting them in %.1f s",
+                list(ks),
+                self.name,
+                burial.BURY_GRACE,
+            )
+            await asyncio.sleep(burial.BURY_GRACE)
         for k in ks:
             await session.delete(slot_queue(self.name, k))
             log.info("deleted slot queue %r", slot_queue(self.name, k))
+        if quorum:
+            for k in ks:
+                await session.delete(slot_tombstone(self.name, k))
 
-    async def _overshoot(self, session: Session, c: int, t: int) -> tuple[int, ...]:
-        """Delete every `A` queue found in C+1..C+T (descending); returns their numbers."""
+    async def _unbury(self, session: Session, buried: Sequence[int], ks: Sequence[int]) -> None:
+        """Take back the tombstones a cut removal left on slots `ks` (declared again)."""
+        back = sorted(set(buried) & set(ks))
+        for k in back:
+            await session.delete(slot_tombstone(self.name, k))
+        if back:
+            log.warning(
+                "slots %s of %r had tombstones a cut removal left: taken back", back, self.name
+            )
+
+    async def _strays(self, session: Session, c: int, t: int) -> list[int]:
+        """The `A` queues found in C+1..C+T (overshoot), descending."""
         if t <= 0:
-            return ()
+            return []
         ks = list(range(c + 1, min(c + t, MAX_SLOTS) + 1))
         found = await session.probe([slot_queue(self.name, k) for k in ks])
-        stray = [k for k, e in zip(ks, found, strict=True) if e]
-        await self._delete_slots(session, sorted(stray, reverse=True))
+        stray = sorted((k for k, e in zip(ks, found, strict=True) if e), reverse=True)
         if stray:
-            log.warning("overshoot deleted stray slot queues %s of %r", stray, self.name)
-        return tuple(stray)
+            log.warning("overshoot deletes stray slot queues %s of %r", stray, self.name)
+        return stray
 
     async def _declare_slots(self, session: Session, ks: Sequence[int]) -> None:
         args = slot_arguments(self.quorum)
+        if self.quorum and ks:  # the marker before any quorum slot
+            await self._mark(session)
         for k in ks:
             await session.declare(slot_queue(self.name, k), durable=True, arguments=args)
 
@@ -158,15 +224,20 @@ class SemaphoreAdminCore:
         if self._cluster is not None:
             return await self._cluster.create(slots)
         async with self._mutex() as session:
-            c = await find_max(session, self.name)
+            c, buried, quorum = await survey(session, self.name)
             if c not in (0, slots):
                 raise LockError(
                     f"semaphore {self.name!r} already exists with {c} slots; "
                     "use add_slots()/remove_slots() to change it"
                 )
+            if quorum and not self.quorum and c == 0:  # a quorum semaphore's marker left
+                await session.delete(quorum_marker(self.name))
+                session.quorum_slots[self.name] = False
             # Re-declaring existing slots is idempotent and checks their arguments (406).
             await self._declare_slots(session, range(1, slots + 1))
-            await self._overshoot(session, slots, self.overshoot)
+            await self._unbury(session, buried, range(1, slots + 1))
+            stray = await self._strays(session, slots, self.overshoot)
+            await self._delete_slots(session, stray, self.quorum or quorum)
             await ensure_fence(session, self.name)
             self._notify(session, range(1, slots + 1))
             log.info("created semaphore %r with %d slots", self.name, slots)
@@ -177,32 +248,37 @@ class SemaphoreAdminCore:
             removed, still = await self._cluster.destroy()
             return Removal(removed, (), still)
         async with self._mutex() as session:
-            c = await find_max(session, self.name)
-            extra = await self._overshoot(session, c, self.overshoot)
+            c, buried, quorum = await self._survey(session)
+            extra = await self._strays(session, c, self.overshoot)
             order = range(1, c + 1) if self.ascending else range(c, 0, -1)
-            await self._delete_slots(session, order)
+            await self._delete_slots(session, _leftovers(extra, buried, order), quorum)
+            if quorum:
+                await session.delete(quorum_marker(self.name))
+                session.quorum_slots[self.name] = False
             if purge_fence:
                 await session.delete(fence_queue(self.name))
                 session.fences_known.discard(fence_queue(self.name))
             held = await held_slots(session, self.name, c + self.overshoot)
             log.info("destroyed semaphore %r (%d slots)", self.name, c)
-            return Removal(tuple(order), extra, tuple(held))
+            return Removal(tuple(order), tuple(extra), tuple(held))
 
     async def add_slots(self, count: int) -> int:
         count = _count(count, "count", minimum=1)
         if self._cluster is not None:
             return await self._cluster.add_slots(count)
         async with self._mutex() as session:
-            c = await find_max(session, self.name)
+            c, buried, quorum = await survey(session, self.name)
             if c == 0:
                 raise LockError(f"semaphore {self.name!r} does not exist; create() it first")
-            await self._overshoot(session, c, self.overshoot)
+            stray = await self._strays(session, c, self.overshoot)
+            await self._delete_slots(session, stray, quorum)
             # Re-declaring the top slot with our arguments refuses (406) to mix classic and
             # quorum slots in one semaphore.
             await self._declare_slots(session, [c])
             if c + count > MAX_SLOTS:
                 raise ConfigurationError(f"at most {MAX_SLOTS} slots, asked for {c + count}")
             await self._declare_slots(session, range(c + 1, c + count + 1))
+            await self._unbury(session, buried, range(c + 1, c + count + 1))
             self._notify(session, range(c + 1, c + count + 1))
             log.info("added %d slots to %r: now %d", count, self.name, c + count)
             return c + count
@@ -213,7 +289,9 @@ class SemaphoreAdminCore:
         if self._cluster is not None:
             return Removal(await self._cluster.remove_slots(count, wait), (), ())
         # wait=0 waits for nothing: the body then has what is left of the admin mutex's
-        # bound (none when mutex_timeout is None).
+        # bound (none when mutex_timeout is None). Quorum slots wait for their burial too.
+        if wait is not None and self.quorum:
+            wait += burial.BURY_GRACE
         bound = wait if self.mutex_timeout is not None else (wait or None)
         deadline = admin_deadline(self.mutex_timeout, bound)
         async with self._mutex() as session:
@@ -221,17 +299,17 @@ class SemaphoreAdminCore:
             return await answered(self._remove(session, count, wait), bound, deadline, what)
 
     async def _remove(self, session: Session, count: int, wait: float | None) -> Removal:
-        c = await find_max(session, self.name)
-        extra = await self._overshoot(session, c, self.overshoot)
+        c, buried, quorum = await self._survey(session)
+        extra = await self._strays(session, c, self.overshoot)
         doomed = list(range(c, max(0, c - count), -1))
         if self.ascending:
             doomed.reverse()
-        await self._delete_slots(session, doomed)
+        await self._delete_slots(session, _leftovers(extra, buried, doomed), quorum)
         held = await held_slots_among(session, self.name, doomed)
         if held and wait != 0:
             held = await self._wait(session, held, wait)
         log.info("removed slots %s of %r; still held: %s", doomed, self.name, held)
-        return Removal(tuple(doomed), extra, tuple(held))
+        return Removal(tuple(doomed), tuple(extra), tuple(held))
 
     async def holders(self, *, beyond: int = 0) -> list[int]:
         beyond = _count(beyond, "beyond")
@@ -283,6 +361,13 @@ class SemaphoreAdminCore:
         shard = fence_shard_lock(self.name)
         async with held_mutex(self._core, shard, self.mutex_timeout, self.backoff) as m:
             return await repair_fence(m.session, self.name, base)
+
+
+def _leftovers(extra: Sequence[int], buried: Sequence[int], doomed: Sequence[int]) -> list[int]:
+    """What a removal deletes, in order: the strays overshoot found and the slots a cut
+    removal left buried (above the end, descending), then `doomed` in its order."""
+    above = sorted(set(extra) | set(buried), reverse=True)
+    return above + [k for k in doomed if k not in above]
 
 
 class SemaphoreAdmin:

@@ -10,9 +10,10 @@ while the exclusive queue `B[k]` (`N-k-B`) exists. Acquire, as the seed lays it 
 
 Steps 1-4 run as *pipelined* probes: a window of `A` and `B` probes goes out at once and
 the answers are read in order, so a search over k slots costs one round trip per window
-(windows double, starting from the size last seen), not 2k round trips. Step 7's
-verification is the consume on `A[L]` that also watches for the slot's removal (404 there:
-the slot vanished, undo, retry).
+(windows double, starting from the size last seen), not 2k round trips; quorum slots are
+looked at their tombstones first, one more round trip (burial.py). Step 7's verification
+is the consume on `A[L]` that also watches for the slot's removal (404 there: the slot
+vanished, undo, retry).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ..names import (
     holder_queue,
     sentinel_queue,
     slot_queue,
+    slot_tombstone,
     slots_name,
     token_queue,
     validate_name,
@@ -48,6 +50,7 @@ from ..queue_lease import LeaseState, grant
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.session import Session
 from ..waiting import Backoff, acquire_loop
+from .burial import Look, look, still_there
 from .cluster import acquire_slot
 from .slots import first_window, read_semaphore, windows
 
@@ -81,11 +84,16 @@ class _Race(Exception):
     """Step 6: another connection declared `B[L]` between our probe and our declare."""
 
 
-async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> LeaseState | None:
-    """Steps 5 and 7 for slot k: declare `B[k]`, watch `A[k]`/`B[k]`, take a fencing token.
+async def _claim(
+    core: BrokerCore, session: Session, name: str, k: int, seen: Look
+) -> LeaseState | None:
+    """Steps 5 and 7 for slot k, found free by `seen`: declare `B[k]`, watch `A[k]`/`B[k]`,
+    take a fencing token.
 
     Returns None when `A[k]` vanished meanwhile; raises :class:`_Race` on RESOURCE_LOCKED.
     """
+    if not await still_there(session, name, k, seen):
+        return None
     b = holder_queue(name, k)
     a = slot_queue(name, k)
     session.held.add(b)
@@ -98,6 +106,7 @@ async def _claim(core: BrokerCore, session: Session, name: str, k: int) -> Lease
         held_queue=b,
         watch_queues=(a, b),
         must_exist=(a,),
+        tombstone=slot_tombstone(name, k) if seen.quorum else None,
         notice_key=wakeup_queue(name, "sem"),
         sentinels=sentinel_queue(name, "sem"),
     )
@@ -131,11 +140,10 @@ async def try_acquire(
         # full semaphore) far cheaper to look at first than a search from slot 1.
         hint = session.slot_hints.get(name)
     if hint is not None and hint >= 1:
-        a, b = slot_queue(name, hint), holder_queue(name, hint)
-        exists = await session.probe([a, b])
-        if exists[0] and not exists[1] and b not in session.held:
+        seen = await look(session, name, [hint], holders=True)
+        if seen.alive[0] and not seen.held[0] and holder_queue(name, hint) not in session.held:
             try:
-                state = await _claim(core, session, name, hint)
+                state = await _claim(core, session, name, hint, seen)
             except _Race:
                 races += 1
             else:
@@ -145,10 +153,8 @@ async def try_acquire(
         try:
             for window in windows(first_window(session, name)):
                 ks = list(window)
-                found = await session.probe(
-                    [slot_queue(name, k) for k in ks] + [holder_queue(name, k) for k in ks]
-                )
-                a_exists, b_exists = found[: len(ks)], found[len(ks) :]
+                seen = await look(session, name, ks, holders=True)
+                a_exists, b_exists = seen.alive, seen.held
                 for i, k in enumerate(ks):
                     if not a_exists[i]:  # step 2
                         session.size_hints[name] = k - 1
@@ -161,7 +167,7 @@ async def try_acquire(
                         return None
                     if b_exists[i] or holder_queue(name, k) in session.held:  # step 4
                         continue
-                    state = await _claim(core, session, name, k)  # steps 5, 7
+                    state = await _claim(core, session, name, k, seen)  # steps 5, 7
                     if state is not None:
                         return state
                     return None  # A[k] vanished: the semaphore shrank under us

@@ -1,8 +1,9 @@
 """Reading a persistent semaphore's slots: how many there are and which are held.
 
-Slot k exists while `A[k]` routes and is held while `B[k]` does; both are probed in
-*pipelined* windows (one round trip per window, windows doubling from the size last seen)
-by the client's search (client.py), the administration (admin.py) and the status read.
+Slot k exists while `A[k]` routes (and, for quorum slots, has no tombstone) and is held
+while `B[k]` does; both are probed in *pipelined* windows (one round trip per window,
+windows doubling from the size last seen; burial.py's look) by the client's search
+(client.py), the administration (admin.py) and the status read.
 In cluster mode the slots are tokens of ``N.slots`` (cluster.py) and are read as such.
 """
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from ..holders import Reading
-from ..names import holder_queue, slot_queue, slots_name
+from ..names import holder_queue, slots_name
 from ..records import LockStatus
 from ..tokens.ledger import read_token_as
 from ..transport.broker import BrokerCore
 from ..transport.session import Session
+from .burial import look
 
 FIRST_WINDOW = 8
 MAX_WINDOW = 2048
@@ -43,14 +45,21 @@ def first_window(session: Session, name: str) -> int:
 
 
 async def find_max(session: Session, name: str) -> int:
-    """The highest k such that `A[1..k]` all route (0: no semaphore)."""
+    """The highest k such that slots 1..k all exist (0: no semaphore)."""
+    return (await survey(session, name))[0]
+
+
+async def survey(session: Session, name: str) -> tuple[int, tuple[int, ...], bool]:
+    """(C, the slots with a tombstone among those looked at, whether the slots are quorum
+    queues): C is the highest k such that slots 1..k all exist."""
+    buried: list[int] = []
     for window in windows(first_window(session, name)):
-        ks = list(window)
-        found = await session.probe([slot_queue(name, k) for k in ks])
-        for k, exists in zip(ks, found, strict=True):
-            if not exists:
+        seen = await look(session, name, list(window), holders=False)
+        buried.extend(seen.buried)
+        for k, alive in zip(seen.ks, seen.alive, strict=True):
+            if not alive:
                 session.size_hints[name] = k - 1
-                return k - 1
+                return k - 1, tuple(buried), seen.quorum
     raise AssertionError("unreachable")  # pragma: no cover
 
 

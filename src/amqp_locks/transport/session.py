@@ -125,6 +125,9 @@ class Session(QueueOps):
         self.slot_hints: RecentDict[str, int] = RecentDict()
         #: Last size seen per semaphore: where the next slot search's first window ends.
         self.size_hints: RecentDict[str, int] = RecentDict()
+        #: Whether each semaphore's slots are quorum queues, as its marker said when last
+        #: asked (semaphore/burial.py: such slots are looked at tombstones first).
+        self.quorum_slots: RecentDict[str, bool] = RecentDict()
         #: Last token-semaphore ledger version read per name (tokens/ledger.py).
         self.ledger_versions: RecentDict[str, int] = RecentDict()
         #: Locks held through this session (released cleanly on Broker.close()); holding

@@ -432,6 +432,8 @@ class SemaphoreAdmin:
 
         Holders of removed slots are not interrupted: their leases are marked lost and they
         must release. ``wait`` > 0 polls up to that long for them to do so (None: forever).
+        Quorum slots are buried 10 s before their delete (burial.py): the call takes that
+        much longer.
         """
         return self._core.run(self._ops.remove_slots(count, wait=wait))
 

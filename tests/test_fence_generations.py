@@ -42,6 +42,7 @@ from amqp_locks.names import (
 from amqp_locks.transport.session import Session
 from amqp_locks_dev import devbroker
 
+from . import waiting
 from .conftest import fence_messages
 from .faultproxy import FaultProxy
 
@@ -430,8 +431,10 @@ def test_a_stale_renewer_or_creator_cannot_make_a_deleted_generation_again(
 
         async def advance(s: Session) -> int:
             await _supersede(s, k, 0)  # makes 1
-            await _supersede(s, k, 1)  # makes 2, deletes 0
-            await _retire(s, k, 1)  # deletes 1 (as RETIRE_AFTER later would)
+            await _supersede(s, k, 1)  # makes 2
+            _aged(s, k, 0)
+            _aged(s, k, 1)
+            await _retire(s, k, 1)  # deletes 0 and 1 (as RETIRE_AFTER later would)
             return 0
 
         _run(b, advance)
@@ -679,6 +682,7 @@ def _search_while_retiring(
         return s.alive, searches, errors
 
     async def retire(s: Session) -> int:
+        _aged(s, k, 0)  # as RETIRE_AFTER after its tombstone
         await fencing._retire(s, k, 0)
         return 0
 
@@ -692,6 +696,48 @@ def _search_while_retiring(
         outcome = running.result(60)
         assert fence_generation(k, 0) not in _shard_queues(node, k)
     return outcome
+
+
+def _aged(session: Session, k: int, g: int) -> None:
+    """As if `session` had known generation g's tombstone for RETIRE_AFTER (a test's
+    retire that stands for the background one, RETIRE_AFTER later)."""
+    from amqp_locks import fencing
+    from amqp_locks.transport.recent import RecentDict
+
+    since = fencing._buried_since.setdefault(session, RecentDict())
+    since[(k, g)] = time.monotonic() - fencing.RETIRE_AFTER
+
+
+def test_a_retire_keeps_a_generation_whose_tombstone_it_has_not_known_long(
+    amqp_url: str, node: devbroker.NodeInfo, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process wrote generation 0's tombstone a moment ago (a creator, or a retire
+    burying a leftover): searches may have seen 0 unburied and still touch it, so a retire
+    that finds the tombstone deletes 0 only RETIRE_AFTER after it first knew of it."""
+    from pamqp.commands import Queue
+
+    from amqp_locks import fencing
+    from amqp_locks.names import fence_generation
+
+    monkeypatch.setattr(fencing, "RETIRE_AFTER", 3.0)
+    k = fence_shard_index(name)
+    _reset_shard(node, amqp_url, k)
+
+    async def make_1(s: Session) -> int:  # _supersede's write, without its retire
+        check = Queue.Declare(queue=fencing._gen(k, 0), passive=True, nowait=True)
+        return int(await fencing._write_creation(s, k, 1, [check], bury=True))
+
+    async def exists(s: Session) -> int:
+        return int(await s.exists_passive(fence_generation(k, 0)))
+
+    with Broker(amqp_url) as writer, Broker(amqp_url) as retirer:
+        _take(writer, name)  # generation 0
+        assert _run(writer, make_1) == 1
+        started = time.monotonic()
+        _run(retirer, lambda s: fencing._retire(s, k, 0))  # type: ignore[arg-type, return-value]
+        assert _run(retirer, exists) == 1  # kept: the retirer had only just seen the tombstone
+        waiting.wait_until(lambda: not _run(retirer, exists), 15, "generation 0 retired", 0.1)
+        assert time.monotonic() - started >= fencing.RETIRE_AFTER  # by its own retry
 
 
 async def _session_of(broker: Broker, step: Callable[[Session], Awaitable[T]]) -> T:

@@ -75,7 +75,9 @@ happens. So a search probes the window's tombstones first (classic queues: harml
 only the generations without one: a buried generation is counted as existing and never
 touched (the run's top, what the search wants, has no tombstone). A generation is
 deleted only RETIRE_AFTER after its tombstone exists (:func:`_retire` buries one a cut
-creator left unburied, and waits again), and a search sends its second round within
+creator left unburied, and waits again; and it deletes one only RETIRE_AFTER after its own
+process first knew of the tombstone, which another process may have written a moment
+ago), and a search sends its second round within
 RETIRE_AFTER / 2 of its first (else it asks the tombstones again). A retire asks whether
 a neighbour exists with passive declares, and a take whose generation was last seen
 current more than STALE_AFTER ago first asks whether that generation has a tombstone
@@ -147,6 +149,7 @@ from .transport.features import (
     quorum_arguments,
 )
 from .transport.queue_ops import _bulk_probe as bulk_probe
+from .transport.recent import RecentDict
 from .transport.session import Session
 from .transport.shield import close_quietly
 from .transport.wire import (
@@ -303,6 +306,9 @@ async def _generations_exist(session: Session, k: int, gs: list[int]) -> list[bo
         buried = await session.probe([fence_tombstone(k, g) for g in gs])
         if time.monotonic() - asked < RETIRE_AFTER / 2:
             break
+    for g, b in zip(gs, buried, strict=True):
+        if b:
+            _saw_buried(session, k, g)
     found = iter(await session.probe([n for n, b in zip(names, buried, strict=True) if not b]))
     return [True if b else next(found) for b in buried]
 
@@ -900,6 +906,7 @@ async def _supersede(session: Session, k: int, g: int) -> None:
     check = Queue.Declare(queue=_gen(k, g), passive=True, nowait=True)
     if await _write_creation(session, k, g + 1, [check], bury=True):
         session.fence_gens[k] = g + 1
+        _saw_buried(session, k, g)  # its tombstone was in the confirmed write
     if g > 0:
         # Two generations old, left by a client that died first: retired later too, so
         # no search or take touches it while it is deleted (module docstring).
@@ -966,12 +973,42 @@ async def _retire(session: Session, k: int, g: int) -> None:
             # RETIRE_AFTER later, so no search that saw it unburied touches it while it is
             # deleted (:func:`_generations_exist`).
             await session.declare(fence_tombstone(k, x), durable=True, arguments=TOMBSTONE_ARGS)
+            _saw_buried(session, k, x)
+            _retire_later(session, k, g, again=True)
+            return
+        _saw_buried(session, k, x)
+        if _buried_for(session, k, x) < RETIRE_AFTER:
+            # A tombstone this session had not seen for RETIRE_AFTER: another process's
+            # retire may have written it a moment ago (a leftover it buried), so searches
+            # may still touch x. Wait its whole grace, as if we had buried it.
             _retire_later(session, k, g, again=True)
             return
         await session.delete(_gen(k, x))
         await session.delete(fence_tombstone(k, x))
+        _buried_since.setdefault(session, RecentDict()).pop((k, x), None)
         session.fences_known.discard(_gen(k, x))
         log.debug("retired fence generation %r", _gen(k, x))
+
+
+#: Per session, (shard, generation) -> when this session first knew that generation's
+#: tombstone to exist (monotonic, after the answer or confirm: never earlier than the
+#: tombstone was made). :func:`_retire` deletes a generation only RETIRE_AFTER after that,
+#: whoever wrote the tombstone.
+_buried_since: weakref.WeakKeyDictionary[Session, RecentDict[tuple[int, int], float]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _saw_buried(session: Session, k: int, g: int) -> None:
+    seen = _buried_since.setdefault(session, RecentDict())
+    if (k, g) not in seen:
+        seen[(k, g)] = time.monotonic()
+
+
+def _buried_for(session: Session, k: int, g: int) -> float:
+    """Seconds since this session first knew generation g's tombstone to exist."""
+    since = _buried_since.setdefault(session, RecentDict()).get((k, g))
+    return 0.0 if since is None else time.monotonic() - since
 
 
 _renewing: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()

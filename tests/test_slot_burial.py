@@ -253,3 +253,17 @@ def test_a_removal_cut_between_its_steps_is_finished_or_taken_back(
             assert _exists(broker, [slot_queue(name, 3), tomb]) == [False, False]
         admin.destroy()
         assert _queues(node, name) == {}
+
+
+def test_a_classic_create_takes_away_a_marker_a_cut_destroy_left(
+    broker: Broker, name: str, node: devbroker.NodeInfo
+) -> None:
+    marker = quorum_marker(name)
+    on_session(broker, lambda s: s.declare(marker, durable=True, arguments={"x-max-length": 0}))
+    SemaphoreAdmin(broker, name).create(2)
+    assert _queues(node, name) == {slot_queue(name, 1): "classic", slot_queue(name, 2): "classic"}
+    with PersistentSemaphore(broker, name).acquire(timeout=5) as lease:  # type: ignore[union-attr]
+        assert lease.verify() is True
+    assert broker.core.run(broker.core.session()).quorum_slots.get(name) is False
+    SemaphoreAdmin(broker, name).destroy()
+    assert _queues(node, name) == {}

@@ -230,11 +230,11 @@ class SemaphoreAdminCore:
                     f"semaphore {self.name!r} already exists with {c} slots; "
                     "use add_slots()/remove_slots() to change it"
                 )
-            if quorum and not self.quorum and c == 0:  # a quorum semaphore's marker left
-                await session.delete(quorum_marker(self.name))
-                session.quorum_slots[self.name] = False
             # Re-declaring existing slots is idempotent and checks their arguments (406).
             await self._declare_slots(session, range(1, slots + 1))
+            if quorum and not self.quorum:  # a marker a cut quorum destroy left
+                await session.delete(quorum_marker(self.name))
+                session.quorum_slots[self.name] = False
             await self._unbury(session, buried, range(1, slots + 1))
             stray = await self._strays(session, slots, self.overshoot)
             await self._delete_slots(session, stray, self.quorum or quorum)

@@ -135,9 +135,10 @@ class SemaphoreAdminCore:
         return c, buried, quorum
 
     async def _unmarked_quorum(self, session: Session, c: int) -> bool:
-        """Whether slots without a marker are quorum queues (made before 0.9): re-declaring
-        the top one as a classic queue is refused on ``x-queue-type``. Such slots get their
-        marker now, so clients look at their tombstones before touching them."""
+        """Whether slots without a marker are quorum queues (made by an earlier version):
+        re-declaring the top one as a classic queue is refused on ``x-queue-type``. Such
+        slots get their marker now, so clients look at their tombstones before touching
+        them."""
         try:
             await session.declare(
                 slot_queue(self.name, c), durable=True, arguments=slot_arguments(False)
@@ -290,9 +291,9 @@ class SemaphoreAdminCore:
             return Removal(await self._cluster.remove_slots(count, wait), (), ())
         # wait=0 waits for nothing: the body then has what is left of the admin mutex's
         # bound (none when mutex_timeout is None). Quorum slots wait for their burial too.
-        if wait is not None and self.quorum:
-            wait += burial.BURY_GRACE
         bound = wait if self.mutex_timeout is not None else (wait or None)
+        if bound is not None and self.quorum:
+            bound += burial.BURY_GRACE
         deadline = admin_deadline(self.mutex_timeout, bound)
         async with self._mutex() as session:
             what = f"remove_slots of {self.name!r}"

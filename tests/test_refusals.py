@@ -16,9 +16,14 @@ from pathlib import Path
 import aiormq
 import pytest
 
+from amqp_locks import Broker
+from amqp_locks.errors import PreconditionFailed
 from amqp_locks.transport.errors import channel_error
 from amqp_locks.transport.line_args import held_value, names_argument
 from amqp_locks.transport.refusals import Inequivalent, inequivalent, invalid_arg
+from amqp_locks.transport.session import Session
+
+from .conftest import on_session
 
 FIXTURES = Path(__file__).parent / "data" / "refusals.json"
 #: The captured queue names: a unique suffix of this many zeros stands for the run's own.
@@ -118,6 +123,44 @@ def test_the_library_wording_around_the_text_is_read_alike(line: str) -> None:
     )
     assert inequivalent(exc) == inequivalent(raw)
     assert held_value(str(exc), "x-max-length") == 5
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_a_refusal_is_read_once_when_it_arrives(line: str) -> None:
+    """The PreconditionFailed a refused declaration raises carries the fields its text
+    gave, read when it was made: asking it again reads no text."""
+    texts = _texts()[line]
+    exc = channel_error(aiormq.exceptions.ChannelPreconditionFailed(texts["other_value"]), "q")
+    assert isinstance(exc, PreconditionFailed)
+    assert exc.refusal == inequivalent(texts["other_value"]) and exc.invalid_arg is None
+    assert inequivalent(exc) is exc.refusal
+    assert held_value(exc, "x-max-length") == 5 and names_argument(exc, "x-max-length")
+    invalid = channel_error(aiormq.exceptions.ChannelPreconditionFailed(texts["invalid"]), "q")
+    assert isinstance(invalid, PreconditionFailed)
+    assert invalid.refusal is None and invalid_arg(invalid) == "x-max-length"
+    # One the library raises itself says nothing about arguments, whatever its words.
+    ours = PreconditionFailed("inequivalent arg 'x-max-length' ... current is '5'", "q")
+    assert inequivalent(ours) is None and held_value(ours, "x-max-length") is None
+
+
+def test_a_broker_refusal_carries_its_fields(broker: Broker, name: str) -> None:
+    async def twice(session: Session) -> PreconditionFailed:
+        await session.declare(name, durable=True, arguments={"x-max-length": 5})
+        try:
+            await session.declare(name, durable=True, arguments={"x-max-length": 7})
+        except PreconditionFailed as exc:
+            return exc
+        finally:
+            await session.delete(name)
+        raise AssertionError("the broker accepted another x-max-length")
+
+    exc = on_session(broker, twice)
+    assert exc.queue == name and exc.refusal is not None
+    assert (exc.refusal.arg, exc.refusal.current_int, exc.refusal.received) == (
+        "x-max-length",
+        5,
+        "7",
+    )
 
 
 def test_a_text_about_something_else_is_none() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class AmqpLocksError(Exception):
     """Base class of every error raised by amqp-locks."""
@@ -86,12 +88,48 @@ class ResourceLocked(BrokerError):
         self.queue = queue
 
 
-class PreconditionFailed(BrokerError):
-    """406 PRECONDITION_FAILED: the queue exists with other arguments or flags."""
+@dataclass(frozen=True)
+class Inequivalent:
+    """A 406 "inequivalent arg": the queue exists, declared with another value of `arg`
+    (read from the broker's text once, by transport/refusals.py)."""
 
-    def __init__(self, message: str, queue: str | None = None) -> None:
+    arg: str
+    #: The queue's own value as the text gives it (None: it has none, or not `read`).
+    current: str | None = None
+    #: The value the refused declaration sent (None: it sent none, or not `read`).
+    received: str | None = None
+    #: Whether the values were in the text (False: cut short after the argument's name).
+    read: bool = False
+
+    @property
+    def current_int(self) -> int | None:
+        """The queue's own value as an integer (None: none, not read, or not an integer)."""
+        try:
+            return None if self.current is None else int(self.current)
+        except ValueError:
+            return None
+
+
+class PreconditionFailed(BrokerError):
+    """406 PRECONDITION_FAILED: the queue exists with other arguments or flags.
+
+    A refusal from the broker carries what its text says, read once when it arrived:
+    ``refusal`` (an "inequivalent arg": which argument, the queue's value, ours) or
+    ``invalid_arg`` (an "invalid arg": a value the broker never takes); both None for one
+    the library raises itself."""
+
+    def __init__(
+        self,
+        message: str,
+        queue: str | None = None,
+        *,
+        refusal: Inequivalent | None = None,
+        invalid_arg: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.queue = queue
+        self.refusal = refusal
+        self.invalid_arg = invalid_arg
 
 
 class ConnectionLost(BrokerError):

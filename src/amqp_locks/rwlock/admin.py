@@ -199,12 +199,11 @@ def _refused_by(exc: PreconditionFailed, queue: str, session: Session) -> int | 
     refusal; refuses a queue whose lock delay is too short for this Broker."""
     if inequivalent(exc) is None:
         raise exc
-    text = str(exc)
     min_delay_ms = min_lock_delay_ms(session)
-    short = short_delay(text, min_delay_ms)
+    short = short_delay(exc, min_delay_ms)
     if short is not None:
         raise delay_refusal(queue, short, f"this client of {queue!r}", min_delay_ms) from exc
-    return held_value(text, "x-max-length")
+    return held_value(exc, "x-max-length")
 
 
 async def _check_delay(

@@ -151,7 +151,7 @@ async def create(
     except PreconditionFailed as exc:
         if inequivalent(exc) is None:
             raise
-        stamp = held_value(str(exc), "x-max-length")
+        stamp = held_value(exc, "x-max-length")
         found: Created = "found" if stamp is not None and is_stamp(stamp) else "other"
         if stamp is not None and found == "found" and permits_of(stamp) != permits:
             raise permits_refusal(queue, permits_of(stamp), permits, what) from None

@@ -21,6 +21,7 @@ from ..errors import (
     QueueNotFound,
     ResourceLocked,
 )
+from .refusals import inequivalent, invalid_arg
 
 
 def censor(url: URL) -> str:
@@ -65,10 +66,13 @@ def channel_error(exc: BaseException, queue: str | None = None) -> AmqpLocksErro
             f"405 RESOURCE_LOCKED{what}: held exclusively by another connection", queue
         )
     if isinstance(exc, ex.ChannelPreconditionFailed):
+        text = _text(exc)
         return PreconditionFailed(
             f"406 PRECONDITION_FAILED{what}: the queue exists with other arguments or flags "
-            f"than amqp-locks declares ({_text(exc)}); delete it or use another lock name",
+            f"than amqp-locks declares ({text}); delete it or use another lock name",
             queue,
+            refusal=inequivalent(text),
+            invalid_arg=invalid_arg(text),
         )
     if isinstance(exc, ex.ChannelAccessRefused):
         return AccessRefused(

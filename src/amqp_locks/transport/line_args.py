@@ -77,12 +77,12 @@ EXPIRES = "x-expires"
 
 
 def other_line(
-    error: str,
+    error: BaseException | str,
     arguments: Mapping[str, Any] | None,
     version: tuple[int, int],
     min_delay_ms: int = 0,
 ) -> dict[str, Any] | None:
-    """The arguments to declare again with after the 406 text `error`: ours with the one
+    """The arguments to declare again with after the 406 `error`: ours with the one
     it names removed (the queue has none) or added with our value (the queue has ours);
     None when the difference is anything else, or is ``x-delivery-limit: -1`` on 3.x
     (which reads it as "drop at the first return").
@@ -125,23 +125,23 @@ def other_line(
     return args
 
 
-def held_value(error: str, arg: str) -> int | None:
-    """The integer value of `arg` that the 406 text `error` says the queue holds (None:
-    the error names another argument, or the queue has none)."""
+def held_value(error: BaseException | str, arg: str) -> int | None:
+    """The integer value of `arg` that the 406 `error` says the queue holds (None: the
+    error names another argument, or the queue has none)."""
     m = inequivalent(error)
     if m is None or not m.read or m.arg != arg:
         return None
     return m.current_int
 
 
-def names_argument(error: str, arg: str) -> bool:
-    """Whether the 406 text `error` is an "inequivalent arg" refusal naming `arg`."""
+def names_argument(error: BaseException | str, arg: str) -> bool:
+    """Whether the 406 `error` is an "inequivalent arg" refusal naming `arg`."""
     m = inequivalent(error)
     return m is not None and m.read and m.arg == arg
 
 
-def short_delay(error: str, min_delay_ms: int) -> int | None:
-    """The lock delay (ms) of a queue the 406 text `error` says is shorter than
+def short_delay(error: BaseException | str, min_delay_ms: int) -> int | None:
+    """The lock delay (ms) of a queue the 406 `error` says is shorter than
     `min_delay_ms`, else None."""
     m = inequivalent(error)
     if m is None or not m.read or m.arg != DISCONNECTED:

@@ -99,7 +99,7 @@ class QueueOps(ChannelPools):
             try:
                 ok = await self.call(queue, declare)
             except PreconditionFailed as exc:
-                held = short_delay(str(exc), min_delay_ms)
+                held = short_delay(exc, min_delay_ms)
                 if held is not None:  # a client's shape check (shape.py) says the same
                     raise LockShapeMismatch(
                         short_delay_message(queue, held, min_delay_ms),
@@ -107,7 +107,7 @@ class QueueOps(ChannelPools):
                         held=held,
                         wanted=min_delay_ms,
                     ) from exc
-                args = other_line(str(exc), args, self.version, min_delay_ms)
+                args = other_line(exc, args, self.version, min_delay_ms)
                 if args is None or attempt == len(LINE_VALUES) + 1:
                     raise
                 continue
@@ -171,12 +171,11 @@ class QueueOps(ChannelPools):
             try:
                 await self.call(queue, declare)
             except PreconditionFailed as exc:
-                text = str(exc)
-                if invalid_arg(text) == arg:
+                if invalid_arg(exc) == arg:
                     raise QueueNotFound(f"queue {queue!r} does not exist") from exc
-                if names_argument(text, arg):
-                    return held_value(text, arg)
-                adapted = other_line(text, args, self.version)
+                if names_argument(exc, arg):
+                    return held_value(exc, arg)
+                adapted = other_line(exc, args, self.version)
                 if adapted is None:
                     return None
                 args = adapted

@@ -4,8 +4,10 @@ AMQP 0-9-1 gives a refused declaration only a reply code and a short string, so 
 argument differs, and the queue's own value of it, are in the text. The protocols lean on
 that text (a stamped test-and-set learns the count of the queue it lost to, a declaration
 adapts to a queue another broker line made), so it is read here, once, into typed fields,
-and every caller asks :func:`inequivalent` or :func:`invalid_arg`. The wording, the same on
-3.10.8 and 4.3.6 (tests/data/refusals.json, captured from both), is RabbitMQ's
+and every caller asks :func:`inequivalent` or :func:`invalid_arg`: a refusal that came as a
+:class:`~amqp_locks.errors.PreconditionFailed` was read when it arrived
+(transport/errors.py) and carries the fields, so asking it reads no text again. The
+wording, the same on 3.10.8 and 4.3.6 (tests/data/refusals.json, captured from both), is RabbitMQ's
 ``rabbit_misc:assert_args_equivalence``::
 
     PRECONDITION_FAILED - inequivalent arg 'A' for queue 'Q' in vhost 'V':
@@ -21,7 +23,10 @@ False).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from ..errors import Inequivalent, PreconditionFailed
+
+__all__ = ["Inequivalent", "inequivalent", "invalid_arg"]
 
 _ARG = re.compile(r"inequivalent arg '(?P<arg>[^']+)'")
 _WHOLE = re.compile(
@@ -32,30 +37,11 @@ _VALUE = re.compile(r"(?:the value )?'(?P<value>[^']*)'")
 _INVALID = re.compile(r"invalid arg '(?P<arg>[^']+)'")
 
 
-@dataclass(frozen=True)
-class Inequivalent:
-    """A 406 "inequivalent arg": the queue exists, declared with another value of `arg`."""
-
-    arg: str
-    #: The queue's own value as the text gives it (None: it has none, or not `read`).
-    current: str | None = None
-    #: The value the refused declaration sent (None: it sent none, or not `read`).
-    received: str | None = None
-    #: Whether the values were in the text (False: cut short after the argument's name).
-    read: bool = False
-
-    @property
-    def current_int(self) -> int | None:
-        """The queue's own value as an integer (None: none, not read, or not an integer)."""
-        try:
-            return None if self.current is None else int(self.current)
-        except ValueError:
-            return None
-
-
 def inequivalent(error: BaseException | str) -> Inequivalent | None:
     """What the 406 `error` (an exception or its text) says differs; None when it is not
     an "inequivalent arg" refusal."""
+    if isinstance(error, PreconditionFailed):
+        return error.refusal
     text = str(error)
     whole = _WHOLE.search(text)
     if whole is not None:
@@ -74,5 +60,7 @@ def inequivalent(error: BaseException | str) -> Inequivalent | None:
 def invalid_arg(error: BaseException | str) -> str | None:
     """The argument a 406 "invalid arg" refusal names, else None: a value the broker never
     takes (``x-max-length: -1``) sent for a queue it would have to make (it is missing)."""
+    if isinstance(error, PreconditionFailed):
+        return error.invalid_arg
     m = _INVALID.search(str(error))
     return None if m is None else m["arg"]

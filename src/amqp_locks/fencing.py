@@ -148,7 +148,7 @@ from .transport.features import (
     lock_queue_arguments,
     quorum_arguments,
 )
-from .transport.queue_ops import _bulk_probe as bulk_probe
+from .transport.queue_ops import bulk_probe
 from .transport.recent import RecentDict
 from .transport.session import Session
 from .transport.shield import close_quietly

@@ -286,3 +286,16 @@ def test_no_class_reads_another_objects_private_attributes() -> None:
         for line, text in _private_reads(ast.parse(path.read_text())):
             found.append(f"{path.relative_to(ROOT)}:{line}: {text}")
     assert not found, "\n".join(found)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """`from .x import _name` would tie a module to another's private name as surely as
+    `x._name` does (fencing.py once imported queue_ops' `_bulk_probe`)."""
+    found = []
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name}")
+    assert not found, "\n".join(found)

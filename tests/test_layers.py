@@ -160,9 +160,6 @@ AMQP_CLIENT_IMPORTERS: set[str] = set()
 RAW_CHANNEL_CALLERS = {
     "amqp_locks.fencing",
     "amqp_locks.queue_lease",
-    "amqp_locks.rwlock.protocol",
-    "amqp_locks.tokens.client",
-    "amqp_locks.tokens.permit",
 }
 
 #: aiormq's channel methods (AMQP methods: basic.*, queue.*, exchange.*, tx.*, confirm).

@@ -19,6 +19,7 @@ from ..shape import READERS, WRITER, Expected
 from ..shape import check as check_shape
 from ..tokens import heal
 from ..transport.broker import BrokerCore
+from ..transport.channel_ops import consume_at, stop_and_give_back
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
@@ -70,12 +71,8 @@ class _Inbox:
         self.ch.on_consumer_cancel_callbacks.add(self._cancelled)
         self.ch.closing.add_done_callback(self._closed)
         try:
-            await self.ch.basic_consume(
-                self.queue,
-                self._deliver,
-                no_ack=False,
-                consumer_tag=self.tag,
-                arguments={"x-priority": priority},
+            await consume_at(
+                self.ch, self.queue, self._deliver, priority=priority, consumer_tag=self.tag
             )
         except Exception as exc:
             self.detach()
@@ -233,9 +230,7 @@ async def _give_back(session: Session, box: _Inbox, confirm: bool = False) -> st
             return None if session.alive else f"the connection ended during it ({exc})"
         return None
     try:
-        await ch.basic_cancel(box.tag, nowait=True)
-        for message in box.messages:
-            await ch.basic_reject(_tag(message), requeue=True)
+        await stop_and_give_back(ch, box.tag, [_tag(m) for m in box.messages])
     except Exception as exc:
         session.spawn(close_quietly(ch))
         return None if session.alive else f"the connection ended during it ({exc})"

@@ -30,6 +30,7 @@ from ..shape import MUTEX, TOKEN_KINDS, Expected, permits_refusal, token_kind
 from ..shape import check as check_shape
 from ..stamps import MAX_PERMITS
 from ..transport.broker import BrokerCore, BrokerLike
+from ..transport.channel_ops import consume_at
 from ..transport.errors import channel_error
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
@@ -184,10 +185,8 @@ class _Waiter:
     async def consume(self, priority: int) -> str:
         """Start consuming with our priority; returns the consumer tag."""
         try:
-            ok = await shielded(
-                self.channel.basic_consume(
-                    self.queue, self.on_token, no_ack=False, arguments={"x-priority": priority}
-                ),
+            tag = await shielded(
+                consume_at(self.channel, self.queue, self.on_token, priority=priority),
                 lambda _: close_quietly(self.channel),
             )
         except Exception as exc:
@@ -195,7 +194,7 @@ class _Waiter:
             if isinstance(err, QueueNotFound):
                 raise _not_set_up(self.name) from None
             raise err from exc
-        return str(ok.consumer_tag)
+        return tag
 
     async def next_token(
         self, timeout: float | None, healer: asyncio.Task[None] | None = None

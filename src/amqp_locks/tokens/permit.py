@@ -11,15 +11,9 @@ from typing import Any
 from ..errors import LeaseReleased
 from ..held import HeldState, release_barrier
 from ..names import token_queue
+from ..transport.channel_ops import hand_on
 from ..transport.shield import close_quietly
-from ..transport.wire import (
-    AbstractChannel,
-    Basic,
-    DeliveredMessage,
-    forget_consumer,
-    publish_frames,
-    send_together,
-)
+from ..transport.wire import AbstractChannel, DeliveredMessage
 from .fencing import Carry
 from .message import carrying
 
@@ -109,23 +103,23 @@ class PermitState(HeldState):
     async def _give_back(self, ch: AbstractChannel) -> None:
         try:
             # No need to wait for cancel-ok: the broker handles a channel's methods in
-            # order, so the consumer is gone before the commit requeues the token. None
-            # of these methods has a reply: one write carries them all.
-            frames: list[Any] = [Basic.Cancel(consumer_tag=self.consumer_tag, nowait=True)]
+            # order, so the consumer is gone before the commit requeues the token.
+            successor = None
             if self.carry is not None:
-                frames.append(Basic.Ack(delivery_tag=self.delivery_tag))
-                frames += publish_frames(
+                successor = (
                     self.message.body,
                     token_queue(self.name),
                     carrying(self.message, self.carry[0], self.carry[1] + 1),
                 )
-            else:
-                frames.append(Basic.Reject(delivery_tag=self.delivery_tag, requeue=True))
-            forget_consumer(ch, self.consumer_tag)
-            await send_together(ch, frames)
-            if self.transactional:
-                await ch.tx_commit()
-            elif self.confirm_wanted:  # release(wait=True): the broker's answer, after it
+            await hand_on(
+                ch,
+                self.consumer_tag,
+                self.delivery_tag,
+                republish=successor,
+                transactional=self.transactional,
+            )
+            if not self.transactional and self.confirm_wanted:
+                # release(wait=True): the broker's answer, after it
                 await release_barrier(ch)
         except Exception as exc:
             log.debug("polite release failed (%s); closing the channel returns the token", exc)

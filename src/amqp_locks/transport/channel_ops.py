@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from .aiormq_compat import forget_consumer, publish_frames, send_together
 from .wire import AbstractChannel, Basic, DeliveredMessage
 
 
@@ -38,6 +39,64 @@ async def consume_unacked(
     until acknowledged, or goes back when the channel closes."""
     await ch.basic_qos(prefetch_count=prefetch)
     await ch.basic_consume(queue, on_message, no_ack=False, arguments={"x-priority": priority})
+
+
+async def consume_at(
+    ch: AbstractChannel,
+    queue: str,
+    on_message: Callable[[DeliveredMessage], Coroutine[Any, Any, None]],
+    *,
+    priority: int,
+    consumer_tag: str | None = None,
+) -> str:
+    """Consume `queue` on `ch` (prefetch as the channel has it) at consumer priority
+    `priority`, messages unacknowledged; returns the consumer tag (`consumer_tag`, or the
+    broker's)."""
+    ok = await ch.basic_consume(
+        queue,
+        on_message,
+        no_ack=False,
+        consumer_tag=consumer_tag,
+        arguments={"x-priority": priority},
+    )
+    return str(ok.consumer_tag)
+
+
+async def stop_and_give_back(
+    ch: AbstractChannel, consumer_tag: str, delivery_tags: Iterable[int]
+) -> None:
+    """Cancel the consumer `consumer_tag` (no answer awaited), then give back to their
+    queue the messages it delivered (`delivery_tags`): the broker handles a channel's
+    methods in order, so none comes back to this consumer."""
+    await ch.basic_cancel(consumer_tag, nowait=True)
+    for tag in delivery_tags:
+        await ch.basic_reject(tag, requeue=True)
+
+
+async def hand_on(
+    ch: AbstractChannel,
+    consumer_tag: str,
+    delivery_tag: int,
+    *,
+    republish: tuple[bytes, str, Basic.Properties] | None,
+    transactional: bool,
+) -> None:
+    """A held token's release, in one write: cancel its consumer `consumer_tag` (so the
+    token never comes back to it), then give the message `delivery_tag` back (a reject),
+    or with `republish` (body, queue, properties) drop it and publish its successor
+    (a counter carried in the message); then, on a transactional channel, commit. None of
+    these methods but the commit has an answer: the broker hands the token on when it
+    handles them (at the commit, if transactional)."""
+    frames: list[Any] = [Basic.Cancel(consumer_tag=consumer_tag, nowait=True)]
+    if republish is not None:
+        frames.append(Basic.Ack(delivery_tag=delivery_tag))
+        frames += publish_frames(*republish)
+    else:
+        frames.append(Basic.Reject(delivery_tag=delivery_tag, requeue=True))
+    forget_consumer(ch, consumer_tag)
+    await send_together(ch, frames)
+    if transactional:
+        await ch.tx_commit()
 
 
 async def _nothing(_: object) -> None:

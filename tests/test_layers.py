@@ -157,10 +157,7 @@ AMQP_CLIENT_IMPORTERS: set[str] = set()
 
 #: The modules outside transport/ that may still call AMQP methods on a channel themselves
 #: (the protocols' own steps on the channel that holds or waits for a lock).
-RAW_CHANNEL_CALLERS = {
-    "amqp_locks.fencing",
-    "amqp_locks.queue_lease",
-}
+RAW_CHANNEL_CALLERS = {"amqp_locks.fencing"}
 
 #: aiormq's channel methods (AMQP methods: basic.*, queue.*, exchange.*, tx.*, confirm).
 AMQP_METHODS = frozenset(

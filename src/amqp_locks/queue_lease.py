@@ -19,6 +19,14 @@ from typing import Any
 
 from .errors import AmqpLocksError, ConnectionLost, LeaseReleased, QueueNotFound, ResourceLocked
 from .held import HeldState
+from .transport.channel_ops import (
+    ack,
+    ack_through,
+    cancel,
+    consume_at,
+    declare_on,
+    publish_plain,
+)
 from .transport.errors import channel_error
 from .transport.features import helper_queue
 from .transport.shield import close_quietly
@@ -82,10 +90,10 @@ class LeaseState(HeldState):
 
         for q in self.watch_queues:
             try:
-                ok = await ch.basic_consume(q, park, no_ack=False)
+                tag = await consume_at(ch, q, park)
             except Exception as exc:
                 raise channel_error(exc, q) from exc
-            self._tags[str(ok.consumer_tag)] = q
+            self._tags[tag] = q
 
     async def hold_sentinel(self) -> None:
         """Publish a sentinel and hold one unacked (consuming ahead of the waiters): if our
@@ -115,12 +123,11 @@ class LeaseState(HeldState):
                 if attempt:  # on a pooled channel: adapts to another line's queue
                     await session.declare(queue, **helper_queue(session, wakeups=False))
                 elif queue not in session.sentinels_declared:
-                    await ch.queue_declare(queue, **helper_queue(session, wakeups=False))
+                    await declare_on(ch, queue, **helper_queue(session, wakeups=False))
                 session.sentinels_declared.add(queue)
-                ok = await ch.basic_consume(
-                    queue, hold, no_ack=False, arguments={"x-priority": HOLDER_PRIORITY}
+                self._sentinel_consumer = await consume_at(
+                    ch, queue, hold, priority=HOLDER_PRIORITY
                 )
-                self._sentinel_consumer = str(ok.consumer_tag)
                 # The confirm is not waited for: the sentinel only has to be there by the
                 # time we might die, and our own consumer takes it either way.
                 session.spawn(_publish_quietly(ch, queue, str(self.number).encode()))
@@ -141,8 +148,8 @@ class LeaseState(HeldState):
 
         async def rearm() -> None:
             with contextlib.suppress(Exception):
-                await ch.basic_ack(tag)
-                await ch.basic_publish(str(self.number).encode(), routing_key=queue)
+                await ack(ch, tag)
+                await publish_plain(ch, queue, str(self.number).encode())
 
         self.session.spawn(rearm())
 
@@ -265,9 +272,9 @@ class LeaseState(HeldState):
 
         async def clean() -> None:
             for tag in others:
-                await watch.basic_cancel(tag)
+                await cancel(watch, tag)
             if self._parked or others:  # a probe may have been pushed until cancel-ok
-                await watch.basic_ack(0, multiple=True)
+                await ack_through(watch, 0)
 
         self.session.recycle_ready(watch, clean)
 
@@ -285,8 +292,8 @@ class LeaseState(HeldState):
             return
 
         async def clean() -> None:
-            await ch.basic_cancel(consumer, nowait=True)
-            await ch.basic_ack(tag)
+            await cancel(ch, consumer, answered=False)
+            await ack(ch, tag)
 
         self.session.recycle_ready(ch, clean)
 
@@ -357,9 +364,9 @@ async def grant(
 
 async def _ack_quietly(ch: AbstractChannel, tag: int) -> None:
     with contextlib.suppress(Exception):
-        await ch.basic_ack(tag)
+        await ack(ch, tag)
 
 
 async def _publish_quietly(channel: AbstractChannel, queue: str, body: bytes) -> None:
     with contextlib.suppress(Exception):
-        await channel.basic_publish(body, routing_key=queue)
+        await publish_plain(channel, queue, body)

@@ -46,20 +46,40 @@ async def consume_at(
     queue: str,
     on_message: Callable[[DeliveredMessage], Coroutine[Any, Any, None]],
     *,
-    priority: int,
+    priority: int | None = None,
     consumer_tag: str | None = None,
 ) -> str:
     """Consume `queue` on `ch` (prefetch as the channel has it) at consumer priority
-    `priority`, messages unacknowledged; returns the consumer tag (`consumer_tag`, or the
-    broker's)."""
+    `priority` (None: the default), messages unacknowledged; returns the consumer tag
+    (`consumer_tag`, or the broker's). A 404 here means the queue is gone."""
     ok = await ch.basic_consume(
         queue,
         on_message,
         no_ack=False,
         consumer_tag=consumer_tag,
-        arguments={"x-priority": priority},
+        arguments=None if priority is None else {"x-priority": priority},
     )
     return str(ok.consumer_tag)
+
+
+async def cancel(ch: AbstractChannel, consumer_tag: str, *, answered: bool = True) -> None:
+    """End consumer `consumer_tag`; with `answered`, once the broker said so (nothing is
+    pushed to it after), else at once (the channel's later methods still come after)."""
+    if answered:
+        await ch.basic_cancel(consumer_tag)
+    else:
+        await ch.basic_cancel(consumer_tag, nowait=True)
+
+
+async def declare_on(ch: AbstractChannel, queue: str, **declare: Any) -> None:
+    """Declare `queue` on `ch` itself (`declare`: ``durable``, ``auto_delete``,
+    ``arguments``), where a consume on it follows."""
+    await ch.queue_declare(queue, **declare)
+
+
+async def publish_plain(ch: AbstractChannel, queue: str, body: bytes) -> None:
+    """Publish `body` to `queue`: transient, not mandatory (as the channel confirms)."""
+    await ch.basic_publish(body, routing_key=queue)
 
 
 async def stop_and_give_back(

@@ -156,7 +156,6 @@ from .transport.wire import (
     AbstractChannel,
     AMQPError,
     Basic,
-    ChannelFrame,
     ChannelNotFoundEntity,
     ContentBody,
     ContentHeader,
@@ -164,6 +163,8 @@ from .transport.wire import (
     DeliveryError,
     PublishError,
     Queue,
+    forget_returns,
+    write_confirmed,
 )
 
 log = logging.getLogger("amqp_locks.fencing")
@@ -839,7 +840,6 @@ async def _write_creation(
     body, props = _counter_message(session)
 
     async def op(ch: AbstractChannel) -> None:
-        chan: Any = ch
         frames: list[Any] = [
             *first,
             Queue.Declare(queue=queue, durable=True, nowait=True, arguments=args),
@@ -865,24 +865,17 @@ async def _write_creation(
                 ContentHeader(properties=Basic.Properties(delivery_mode=2), body_size=len(text)),
                 ContentBody(text),
             ]
-        async with chan.lock:
-            confirms: list[asyncio.Future[Any]] = []
-            for _ in range(2 if hint else 1):
-                chan.delivery_tag += 1
-                confirms.append(chan.create_future())
-                chan.confirmations[chan.delivery_tag] = confirms[-1]
-                if len(confirms) == 1:
-                    chan.message_id_delivery_tag[props.message_id] = chan.delivery_tag
-            await chan.write_queue.put(
-                ChannelFrame.marshall(channel_number=chan.number, frames=frames)
-            )
+        # The counter's publish is returnable (mandatory, matched by its id); the hint's
+        # is not.
+        ids = [props.message_id] + ([None] if hint else [])
+        confirms = await write_confirmed(ch, frames, ids)
         try:
             await confirms[0]  # the counter is in; the hint is best effort
             if hint:
                 with contextlib.suppress(Exception):
                     await confirms[1]
         finally:
-            chan.message_id_delivery_tag.pop(props.message_id, None)
+            forget_returns(ch, ids)
 
     call = asyncio.ensure_future(session.call(queue, op))
     session.creating.add(call)

@@ -53,7 +53,7 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import aiormq
@@ -383,6 +383,41 @@ async def send_together(ch: AbstractChannel, frames: list[Any]) -> None:
         raise ChannelInvalidStateError(f"{ch!r} closed")
     async with chan.lock:
         await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
+
+
+async def write_confirmed(
+    ch: AbstractChannel, frames: list[Any], message_ids: Sequence[str | None]
+) -> list[asyncio.Future[Any]]:
+    """Queue `frames` as one write, with a publisher confirm registered for each publish
+    among them (`message_ids`, in publish order; an id matches a ``basic.return`` to its
+    publish, as aiormq's ``basic_publish`` does it: the id must be in that publish's
+    properties). Returns the confirms' futures in order, settled by aiormq's own reader;
+    :func:`forget_returns` once they are. aiormq's ``basic_publish`` costs ~0.2 ms of
+    client CPU per message (a write-queue round and a future per frame set); a slot search
+    writes thousands of probes, a fence creation a declare and two publishes at once."""
+    chan: Any = ch
+    if ch.is_closed:
+        raise ChannelInvalidStateError(f"{ch!r} closed")
+    confirms: list[asyncio.Future[Any]] = []
+    async with chan.lock:
+        for message_id in message_ids:
+            chan.delivery_tag += 1
+            confirm: asyncio.Future[Any] = chan.create_future()
+            chan.confirmations[chan.delivery_tag] = confirm
+            if message_id is not None:
+                chan.message_id_delivery_tag[message_id] = chan.delivery_tag
+            confirms.append(confirm)
+        await chan.write_queue.put(ChannelFrame.marshall(channel_number=chan.number, frames=frames))
+    return confirms
+
+
+def forget_returns(ch: AbstractChannel, message_ids: Sequence[str | None]) -> None:
+    """After :func:`write_confirmed`'s confirms settled: drop their ids from aiormq's
+    table of returnable publishes."""
+    table = getattr(ch, "message_id_delivery_tag", None)
+    if isinstance(table, dict):
+        for message_id in message_ids:
+            table.pop(message_id, None)
 
 
 def forget_consumer(ch: AbstractChannel, consumer_tag: str) -> None:

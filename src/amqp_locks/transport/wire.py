@@ -8,19 +8,24 @@ keeps it so, but for the few modules it lists) and a change of client is a chang
 
 from __future__ import annotations
 
-from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
+from aiormq.abc import AbstractChannel, DeliveredMessage
 from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError, PublishError
 from pamqp.body import ContentBody
 from pamqp.commands import Basic, Queue
 from pamqp.header import ContentHeader
 
-from .aiormq_compat import forget_consumer, publish_frames, send_together
+from .aiormq_compat import (
+    forget_consumer,
+    forget_returns,
+    publish_frames,
+    send_together,
+    write_confirmed,
+)
 
 __all__ = [
     "AMQPError",
     "AbstractChannel",
     "Basic",
-    "ChannelFrame",
     "ChannelNotFoundEntity",
     "ContentBody",
     "ContentHeader",
@@ -29,6 +34,8 @@ __all__ = [
     "PublishError",
     "Queue",
     "forget_consumer",
+    "forget_returns",
     "publish_frames",
     "send_together",
+    "write_confirmed",
 ]

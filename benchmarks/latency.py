@@ -16,7 +16,7 @@ from unittest import mock
 
 from amqp_locks import Broker, PersistentSemaphore
 from amqp_locks.names import holder_queue, slot_queue
-from amqp_locks.semaphore.client import _claim  # a lease on a given slot, without the search
+from amqp_locks.semaphore.client import claim_slot  # a lease on a given slot, no search
 from amqp_locks.transport.session import Session
 
 from .peers.worker import Crew, Sync, what
@@ -60,7 +60,7 @@ def _holder(job: tuple[str, str, list[int]], idx: int, sync: Sync) -> None:
 
         async def claim() -> list[Any]:
             session = await core.session()
-            return [await _claim(core, session, name, k) for k in slots]
+            return [await claim_slot(core, session, name, k) for k in slots]
 
         try:
             held = core.run(claim())

@@ -140,6 +140,17 @@ from .names import (
     fence_tombstone,
 )
 from .transport.broker import BrokerCore, BrokerLike
+from .transport.channel_ops import (
+    ack,
+    begin_transaction,
+    cancel,
+    consume_at,
+    consume_unacked,
+    declare_on,
+    give_back,
+    replace_and_commit,
+    take,
+)
 from .transport.errors import channel_error
 from .transport.features import (
     acquired_count_header,
@@ -328,14 +339,14 @@ async def _settle(
     dropped, and the take tries again."""
     if not message.body:
         look.junk = True
-        await ch.basic_ack(_tag(message))
+        await ack(ch, _tag(message))
         return
     try:
         look.taken = _count(message, version)
     except _RuleChanged:
         look.foreign = True
     finally:
-        await ch.basic_reject(_tag(message), requeue=True)
+        await give_back(ch, _tag(message))
 
 
 async def _look_get(session: Session, k: int, g: int) -> _Look:
@@ -349,7 +360,7 @@ async def _look_get(session: Session, k: int, g: int) -> _Look:
         probes = asyncio.ensure_future(bulk_probe(ch, _neighbours(k, g)))
         await asyncio.sleep(0)  # the probes are written before the get (bulk_probe's first step)
         try:
-            message = await ch.basic_get(queue, no_ack=False)
+            message = await take(ch, queue)
         except ChannelNotFoundEntity:
             look.missing = True
             message = None
@@ -361,7 +372,7 @@ async def _look_get(session: Session, k: int, g: int) -> _Look:
             look.above, look.dead = found[0][0], found[0][1]
         elif not look.missing:
             raise found[0]
-        if message is not None and isinstance(message.delivery, Basic.GetOk):
+        if message is not None:
             await _settle(ch, message, version, look)
 
     await session.call(queue, op)
@@ -452,8 +463,7 @@ class _Pushed:
             if not self._got.done():
                 self._got.set_result(message)
 
-        ok = await self.ch.basic_consume(self.queue, on_message, no_ack=False)
-        self._tag = ok.consumer_tag
+        self._tag = await consume_at(self.ch, self.queue, on_message)
 
     async def first(self, wait: float) -> DeliveredMessage | None:
         try:
@@ -467,7 +477,7 @@ class _Pushed:
         message back to us (with prefetch 1 nothing else can have come)."""
         self._unsettled.remove(message)
         if self._tag is not None:
-            await self.ch.basic_cancel(self._tag, nowait=True)
+            await cancel(self.ch, self._tag, answered=False)
             self._tag = None
 
     async def __aexit__(self, *exc: object) -> None:
@@ -484,10 +494,10 @@ class _Pushed:
             return
 
         async def clean() -> None:
-            await ch.basic_cancel(tag)
+            await cancel(ch, tag)
             # Deliveries precede the cancel-ok on the channel: every one is in by now.
             for message in self._unsettled:
-                await ch.basic_reject(_tag(message), requeue=True)
+                await give_back(ch, _tag(message))
 
         self.session.recycle_ready(ch, clean)
 
@@ -757,8 +767,8 @@ async def _read_hint(session: Session, k: int) -> int | None:
         seen: list[int] = []
         try:
             for _ in range(HINTS_KEPT * 2):
-                message = await ch.basic_get(marker, no_ack=False)
-                if not isinstance(message.delivery, Basic.GetOk):
+                message = await take(ch, marker)
+                if message is None:
                     break
                 text = message.body.decode(errors="replace")
                 if text.isdigit():
@@ -790,8 +800,7 @@ async def _read_hint_pushed(session: Session, marker: str) -> int | None:
 
     ch = await session.open_channel()
     try:
-        await ch.basic_qos(prefetch_count=HINTS_KEPT * 2)
-        await ch.basic_consume(marker, on_message, no_ack=False)
+        await consume_unacked(ch, marker, on_message, prefetch=HINTS_KEPT * 2)
         deadline = time.monotonic() + HINT_WAIT
         wait = HINT_WAIT
         while wait > 0:
@@ -1053,7 +1062,7 @@ async def _own_stand_in(session: Session, marker: str) -> bool:
     """The marker's name is our own exclusive stand-in (a classic queue: a passive declare
     answers, a durable marker made by others would be quorum and not exclusive to us)."""
     try:
-        await session.call(marker, lambda ch: ch.queue_declare(marker, exclusive=True))
+        await session.call(marker, lambda ch: declare_on(ch, marker, exclusive=True))
     except (PreconditionFailed, ResourceLocked, QueueNotFound):
         return False
     return True
@@ -1235,13 +1244,13 @@ async def _take(session: Session, queue: str, timeout: float) -> Taken:
         return first
 
     async def get_and_return(ch: AbstractChannel) -> Taken | None:
-        message = await ch.basic_get(queue, no_ack=False)
-        if not isinstance(message.delivery, Basic.GetOk):
+        message = await take(ch, queue)
+        if message is None:
             return None
         try:
             return _count(message, version)
         finally:
-            await ch.basic_reject(_tag(message), requeue=True)
+            await give_back(ch, _tag(message))
 
     taken: Taken | None = await session.call(queue, get_and_return)
     if taken is None:
@@ -1324,18 +1333,14 @@ async def _replace(
     rule = counting_rule(broker_version(session))
     ch = await session.raw_channel(publisher_confirms=False)  # tx and confirms exclude
     try:
-        await ch.tx_select()
+        await begin_transaction(ch)
         message = await _first_pushed(ch, queue, timeout)
         base = new_base(message)
         if base is None:
             return None
-        await ch.basic_ack(_tag(message))
-        await ch.basic_publish(
-            fence_body(base, rule),
-            routing_key=queue,
-            properties=Basic.Properties(delivery_mode=2),
+        await replace_and_commit(
+            ch, _tag(message), queue, fence_body(base, rule), Basic.Properties(delivery_mode=2)
         )
-        await ch.tx_commit()
         return base
     finally:
         with contextlib.suppress(Exception):
@@ -1352,8 +1357,7 @@ async def _first_pushed(ch: AbstractChannel, queue: str, timeout: float) -> Deli
         if not got.done():
             got.set_result(message)
 
-    await ch.basic_qos(prefetch_count=1)
-    await ch.basic_consume(queue, on_message, no_ack=False)
+    await consume_unacked(ch, queue, on_message, prefetch=1)
     return await asyncio.wait_for(got, timeout)
 
 
@@ -1372,4 +1376,4 @@ async def _take_pushed(session: Session, queue: str, timeout: float) -> Taken:
         try:
             return _count(message, broker_version(session))
         finally:
-            await pushed.ch.basic_reject(_tag(message), requeue=True)
+            await give_back(pushed.ch, _tag(message))

@@ -120,6 +120,20 @@ async def _claim(
     return state
 
 
+async def claim_slot(
+    core: BrokerCore, session: Session, name: str, k: int
+) -> LeaseState | None:
+    """Hold slot k itself when it exists and is free (None when not): for tools that place
+    holders at chosen slots (benchmarks/latency.py); ``acquire()`` searches instead."""
+    seen = await look(session, name, [k], holders=True)
+    if not seen.alive[0] or seen.held[0]:
+        return None
+    try:
+        return await _claim(core, session, name, k, seen)
+    except _Race:
+        return None
+
+
 async def try_acquire(
     core: BrokerCore,
     session: Session,

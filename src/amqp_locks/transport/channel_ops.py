@@ -26,19 +26,43 @@ async def ack(ch: AbstractChannel, tag: int) -> None:
     await ch.basic_ack(tag)
 
 
+async def give_back(ch: AbstractChannel, tag: int) -> None:
+    """Give the message taken with delivery tag `tag` back to its queue, at its head (a
+    write, no answer; a quorum queue counts the return)."""
+    await ch.basic_reject(tag, requeue=True)
+
+
+async def begin_transaction(ch: AbstractChannel) -> None:
+    """Make `ch` transactional (a channel without publisher confirms): its acks and
+    publishes take effect together, at :func:`replace_and_commit`'s commit, or never."""
+    await ch.tx_select()
+
+
+async def replace_and_commit(
+    ch: AbstractChannel, tag: int, queue: str, body: bytes, properties: Basic.Properties
+) -> None:
+    """On a transactional channel: drop the message `tag` and publish its successor
+    `body` to `queue`, committed as one: the message is never lost nor doubled, whatever
+    happens to us in between."""
+    await ch.basic_ack(tag)
+    await ch.basic_publish(body, routing_key=queue, properties=properties)
+    await ch.tx_commit()
+
+
 async def consume_unacked(
     ch: AbstractChannel,
     queue: str,
     on_message: Callable[[DeliveredMessage], Coroutine[Any, Any, None]],
     *,
     prefetch: int,
-    priority: int,
-) -> None:
-    """Consume `queue` on `ch` at consumer priority `priority`, with the channel's
-    prefetch set to `prefetch` first (0: unbounded): each message stays the channel's
-    until acknowledged, or goes back when the channel closes."""
+    priority: int | None = None,
+) -> str:
+    """Consume `queue` on `ch` at consumer priority `priority` (None: the default), with
+    the channel's prefetch set to `prefetch` first (0: unbounded): each message stays the
+    channel's until acknowledged, or goes back when the channel closes. Returns the
+    consumer tag."""
     await ch.basic_qos(prefetch_count=prefetch)
-    await ch.basic_consume(queue, on_message, no_ack=False, arguments={"x-priority": priority})
+    return await consume_at(ch, queue, on_message, priority=priority)
 
 
 async def consume_at(

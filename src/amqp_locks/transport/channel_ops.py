@@ -112,9 +112,9 @@ async def stop_and_give_back(
     """Cancel the consumer `consumer_tag` (no answer awaited), then give back to their
     queue the messages it delivered (`delivery_tags`): the broker handles a channel's
     methods in order, so none comes back to this consumer."""
-    await ch.basic_cancel(consumer_tag, nowait=True)
+    await cancel(ch, consumer_tag, answered=False)
     for tag in delivery_tags:
-        await ch.basic_reject(tag, requeue=True)
+        await give_back(ch, tag)
 
 
 async def hand_on(

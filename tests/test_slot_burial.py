@@ -19,8 +19,11 @@ from . import waiting
 from .conftest import on_session
 from .faultproxy import FaultProxy
 
-#: Short enough for a test, with room for a loaded machine between a look and its consume.
-GRACE, FRESH = 1.0, 0.3
+#: Short enough for a test, with room for a loaded machine between a look and its consume:
+#: a consume meets a removal only if the broker reads it GRACE - FRESH after the look
+#: (5 s in the library; 1.7 s here, where 0.7 s was enough in 16 runs but is the margin
+#: whose tenfold-shortened twin in the fence test failed once in CI).
+GRACE, FRESH = 2.0, 0.3
 
 
 @pytest.fixture
@@ -49,7 +52,7 @@ def test_quorum_slots_removed_and_added_under_clients_close_no_connection(amqp_u
     """benchmarks/slot_churn.py's loop: before burial, 2-4 of 4 client connections were
     closed in 30 s on 3.10.8 and 4.3.6 (RabbitMQ closes a connection that probes or
     consumes a quorum queue being deleted)."""
-    out = churn(amqp_url, quorum=True, seconds=12.0)
+    out = churn(amqp_url, quorum=True, seconds=16.0)
     assert out.errors == []
     assert out.lost == []
     assert out.rounds >= 3  # each removal waits GRACE
@@ -179,9 +182,14 @@ def test_every_cut_of_a_quorum_slot_removal_is_finished_by_the_next_action(
             completed = not amqp_proxy.fired
         finally:
             cut.close(timeout=1)
-        # Read by rabbitmqctl: a probe of A[3] now could meet the cut delete (burial.py).
-        after = _queues(node, lock)
-        states.add((slot_queue(lock, 3) in after, slot_tombstone(lock, 3) in after))
+        # Passive declares: a probe of A[3] now could meet the cut delete (burial.py); a
+        # passive declare never closes the connection (fencing.py: 0 of 40 on 3.10.8).
+        states.add(
+            tuple(
+                on_session(broker, lambda s, q=q: s.exists_passive(q))
+                for q in (slot_queue(lock, 3), slot_tombstone(lock, 3))
+            )
+        )
         with Broker(url) as client:
             sem = PersistentSemaphore(client, lock)
             held = [sem.acquire(timeout=5), sem.acquire(timeout=5), sem.acquire(blocking=False)]
@@ -212,9 +220,11 @@ def test_every_cut_of_a_quorum_slot_removal_is_finished_by_the_next_action(
                 x.release(wait=True)
             assert client.core.run(client.core.session()) is first and first.alive
         admin.destroy()
-        assert _queues(node, lock) == {}, f"cut after frame {n}: left {_queues(node, lock)}"
         if completed:
             break
+    # One rabbitmqctl for every cut's name (each call starts an Erlang VM: two per cut
+    # made this test outlast its 300 s timeout beside three CPU burners).
+    assert _queues(node, name) == {}
     # Untouched and done, and at least one state between (a cut frame is processed only
     # if the broker read it before the reset: the next test makes both by hand).
     assert {(True, False), (False, False)} < states, states

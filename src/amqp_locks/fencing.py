@@ -201,6 +201,12 @@ HINT_TRIES = 10
 HINT_WAIT = 1.0
 HINT_QUIET = 0.05
 #: How long after making the next generation the old one is deleted (module docstring).
+#: The margin every reader of a generation relies on: a consume written within
+#: STALE_AFTER of a look that found its generation current meets the delete only if the
+#: broker reads it RETIRE_AFTER - STALE_AFTER (5 s) after it was written, and a consumer
+#: waits on a generation at most HEAL_AFTER (5 s) after a look in its own write found it
+#: current. A stall longer than that (client or broker) closes the reader's connection
+#: (541 on 3.10.8); tests that shorten these keep at least 1 s of it on a loaded machine.
 RETIRE_AFTER = 10.0
 #: How often, and after what pause (s), a search that finds the marker but no generation
 #: looks again before it reports the counter gone (a racing genesis or renewal).
@@ -398,9 +404,10 @@ async def _look_pushed(
     first, a round trip before the consume, unless probes sent after `current_since`
     (monotonic) found g or a generation below it current, less than STALE_AFTER ago
     (:data:`_seen_current`). g is deleted no sooner than RETIRE_AFTER after g+1 was made,
-    after those probes, so a consume written within STALE_AFTER of them cannot meet a
-    delete: the probes and the consume then go in one write on one channel (the broker
-    handles them in that order), one round trip in all instead of two."""
+    after those probes, so a consume written within STALE_AFTER of them meets a delete
+    only if the broker reads it RETIRE_AFTER - STALE_AFTER (5 s) later: the probes and
+    the consume then go in one write on one channel (the broker handles them in that
+    order), one round trip in all instead of two."""
     queue = _gen(k, g)
     look = _Look()
     async with _Pushed(session, queue) as pushed:

@@ -138,6 +138,20 @@ def _reset_shard(node: devbroker.NodeInfo, url: str, k: int) -> None:
     _delete(url, list(_shard_queues(node, k)))
 
 
+def _known(k: int, upto: int = 8) -> list[str]:
+    """Shard `k`'s marker, generations 0..`upto` and their tombstones."""
+    gens = [q for g in range(upto + 1) for q in (fence_generation(k, g), fence_tombstone(k, g))]
+    return [fence_marker(k), *gens]
+
+
+def _reset_known(url: str, k: int) -> None:
+    """Shard `k` as never made, where a test made nothing beyond :func:`_known` since a
+    :func:`_reset_shard`: deletes by name (rabbitmqctl starts an Erlang VM per call,
+    several seconds each on a loaded machine), then checks by passive declares."""
+    _delete(url, _known(k))
+    assert _existing(url, _known(k)) == {}
+
+
 def _run(broker: Broker, make: Callable[[Session], Awaitable[int]]) -> int:
     async def go() -> int:
         return await make(await broker.core.session())
@@ -186,17 +200,20 @@ def test_case3_a_creator_cut_after_any_frame_leaves_a_name_that_grants_again(
     never-made shard, cut after each frame it sends. On 71753d0 the cut between the
     declaration and the publish left the shard empty: FenceMissing after 30 s, every try."""
     k = fence_shard_index(name)
+    _reset_shard(node, amqp_url, k)
     cuts = _cut_every_frame(
         node,
         amqp_url,
         cut_proxy,
         name,
-        setup=lambda: _reset_shard(node, amqp_url, k),
+        # a cut creation and the two takes after it make at most generations 0-2
+        setup=lambda: _reset_known(amqp_url, k),
         path=lambda s: _take_path(s, name),
         keep=False,
     )
     _CUTS_SEEN["creation"] = cuts
     assert cuts >= 3
+    assert set(_shard_queues(node, k)) <= set(_known(k))  # what each cut's setup deleted
 
 
 async def _connected(session: Session) -> int:

@@ -3,10 +3,41 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
+import traceback
+from pathlib import Path
 from typing import Any
 
 from amqp_locks import Broker, Mutex, PersistentSemaphore, TokenSemaphore
+
+
+def reporting(target: Any, report: str, *args: Any) -> None:
+    """Run `target(*args)` in a spawned process; on an exception, write its traceback to
+    the file `report` (read by `joined`) before exiting non-zero, so a failed worker's
+    cause reaches the test's own failure message and not only captured stderr."""
+    try:
+        target(*args)
+    except BaseException:
+        Path(report).write_text(traceback.format_exc())
+        raise
+
+
+def joined(procs: list[Any], reports: str, timeout: float = 240) -> None:
+    """Join spawned `reporting` processes; fail naming each one's exit code and the last
+    lines of the traceback it reported."""
+    for p in procs:
+        p.join(timeout)
+    codes = [p.exitcode for p in procs]
+    if codes != [0] * len(procs):
+        told = [
+            f"#{i} ({code}): " + " | ".join(f.read_text().strip().splitlines()[-3:])
+            for i, code in enumerate(codes)
+            if code != 0
+            for f in [Path(reports) / f"{i}.err"]
+            if f.exists()
+        ]
+        raise AssertionError(f"workers' exit codes {codes}; " + "; ".join(told))
 
 
 def contend(
@@ -73,17 +104,21 @@ def contend_in_processes(
     lock = ctx.Lock()
     occupancy = ctx.Array("i", slots + 1, lock=False)
     counters = ctx.Array("i", 4, lock=False)
-    procs = [
-        ctx.Process(
-            target=contend, args=(url, name, slots, rounds, lock, occupancy, counters, kind)
-        )
-        for _ in range(procs_n)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(240)
-    assert [p.exitcode for p in procs] == [0] * procs_n
+    with tempfile.TemporaryDirectory() as reports:
+        procs = [
+            ctx.Process(
+                target=reporting,
+                args=(
+                    contend,
+                    f"{reports}/{i}.err",
+                    *(url, name, slots, rounds, lock, occupancy, counters, kind),
+                ),
+            )
+            for i in range(procs_n)
+        ]
+        for p in procs:
+            p.start()
+        joined(procs, reports)
     return list(counters)
 
 
@@ -138,19 +173,22 @@ def race_first_use(
     lock = ctx.Lock()
     counters = ctx.Array("i", 4, lock=False)
     ready, go = ctx.Semaphore(0), ctx.Event()
-    procs = [
-        ctx.Process(
-            target=first_use_contend,
-            args=(urls, name, lock, counters, ready, go, permits, cluster),
-        )
-        for urls in urls_per_proc
-    ]
-    for p in procs:
-        p.start()
-    for _ in procs:  # every racer connected: the race is on the first use, not on connects
-        assert ready.acquire(timeout=120), "a racer did not connect"
-    go.set()
-    for p in procs:
-        p.join(240)
-    assert [p.exitcode for p in procs] == [0] * len(procs)
+    with tempfile.TemporaryDirectory() as reports:
+        procs = [
+            ctx.Process(
+                target=reporting,
+                args=(
+                    first_use_contend,
+                    f"{reports}/{i}.err",
+                    *(urls, name, lock, counters, ready, go, permits, cluster),
+                ),
+            )
+            for i, urls in enumerate(urls_per_proc)
+        ]
+        for p in procs:
+            p.start()
+        for _ in procs:  # every racer connected: the race is on the first use, not connects
+            assert ready.acquire(timeout=120), "a racer did not connect"
+        go.set()
+        joined(procs, reports)
     return list(counters)

@@ -142,6 +142,7 @@ def first_use_contend(
     limit = permits or 1
     with Broker(urls, cluster=cluster, heartbeat=5.0) as broker:
         broker.connect()
+        before = broker.core.run(broker.core.session())
         ready.release()
         go.wait()
         if permits:
@@ -150,6 +151,12 @@ def first_use_contend(
         else:
             lease = Mutex(broker, name).acquire(timeout=120)
         assert lease is not None, "acquire timed out"
+        # Losing the race must not cost the loser its connection (and every other lock
+        # on it): the broker closing it (541 when a consume meets a quorum queue whose
+        # member is not running yet, tokens/fresh.py) is a failure. The client's own
+        # drops (missed heartbeats on a stalled machine) read otherwise and are not.
+        reason = before.lost_reason or ""
+        assert not reason.startswith("connection closed:"), f"the broker closed: {reason}"
         with lock:
             counters[0] += 1
             counters[3] += 1

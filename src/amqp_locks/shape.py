@@ -237,3 +237,4 @@ def forget(session: Session, *queues: str) -> None:
     """The session saw these queues gone: what it read of them is stale."""
     for queue in queues:
         session.shapes_read.pop(queue, None)
+        session.running_seen.pop(queue, None)

@@ -64,6 +64,7 @@ class _Half(LockObject):
                     nonblocking=nonblocking,
                     fence=self.rw.fence if self.rw.fencing else None,
                     readers=self.rw.readers,
+                    check_running=self.rw.quorum,
                 )
             except QueueNotFound:
                 # First use, or expired: make what is missing (test-and-sets, admin.py),

@@ -18,6 +18,7 @@ from ..held import HeldState
 from ..shape import READERS, WRITER, Expected
 from ..shape import check as check_shape
 from ..tokens import heal
+from ..tokens.fresh import saw_running, until_running
 from ..transport.broker import BrokerCore
 from ..transport.channel_ops import consume_at, stop_and_give_back
 from ..transport.errors import channel_error
@@ -337,15 +338,20 @@ async def acquire_read(
     nonblocking: bool,
     fence: str | None,
     readers: int | None = None,
+    check_running: bool = False,
 ) -> HoldState | None:
     """One reader token (push). None at the deadline, or when not blocking and none is free.
     Raises QueueNotFound when the lock is not set up; LockShapeMismatch (the token given
-    back) when the token says another lock than this one (`readers`: R, if given)."""
+    back) when the token says another lock than this one (`readers`: R, if given).
+    `check_running`: quorum queues, which may be starting right now: each is seen
+    running before we consume (fresh.until_running)."""
     session = await core.session()
     if nonblocking:
         if await session.declare_passive_count(readers_queue(name)) == 0:
             return None
         deadline = time.monotonic() + NONBLOCKING_GRACE
+    elif check_running:
+        await until_running(session, readers_queue(name))
     ch = await shielded(session.holder_channel(transactional=False), close_quietly)
     box = _Inbox(ch, readers_queue(name), 1)
     healer = None
@@ -379,6 +385,8 @@ async def acquire_read(
         raise
     finally:
         await heal.stop(healer, strict=False)
+    if check_running:
+        saw_running(session, readers_queue(name))
     state.attach()
     return state
 
@@ -391,16 +399,21 @@ async def acquire_write(
     nonblocking: bool,
     fence: str | None,
     readers: int | None = None,
+    check_running: bool = False,
 ) -> HoldState | None:
     """The turn, then every reader token (push, ahead of the readers). None at the
     deadline, or when not blocking and a writer or reader holds. LockShapeMismatch
     (all given back) when the turn or a reader token says another lock: another R than
-    `readers` (if given) or than the turn's, or a lock delay too short."""
+    `readers` (if given) or than the turn's, or a lock delay too short.
+    `check_running`: as for :func:`acquire_read`, both queues."""
     session = await core.session()
     if nonblocking:
         if await session.declare_passive_count(writer_queue(name)) == 0:
             return None
         deadline = time.monotonic() + NONBLOCKING_GRACE
+    elif check_running:
+        await until_running(session, writer_queue(name))
+        await until_running(session, readers_queue(name))
     # The tokens' channel (no prefetch limit) opens with the turn's: no extra round trip.
     turn_ch, tokens_ch = await shielded(_open_pair(session), _close_pair)
     channels = [turn_ch, tokens_ch]
@@ -452,6 +465,9 @@ async def acquire_write(
         raise
     finally:
         await heal.stop(healer, strict=False)
+    if check_running:
+        saw_running(session, writer_queue(name))
+        saw_running(session, readers_queue(name))
     state.attach()
     return state
 

@@ -71,11 +71,14 @@ async def acquire_permit(
     fencing: bool = True,
     heal: bool = False,
     expect: Expected | None = None,
+    check_running: bool = False,
 ) -> PermitState | None:
     """Consume one token (push). None when not blocking and none is free, or timed out.
     `heal`: the queue was made on first use; a waiter that waits watches it for tokens
     lost at its creation, and replaces it (tokens/heal.py). The token is checked against
-    `expect` (default: any token semaphore's) before it is granted (shape.py)."""
+    `expect` (default: any token semaphore's) before it is granted (shape.py).
+    `check_running`: a first-use quorum queue, which may be starting right now: it is
+    seen running before we consume (fresh.until_running)."""
     session = await core.session()
     if not blocking or timeout == 0:
         # A passive declare is safe during a quorum queue's election on every line (the
@@ -84,6 +87,11 @@ async def acquire_permit(
         if await _ready_tokens(session, name) == 0:
             return None
         timeout = NONBLOCKING_GRACE  # another client may take the ready token first
+    elif check_running:
+        try:
+            await fresh.until_running(session, token_queue(name))
+        except QueueNotFound:
+            raise _not_set_up(name) from None
     # Without fencing the release returns the token as it came (`basic.reject`), which
     # needs no transaction: a plain channel, and no commit to wait for.
     waiter = await _Waiter.open(session, name, transactional=fencing)
@@ -98,10 +106,13 @@ async def acquire_permit(
         message = await waiter.next_token(timeout, healer)
         if message is None:
             return None
-        return await waiter.grant(core, consumer_tag, message, fencing)
+        state = await waiter.grant(core, consumer_tag, message, fencing)
     except BaseException:
         waiter.abandon()
         raise
+    if check_running:
+        fresh.saw_running(session, token_queue(name))
+    return state
 
 
 async def _ready_tokens(session: Session, name: str) -> int:
@@ -407,6 +418,7 @@ class TokenSemaphore(LockObject, HolderQueries):
                     fencing=self.fencing,
                     heal=self.first_use,
                     expect=self._expect,
+                    check_running=self.first_use and self.quorum,
                 )
             except TokenSemaphoreNotFound as exc:
                 # Missing (404), or gone again after we found it made: expired or deleted

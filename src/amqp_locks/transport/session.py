@@ -119,6 +119,9 @@ class Session(QueueOps):
         #: say no shape (minted by an earlier release; shape.py): read once per queue and
         #: session, forgotten when the session sees the queue gone.
         self.shapes_read: RecentDict[str, tuple[int | None, int | None]] = RecentDict()
+        #: First-use quorum queues this session saw running, with when: a consume of one
+        #: seen lately needs no check first (tokens/fresh.py, until_running).
+        self.running_seen: RecentDict[str, float] = RecentDict()
         #: Sentinel queues declared on this connection (declared once, not per grant).
         self.sentinels_declared: RecentSet[str] = RecentSet()
         #: The slot this process released last, per semaphore (tried first next time).

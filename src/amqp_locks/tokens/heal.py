@@ -50,7 +50,9 @@ Why that is safe.
 
 Bound: a name whose creator died mid-creation grants again ``lock_delay`` (10 s by
 default) + :data:`HEAL_MARGIN` + up to :data:`HEAL_JITTER` + :data:`SAMPLE_EVERY` seconds
-after its first waiter registered (at most 15 s with the defaults), while its waiters keep
+after its first waiter registered (at most 15 s with the defaults; the first waiter of a
+tokenless queue consumes, then registers, :data:`fresh.RUNNING_WAIT` after it arrived,
+fresh.until_running), while its waiters keep
 waiting. The waiting queue costs nothing once unused (:data:`WAITING_QUEUE`: auto-deleted
 with its last consumer). It is a classic queue in cluster mode too: while the node that
 holds it is down, its waiters cannot register and do not heal (a creator's death and that

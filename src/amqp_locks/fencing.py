@@ -22,7 +22,10 @@ first take on a generation, and every take in cluster mode, consume instead (Rab
 3.10 answers a get on a leaderless quorum queue with 541, which closes the connection),
 with the same probes: written with them when this process saw that generation current
 less than STALE_AFTER ago (one round trip; it cannot be being deleted then), else a round
-trip after them.
+trip after them. A connection's first consume of a generation waits, within the take's
+wait, until passive declares show the generation's message or a taker: a generation a
+renewal or genesis just declared may have its record before its Raft member runs, and a
+consume in between closes the whole connection (541 noproc; ``Session.wait_running``).
 
 **Why tokens of one lock strictly rise.** The generations that exist always form one
 unbroken run [D, M], and D and M never go down: a generation G+1 is made only by a write
@@ -410,16 +413,32 @@ async def _look_pushed(
     order), one round trip in all instead of two."""
     queue = _gen(k, g)
     look = _Look()
+    known = queue in session.fences_known
     async with _Pushed(session, queue) as pushed:
         probes: asyncio.Future[list[bool]] | None = None
         fresh = current_since is not None and time.monotonic() - current_since < STALE_AFTER
-        if not probed and fresh:
+        if not probed and fresh and known:
             probes = asyncio.ensure_future(bulk_probe(pushed.ch, _neighbours(k, g)))
             await asyncio.sleep(0)  # written before the consume (bulk_probe's first step)
         elif not probed:
             look.above, look.dead = await session.probe(_neighbours(k, g))
             if look.above or look.dead:
                 return look
+        if not known:
+            # A generation this connection never took from may be starting right now (a
+            # genesis or renewal just declared it): a consume before its Raft member runs
+            # closes the whole connection (541 noproc; seen on 3.10.8 in a fresh shard's
+            # race). Seen running first (a message or a taker), within the same wait;
+            # the consume then comes at most `wait` (HEAL_AFTER) after the probes, as a
+            # consumer's wait may anyway.
+            started = time.monotonic()
+            try:
+                if not await session.wait_running(queue, wait):
+                    return look  # neither for `wait`: as if no message came
+            except QueueNotFound:
+                look.missing = True
+                return look
+            wait = max(0.05, wait - (time.monotonic() - started))
         try:
             try:
                 await pushed.start()
@@ -805,6 +824,13 @@ async def _read_hint_pushed(session: Session, marker: str) -> int | None:
             seen.append(int(text))
         arrived.set()
 
+    try:
+        # A marker just made by a genesis may be starting: a consume would close the
+        # connection (541 noproc, seen on 3.10.8). One with no hint has nothing to read.
+        if not await session.wait_running(marker, HINT_WAIT):
+            return None
+    except (QueueNotFound, ResourceLocked):
+        return None  # missing, or another's stand-in (405)
     ch = await session.open_channel()
     try:
         await consume_unacked(ch, marker, on_message, prefetch=HINTS_KEPT * 2)

@@ -238,3 +238,4 @@ def forget(session: Session, *queues: str) -> None:
     for queue in queues:
         session.shapes_read.pop(queue, None)
         session.running_seen.pop(queue, None)
+        session.quiet_since.pop(queue, None)

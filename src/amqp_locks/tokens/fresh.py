@@ -99,7 +99,7 @@ async def until_deleted(session: Session, queue: str) -> None:
     thought 3.x only; 4.3.6 did it once too (rehearsal 19: a heal's delete, then a
     waiter's consume, 541 ``failed consuming from quorum queue ...: noproc``). Where the
     delete is already done, this costs one passive declare (404)."""
-    session.running_seen.pop(queue, None)
+    forget(session, queue)  # what we saw of it is stale
     deadline = time.monotonic() + DELETE_WAIT
     while time.monotonic() < deadline:
         try:
@@ -112,9 +112,8 @@ async def until_deleted(session: Session, queue: str) -> None:
 
 
 #: The longest a consume of a first-use quorum queue waits for the queue to run
-#: (:func:`until_running`), and its poll step.
+#: (:func:`until_running`).
 RUNNING_WAIT = 5.0
-RUNNING_POLL = 0.02
 #: How long a session trusts that a queue it saw running still runs: under the queue's
 #: expiry (``x-expires``, 60 s after its last use), so only a delete by hand or by a heal
 #: and a new creation in between can make it wrong.
@@ -122,44 +121,42 @@ RUNNING_FRESH = 30.0
 
 
 async def until_running(session: Session, queue: str) -> None:
-    """Before consuming from the first-use quorum queue `queue`: wait until it runs.
-    RabbitMQ writes a quorum queue's record before it starts the queue's Raft member
-    (``rabbit_quorum_queue:declare``). Meanwhile a declaration by another client is
-    refused (406: the record exists), and a ``basic.consume`` meets no member: the
-    broker closes the consumer's whole connection, dropping every other lock held on it
-    (541: ``{badmatch,{error,noproc}}`` in ``rabbit_quorum_queue:consume`` on 3.10 and
-    4.0; "failed consuming from quorum queue ...: noproc" on 4.3). Both a loser of the
-    creation race (it consumes right after its 406) and a client whose first consume
-    lands in that window are hit: measured on 4.0.5 with raw aiormq, a consume right
-    after a refused declaration lost its connection in 3 of 50 two-client races, and 4
-    Brokers racing on 20 fresh names lost connections in 4 of 6 test runs (none with
-    this check, 6 runs).
+    """Before consuming from the first-use quorum queue `queue`: wait until it runs
+    (``Session.wait_running``). A quorum queue's record exists before its Raft member
+    runs; meanwhile another client's declaration is refused (406: the record exists) and
+    a ``basic.consume`` closes the consumer's whole connection, dropping every other lock
+    held on it (541 noproc). Both a loser of the creation race (it consumes right after
+    its 406) and a client whose first consume lands in that window are hit: measured on
+    4.0.5 with raw aiormq, a consume right after a refused declaration lost its
+    connection in 3 of 50 two-client races, and 4 Brokers racing on 20 fresh names lost
+    connections in 4 of 6 test runs (none with this check, 6 runs).
 
-    A passive declare answers 0 ready and 0 consumers, without a crash, until the member
-    answers; a running first-use queue has a token ready or a consumer (its holders, its
-    waiters). So it is polled until one of those shows, at most :data:`RUNNING_WAIT`
-    seconds (a queue whose creator died before its tokens landed stays at 0 and 0: its
-    first waiter consumes after RUNNING_WAIT and heals it, heal.py). A queue this session
-    saw running less than :data:`RUNNING_FRESH` ago is not asked again: the check costs
-    one round trip on a session's first acquire of a name, none on the next ones.
-    Raises QueueNotFound when the queue is missing (the caller makes it)."""
+    A running first-use queue has a token ready or a consumer (its holders, its
+    waiters). One that has shown neither for :data:`RUNNING_WAIT` seconds, counted from
+    this session's first such answer and across its acquires (a standby retrying short
+    acquires), is consumed anyway: a queue whose creator died before its tokens landed,
+    which its first waiter then heals (heal.py). A queue this session saw running less
+    than :data:`RUNNING_FRESH` ago is not asked again: one round trip on a session's
+    first acquire of a name, none on the next ones. Raises QueueNotFound when the queue
+    is missing (the caller makes it)."""
+    now = time.monotonic()
     seen = session.running_seen.get(queue)
-    if seen is not None and time.monotonic() - seen < RUNNING_FRESH:
+    if seen is not None and now - seen < RUNNING_FRESH:
         return
-    deadline = time.monotonic() + RUNNING_WAIT
-    while True:
-        ready, consumers = await session.declare_passive_counts(queue)
-        if ready or consumers:
-            saw_running(session, queue)
-            return
-        if time.monotonic() >= deadline:
-            return
-        await asyncio.sleep(RUNNING_POLL)
+    quiet = session.quiet_since.get(queue)
+    if quiet is None or now - quiet > RUNNING_FRESH:
+        quiet = session.quiet_since[queue] = now
+    left = quiet + RUNNING_WAIT - now
+    if left <= 0:
+        return  # quiet for RUNNING_WAIT already: consume (and heal)
+    if await session.wait_running(queue, left):
+        saw_running(session, queue)
 
 
 def saw_running(session: Session, queue: str) -> None:
     """`queue` runs now: it just answered a consume of ours (or a passive declare)."""
     session.running_seen[queue] = time.monotonic()
+    session.quiet_since.pop(queue, None)
 
 
 def fresh_arguments(session: Session, stamp: int, quorum: bool = True) -> dict[str, Any]:

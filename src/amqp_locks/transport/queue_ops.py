@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,9 @@ from .line_args import (
     short_delay_message,
 )
 from .refusals import invalid_arg
+
+#: How often :meth:`QueueOps.wait_running` asks (s).
+RUNNING_POLL = 0.02
 
 
 class QueueOps(ChannelPools):
@@ -196,6 +200,25 @@ class QueueOps(ChannelPools):
 
     async def declare_passive_count(self, queue: str) -> int:
         return (await self.declare_passive_counts(queue))[0]
+
+    async def wait_running(self, queue: str, timeout: float) -> bool:
+        """Whether the quorum queue `queue` shows within `timeout` seconds that it runs: a
+        message ready or a consumer, by passive declares every :data:`RUNNING_POLL` s.
+        RabbitMQ writes a quorum queue's record before it starts the queue's Raft member,
+        and a ``basic.consume`` in between closes the consumer's whole connection (541
+        noproc, 3.10 to 4.3: docs/cluster.md, "A queue that is still starting"); a
+        passive declare then answers 0 and 0 without a crash. So this suits a queue that
+        holds a message or a consumer whenever it runs (a lock's tokens, a fence
+        generation): False means it showed neither in time (not started yet, or empty).
+        Raises QueueNotFound when it is missing."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, consumers = await self.declare_passive_counts(queue)
+            if ready or consumers:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(RUNNING_POLL)
 
     async def exists_passive(self, queue: str) -> bool:
         """Passive declare: True if the queue exists and this connection may use it."""

@@ -122,6 +122,9 @@ class Session(QueueOps):
         #: First-use quorum queues this session saw running, with when: a consume of one
         #: seen lately needs no check first (tokens/fresh.py, until_running).
         self.running_seen: RecentDict[str, float] = RecentDict()
+        #: Since when such a queue has shown this session neither a message nor a
+        #: consumer (still starting, or tokenless): counted across acquires.
+        self.quiet_since: RecentDict[str, float] = RecentDict()
         #: Sentinel queues declared on this connection (declared once, not per grant).
         self.sentinels_declared: RecentSet[str] = RecentSet()
         #: The slot this process released last, per semaphore (tried first next time).

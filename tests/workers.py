@@ -23,6 +23,15 @@ def reporting(target: Any, report: str, *args: Any) -> None:
         raise
 
 
+def spawn(ctx: Any, reports: str, target: Any, arglists: list[tuple[Any, ...]]) -> list[Any]:
+    """One `reporting` process of `target` per argument tuple (not started yet), each
+    with its own report file under `reports`."""
+    return [
+        ctx.Process(target=reporting, args=(target, f"{reports}/{i}.err", *args))
+        for i, args in enumerate(arglists)
+    ]
+
+
 def joined(procs: list[Any], reports: str, timeout: float = 240) -> None:
     """Join spawned `reporting` processes; fail naming each one's exit code and the last
     lines of the traceback it reported."""
@@ -105,17 +114,8 @@ def contend_in_processes(
     occupancy = ctx.Array("i", slots + 1, lock=False)
     counters = ctx.Array("i", 4, lock=False)
     with tempfile.TemporaryDirectory() as reports:
-        procs = [
-            ctx.Process(
-                target=reporting,
-                args=(
-                    contend,
-                    f"{reports}/{i}.err",
-                    *(url, name, slots, rounds, lock, occupancy, counters, kind),
-                ),
-            )
-            for i in range(procs_n)
-        ]
+        args = (url, name, slots, rounds, lock, occupancy, counters, kind)
+        procs = spawn(ctx, reports, contend, [args] * procs_n)
         for p in procs:
             p.start()
         joined(procs, reports)
@@ -181,17 +181,12 @@ def race_first_use(
     counters = ctx.Array("i", 4, lock=False)
     ready, go = ctx.Semaphore(0), ctx.Event()
     with tempfile.TemporaryDirectory() as reports:
-        procs = [
-            ctx.Process(
-                target=reporting,
-                args=(
-                    first_use_contend,
-                    f"{reports}/{i}.err",
-                    *(urls, name, lock, counters, ready, go, permits, cluster),
-                ),
-            )
-            for i, urls in enumerate(urls_per_proc)
-        ]
+        procs = spawn(
+            ctx,
+            reports,
+            first_use_contend,
+            [(urls, name, lock, counters, ready, go, permits, cluster) for urls in urls_per_proc],
+        )
         for p in procs:
             p.start()
         for _ in procs:  # every racer connected: the race is on the first use, not connects

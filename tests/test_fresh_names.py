@@ -289,10 +289,12 @@ def _race_once(b: Broker, name: str, kind: str, start: Any, granted: list[str]) 
     """One racer: take `name` (4 permits, or one of 4 read tokens) once, and say so."""
     from amqp_locks import ReadWriteLock
 
+    # No fencing: what is tested is the first consume of each racer; fence shards have
+    # their own races (test_fence_generations.py).
     lock: Any = (
-        TokenSemaphore(b, name, first_use=True, permits=4)
+        TokenSemaphore(b, name, first_use=True, permits=4, fencing=False)
         if kind == "semaphore"
-        else ReadWriteLock(b, name, readers=4).read_lock
+        else ReadWriteLock(b, name, readers=4, fencing=False).read_lock
     )
     start.wait(30)
     try:

@@ -658,7 +658,8 @@ async def _discover(
             got = None if hint_read else await _read_hint(session, k)
             hint_read = True
             if got is None or got <= top:
-                raise _counter_gone(k, dead=top)
+                seen = f"g{top} superseded, none above it; marker hint {got}"
+                raise _counter_gone(k, dead=top, seen=seen)
             hint = got
             continue
         if top is not None:
@@ -743,11 +744,14 @@ class CounterGone(FenceMissing):
     dead: int | None = None
 
 
-def _counter_gone(k: int, dead: int | None = None) -> CounterGone:
+def _counter_gone(k: int, dead: int | None = None, seen: str | None = None) -> CounterGone:
+    """`seen`: what the search found (the error names it, for a report)."""
+    found = f"; found: {seen}" if seen else ""
     gone = CounterGone(
         f"the fencing counter of shard {k:02d} is gone: its marker {fence_marker(k)!r} "
         f"exists but no generation {fence_generation(k, 0)[:-1]}<G> near its hint does "
-        "(deleted by hand?). Tokens must not restart low: rebuild it above every token your "
+        f"(deleted by hand?{found}). Tokens must not restart low: rebuild it above every "
+        "token your "
         "resources accepted with `amqp-locks semaphore repair-fence NAME --floor HIGHEST_TOKEN` or "
         "SemaphoreAdmin(broker, NAME).repair_fence(HIGHEST_TOKEN)"
     )

@@ -751,8 +751,8 @@ def _counter_gone(k: int, dead: int | None = None, seen: str | None = None) -> C
         f"the fencing counter of shard {k:02d} is gone: its marker {fence_marker(k)!r} "
         f"exists but no generation {fence_generation(k, 0)[:-1]}<G> near its hint does "
         f"(deleted by hand?{found}). Tokens must not restart low: rebuild it above every "
-        "token your "
-        "resources accepted with `amqp-locks semaphore repair-fence NAME --floor HIGHEST_TOKEN` or "
+        "token your resources accepted with "
+        "`amqp-locks semaphore repair-fence NAME --floor HIGHEST_TOKEN` or "
         "SemaphoreAdmin(broker, NAME).repair_fence(HIGHEST_TOKEN)"
     )
     gone.dead = dead

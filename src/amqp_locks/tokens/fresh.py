@@ -58,7 +58,7 @@ registration, which comes :data:`RUNNING_WAIT` after it arrived), and
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import time
 from typing import Any, Literal
 
@@ -80,9 +80,8 @@ EXPIRES_MS = NAME_EXPIRES_MS
 
 
 #: The longest a waiter whose queue was deleted under it waits for the delete to finish
-#: before it makes the queue again (:func:`until_deleted`), and its poll step.
+#: before it makes the queue again (:func:`until_deleted`).
 DELETE_WAIT = 5.0
-DELETE_POLL = 0.02
 
 
 async def until_deleted(session: Session, queue: str) -> None:
@@ -94,21 +93,15 @@ async def until_deleted(session: Session, queue: str) -> None:
     meets no member and the broker closes the whole connection (541; CI, 3.10.8,
     ``{badmatch,{error,noproc}}`` in ``rabbit_quorum_queue:consume``). A passive declare
     then answers 0 ready and 0 consumers without a crash (``stat`` of a queue with no
-    leader): polled until the queue is gone (404) or made again (a token or a consumer),
-    at most :data:`DELETE_WAIT` seconds (nothing tells us when the record goes). Once
+    leader): polled (``Session.wait_running``) until the queue is gone (404) or made
+    again (a token or a consumer), at most :data:`DELETE_WAIT` seconds (nothing tells us
+    when the record goes). Once
     thought 3.x only; 4.3.6 did it once too (rehearsal 19: a heal's delete, then a
     waiter's consume, 541 ``failed consuming from quorum queue ...: noproc``). Where the
     delete is already done, this costs one passive declare (404)."""
     forget(session, queue)  # what we saw of it is stale
-    deadline = time.monotonic() + DELETE_WAIT
-    while time.monotonic() < deadline:
-        try:
-            ready, consumers = await session.declare_passive_counts(queue)
-        except QueueNotFound:
-            return
-        if ready or consumers:
-            return
-        await asyncio.sleep(DELETE_POLL)
+    with contextlib.suppress(QueueNotFound):  # gone: done
+        await session.wait_running(queue, DELETE_WAIT)
 
 
 #: The longest a consume of a first-use quorum queue waits for the queue to run

@@ -52,11 +52,11 @@ Bound: a name whose creator died mid-creation grants again ``lock_delay`` (10 s 
 default) + :data:`HEAL_MARGIN` + up to :data:`HEAL_JITTER` + :data:`SAMPLE_EVERY` seconds
 after its first waiter registered (at most 15 s with the defaults; the first waiter of a
 tokenless queue consumes, then registers, :data:`fresh.RUNNING_WAIT` after it arrived,
-fresh.until_running), while its waiters keep
-waiting. The waiting queue costs nothing once unused (:data:`WAITING_QUEUE`: auto-deleted
-with its last consumer). It is a classic queue in cluster mode too: while the node that
-holds it is down, its waiters cannot register and do not heal (a creator's death and that
-node's, together), until the node is back.
+fresh.until_running), while its waiters keep waiting. The waiting queue costs nothing
+once unused (:data:`WAITING_QUEUE`: auto-deleted with its last consumer). It is a classic
+queue in cluster mode too: while the node that holds it is down, its waiters cannot
+register and do not heal (a creator's death and that node's, together), until the node
+is back.
 
 What it does not cover: a queue made by an administrator (``TokenAdmin.setup``: a ledger,
 no stamp) is repaired by ``TokenAdmin.repair``, as before; waiters that keep arriving and

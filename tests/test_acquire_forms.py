@@ -6,6 +6,8 @@ on every primitive, sync and asyncio."""
 from __future__ import annotations
 
 import asyncio
+import inspect
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -105,6 +107,8 @@ def test_aio_acquire_is_a_coroutine_for_create_task_taskgroup_wait_for_gather(
             sem = aio.PersistentSemaphore(broker, name)
             call = sem.acquire(timeout=5)
             assert asyncio.iscoroutine(call)
+            # 3.12+ marks it (inspect.markcoroutinefunction); 3.11 has no marker.
+            assert inspect.iscoroutinefunction(sem.acquire) == (sys.version_info >= (3, 12))
             first = await asyncio.create_task(call)
             assert first is not None
             async with asyncio.TaskGroup() as tg:

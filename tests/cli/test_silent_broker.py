@@ -31,6 +31,9 @@ def test_run_against_a_silent_broker_exits_69_whatever_wait_and_conflict_code_sa
         ["run", name, "-w", "2", "-E", "0", "--", "true"],
         ["run", name, "-w", "0", "-E", "0", "--", "true"],
         ["run", name, "--shared", "-w", "2", "-E", "0", "--", "true"],
+        # -n checks the count before the wait: its connection is bounded by -w as well.
+        ["run", name, "-n", "3", "-w", "2", "--", "true"],
+        ["run", name, "--kind", "token", "-n", "2", "-w", "2", "-E", "0", "--", "true"],
     )
     results = cli.run_many(*commands)
     for args, r in zip(commands, results, strict=True):

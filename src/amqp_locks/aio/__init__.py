@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import Any, TypeVar
@@ -154,6 +156,16 @@ class Lease:
         await self.release()
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+if sys.version_info >= (3, 12):
+    _coroutine_function = inspect.markcoroutinefunction
+else:  # 3.11 has no marker: acquire() still returns a coroutine asyncio takes
+
+    def _coroutine_function(func: F) -> F:
+        return func
+
+
 class _Acquirable:
     """`await x.acquire()`, `async with x.acquire() as lease`, and `async with x as lease`
     (with the lock's own `timeout`/`blocking`, raising LockTimeout; leases per task)."""
@@ -177,6 +189,7 @@ class _Acquirable:
     def name(self) -> str:
         return self._sync.name
 
+    @_coroutine_function
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> _AcquireCall:
         """Hold the lock: a coroutine whose result is a :class:`Lease`, or None when not
         blocking / timed out (``blocking=False`` with a timeout: ValueError). Await it,

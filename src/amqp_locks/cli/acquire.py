@@ -13,6 +13,7 @@ from ..semaphore import PersistentSemaphore, SemaphoreAdmin
 from ..status import of_kind
 from ..tokens import TokenSemaphore, TokenSemaphoreNotFound
 from ..transport.broker import Broker
+from ..transport.shield import within
 from .common import CliError, read_status
 from .exitcodes import Exit
 from .status import since_text
@@ -84,6 +85,22 @@ def ensure(broker: Broker, kind: str, name: str, slots: int | None, priority: in
         raise _slots_conflict(name, kind, have, slots) from None
 
 
+def connect_within(broker: Broker, timeout: float | None, what: str) -> None:
+    """With -n, the connection the count check needs is made within the -w wait, as
+    the lock's own acquire makes it: a broker that accepts TCP and never answers the
+    handshake is "no connection was made" (69) after -w, not after the 10 s connect
+    timeout. Without -w (or with --nonblock) the connect timeout bounds it."""
+    core = broker.core
+    if timeout is None or core.connected:
+        return
+
+    async def connect() -> bool:
+        await core.session()
+        return True
+
+    core.run(within(connect(), timeout, cut=lambda: core.unconnected_error(timeout, what)))
+
+
 def acquire(
     broker: Broker,
     kind: str,
@@ -96,6 +113,9 @@ def acquire(
 ) -> Lease | None:
     """Take the lock `name` of `kind`; with `slots`, a semaphore of that count (created if
     missing, refused if it has another)."""
+    if slots is not None and kind in ("semaphore", "token"):
+        what = "PersistentSemaphore" if kind == "semaphore" else "TokenSemaphore"
+        connect_within(broker, timeout if blocking else None, f"{what}({name!r})")
     ensure(broker, kind, name, slots, priority)
     if kind in ("shared", "exclusive"):
         rw = ReadWriteLock(broker, name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import aiormq
@@ -306,3 +307,24 @@ def test_no_module_imports_another_modules_private_names() -> None:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name}")
     assert not found, "\n".join(found)
+
+
+def test_the_architecture_diagram_names_every_module() -> None:
+    """docs/architecture.md's layer diagram stays current: every module of the package is
+    named in it (a top-level one as ``name.py``, one in a subpackage by its stem or as
+    ``name.py``), so a
+    new module cannot be added without placing it in a layer (issue 38: five were
+    missing)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    diagram = doc.split("```\n", 2)[1]
+    words = set(re.findall(r"[\w.]+", diagram))
+    package = SRC / "amqp_locks"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if rel.name == "__init__.py":
+            continue
+        named = {rel.name} if len(rel.parts) == 1 else {rel.name, rel.stem}
+        if not named & words:
+            missing.append(str(rel))
+    assert not missing, f"not in docs/architecture.md's layer diagram: {missing}"

@@ -47,7 +47,7 @@ froze, or whose node was lost, comes back whenever its connection ends (4.3: aft
 generation: renewal, rebase and healing all make G+1 (:func:`_supersede`), and once G+1
 exists the old message is worthless wherever it comes back (every take probes G+1 first).
 There is no AMQP transaction anywhere on this path (they are not atomic even within one
-queue: DESIGN.md).
+queue: RabbitMQ's "Transactions" notes; docs/protocol.md).
 
 **Healing, and its bound.** A take that finds G empty waits HEAL_AFTER (5 s: a live taker
 holds the message for one round trip) for it to come back, then makes G+1. So a creator

@@ -473,7 +473,7 @@ class TokenSemaphore(LockObject, HolderQueries):
         """Take a permit: a :class:`Lease` (``number`` is the permit id), or None."""
         return super().acquire(blocking, timeout)
 
-    # --- administration (DESIGN.md's contract): see TokenAdmin --------------------------
+    # --- administration: the contract is TokenAdmin's ----------------------------------
 
     def setup(self, permits: int) -> int:
         """Publish exactly `permits` tokens; idempotent (:meth:`TokenAdmin.setup`)."""

@@ -312,9 +312,8 @@ def test_no_module_imports_another_modules_private_names() -> None:
 def test_the_architecture_diagram_names_every_module() -> None:
     """docs/architecture.md's layer diagram stays current: every module of the package is
     named in it (a top-level one as ``name.py``, one in a subpackage by its stem or as
-    ``name.py``), so a
-    new module cannot be added without placing it in a layer (issue 38: five were
-    missing)."""
+    ``name.py``), so a new module cannot be added without placing it in a layer (issue
+    38: five were missing)."""
     doc = (ROOT / "docs" / "architecture.md").read_text()
     diagram = doc.split("```\n", 2)[1]
     words = set(re.findall(r"[\w.]+", diagram))

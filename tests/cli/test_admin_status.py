@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 
@@ -146,6 +147,18 @@ def test_version_and_help(cli: Cli) -> None:
     helped = cli.run("--help")
     assert helped.returncode == 0 and "Examples:" in helped.stdout
     assert cli.run("no-such-command").returncode == 64
+
+
+def test_the_help_lists_every_exit_code() -> None:
+    """The top-level help's exit codes are every code the commands use (issue 38: it
+    left out 2, 70, 78 and 130), each as a word of its own."""
+    from amqp_locks.cli import EPILOG
+    from amqp_locks.cli.exitcodes import Exit
+
+    codes = EPILOG.split("Exit codes:", 1)[1]
+    words = set(re.findall(r"\d+", codes))
+    missing = [f"{e.name} {e.value}" for e in Exit if e and str(e.value) not in words]
+    assert not missing, f"not in `amqp-locks --help`: {missing}"
 
 
 def test_the_command_starts_no_server(cli: Cli) -> None:

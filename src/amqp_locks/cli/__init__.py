@@ -32,10 +32,13 @@ Examples:
 Without --url, $AMQP_LOCKS_URL and $AMQP_URL, commands connect to
 amqp://guest:guest@localhost:5672/.
 Exit codes: 1 `run`: lock busy (--nonblock, or -w ran out; -E CODE changes it),
-64 usage, 65 unknown lock/data, 69 broker unreachable or silent (whatever -w and -E
-say), 75 `run`: lock lost while COMMAND ran; admin: its --admin-timeout, --wait or
---timeout ran out, 76 lock shape mismatch, 77 permission, 126/127 COMMAND not
-executable/not found; see docs/cli.md.
+2 an extra or OS facility missing (the message names it), 64 usage, 65 unknown
+lock/data, 69 broker unreachable or silent (whatever -w and -E say), 70 a bug (-v
+shows the traceback), 75 `run`: lock lost while COMMAND ran; admin: its
+--admin-timeout, --wait or --timeout ran out, 76 lock shape mismatch, 77 permission,
+78 `elect --config` file invalid, 126/127 COMMAND not executable/not found, 130
+interrupted before COMMAND started; `run`/`elect`: COMMAND's own status (128+N when
+signal N killed it); see docs/cli.md.
 """
 #: Options also come from AMQP_LOCKS_<OPTION> (group) and AMQP_LOCKS_<COMMAND>_<OPTION>.
 ENV_PREFIX = "AMQP_LOCKS"

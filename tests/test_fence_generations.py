@@ -767,3 +767,27 @@ def test_a_retire_keeps_a_generation_whose_tombstone_it_has_not_known_long(
 
 async def _session_of(broker: Broker, step: Callable[[Session], Awaitable[T]]) -> T:
     return await step(await broker.core.session())
+
+
+def test_a_retire_of_a_generation_another_retired_leaves_no_tombstone(
+    amqp_url: str, node: devbroker.NodeInfo, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every session whose search saw a superseded generation retires it later, so two
+    retires of one generation are common. The second, finding it gone with its tombstone,
+    leaves nothing: it used to bury it again, a tombstone of nothing left for good once
+    its session ended, which a run restarted below it (a reset shard) reads as a
+    superseded top: CounterGone on a healthy counter."""
+    from amqp_locks import fencing
+    from amqp_locks.names import fence_generation, fence_tombstone
+
+    monkeypatch.setattr(fencing, "RETIRE_AFTER", 3.0)
+    k = fence_shard_index(name)
+    _reset_shard(node, amqp_url, k)
+    zero = [fence_generation(k, 0), fence_tombstone(k, 0)]
+    with Broker(amqp_url) as first, Broker(amqp_url) as second:
+        before = _take(first, name)  # generation 0
+        _run(first, lambda s: fencing._supersede(s, k, 0))  # type: ignore[arg-type, return-value]
+        waiting.wait_until(lambda: not _existing(amqp_url, zero), 15, "0 retired by first", 0.1)
+        _run(second, lambda s: fencing._retire(s, k, 0))  # type: ignore[arg-type, return-value]
+        assert _existing(amqp_url, zero) == {}
+        assert _take(second, name) > before  # from generation 1

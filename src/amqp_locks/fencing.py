@@ -1008,6 +1008,13 @@ async def _retire(session: Session, k: int, g: int) -> None:
         if not await _exists_untouched(session, _gen(k, x + 1)):
             return  # never delete the newest
         if not (await session.probe([fence_tombstone(k, x)]))[0]:
+            if not await _exists_untouched(session, _gen(k, x)):
+                # Retired meanwhile by another session (it deletes x, then x's tombstone):
+                # burying it now would leave a tombstone of nothing, for good once this
+                # session ends, and a run restarted below it (a reset shard) would read
+                # it as a superseded top (CounterGone). Measured: a session that searched
+                # from x while x was being superseded did exactly that.
+                continue
             # Superseded by a creator cut before its tombstone: bury it, and delete it only
             # RETIRE_AFTER later, so no search that saw it unburied touches it while it is
             # deleted (:func:`_generations_exist`).

@@ -791,3 +791,37 @@ def test_a_retire_of_a_generation_another_retired_leaves_no_tombstone(
         _run(second, lambda s: fencing._retire(s, k, 0))  # type: ignore[arg-type, return-value]
         assert _existing(amqp_url, zero) == {}
         assert _take(second, name) > before  # from generation 1
+
+
+def test_a_retire_drops_the_tombstone_a_dead_retire_left_below_the_run(
+    amqp_url: str, node: devbroker.NodeInfo, name: str
+) -> None:
+    """A retire deletes a generation, then its tombstone: one that died between the two
+    left a tombstone of nothing below the run. The next retire above it drops it (left,
+    a run restarted below it would read it as a superseded top)."""
+    from pamqp.commands import Queue
+
+    from amqp_locks import fencing
+    from amqp_locks.names import fence_generation, fence_tombstone
+
+    k = fence_shard_index(name)
+    _reset_shard(node, amqp_url, k)
+
+    def make(g: int) -> Callable[[Session], Awaitable[int]]:
+        async def write(s: Session) -> int:  # _supersede's write, without its retire
+            check = Queue.Declare(queue=fencing._gen(k, g - 1), passive=True, nowait=True)
+            return int(await fencing._write_creation(s, k, g, [check], bury=True))
+
+        return write
+
+    with Broker(amqp_url) as first, Broker(amqp_url) as second:
+        _take(first, name)  # generation 0
+        assert _run(first, make(1)) == 1
+        _delete(amqp_url, [fence_generation(k, 0)])  # a retire of 0 dies after its first delete
+        assert _run(first, make(2)) == 1
+        assert _existing(amqp_url, [fence_tombstone(k, 0)])
+        _run(second, lambda s: fencing._retire(s, k, 1))  # type: ignore[arg-type, return-value]
+        assert _existing(amqp_url, [fence_tombstone(k, 0)]) == {}
+        # 1 itself waits RETIRE_AFTER: the second had only just seen its tombstone.
+        kept = [fence_generation(k, 1), fence_generation(k, 2)]
+        assert set(_existing(amqp_url, kept)) == set(kept)

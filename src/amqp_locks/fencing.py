@@ -1004,6 +1004,12 @@ async def _retire(session: Session, k: int, g: int) -> None:
         low -= 1
         if g - low > _MAX_STEPS:
             break
+    if low > 0 and (await session.probe([fence_tombstone(k, low - 1)]))[0]:
+        # The tombstone of a generation already deleted below the run: a retire that died
+        # between its two deletes left it. Nothing can make that generation again (its
+        # predecessor is gone too), and left, it would read as a superseded top to a run
+        # restarted below it (a reset shard): CounterGone on a healthy counter.
+        await session.delete(fence_tombstone(k, low - 1))
     for x in range(low, g + 1):
         if not await _exists_untouched(session, _gen(k, x + 1)):
             return  # never delete the newest

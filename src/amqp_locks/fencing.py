@@ -85,7 +85,11 @@ RETIRE_AFTER / 2 of its first (else it asks the tombstones again). A retire asks
 a neighbour exists with passive declares, and a take whose generation was last seen
 current more than STALE_AFTER ago first asks whether that generation has a tombstone
 (one round trip; others may be retiring what its probes would touch), and searches above
-it when it has.
+it when it has. A tombstone is never left without its generation: a retire buries only a
+generation that still exists (every session whose search saw one retires it, so a second
+retire often finds it gone), and drops the tombstone below the run that a retire which
+died between its two deletes (the generation, then its tombstone) left. Such a tombstone
+read as a superseded top to a run restarted below it (a reset shard): CounterGone.
 
 **Made once, never again from scratch.** The first generation is made by a write whose first
 frame declares the marker's name as an *exclusive* queue: refused (405) when the marker

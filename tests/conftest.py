@@ -129,8 +129,12 @@ def fence_messages(broker: Broker, name: str) -> int:
 
 
 def drop_fence_shard(broker: Broker, name: str) -> None:
-    """Put the lock's fence shard back to "never made": its marker, its generations near
-    the current one and a pre-generation shard queue deleted (queue.delete is idempotent)."""
+    """Put the lock's fence shard back to "never made": its marker, every generation up
+    to two above the current one with its tombstone, and a pre-generation shard queue
+    deleted (queue.delete is idempotent). Every one from 0, not a window near the current:
+    under load retires lag (each waits RETIRE_AFTER), and a generation left below a window
+    read as a superseded top to the run made again from 0 (rehearsal 43: CounterGone,
+    "g1 superseded, none above it", in every later test on that shard)."""
     from amqp_locks.names import (
         fence_generation,
         fence_marker,
@@ -145,7 +149,7 @@ def drop_fence_shard(broker: Broker, name: str) -> None:
     async def drop(session: Session) -> None:
         session.fence_gens.pop(k, None)
         doomed = [fence_shard(name), fence_marker(k)]
-        for g in range(max(0, current - 8), current + 3):
+        for g in range(current + 3):
             doomed += [fence_generation(k, g), fence_tombstone(k, g)]
         for q in doomed:
             await session.call(None, lambda ch, q=q: ch.queue_delete(q))

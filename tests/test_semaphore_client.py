@@ -417,6 +417,75 @@ def test_a_releaser_asking_again_at_once_lets_the_waiter_go_first(
         looper.join(60)
 
 
+@pytest.mark.parametrize("kind", ["mutex", "semaphore"])
+def test_a_releaser_asking_again_leaves_its_notice_to_a_busy_waiter(
+    broker: Broker, amqp_url: str, name: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter takes one notice at a time (prefetch 1) and acks it after its attempt, so
+    a release during that attempt leaves its notice ready in the wake-up queue. A
+    releaser that asks again at once must not subscribe and take that notice itself (it
+    did: rehearsal 48's CI, the looper test above, re-granted 18 ms after its release);
+    it waits until the waiter has it, then queues up behind. The busy waiter here is a
+    raw consumer holding an earlier notice for 0.3 s; then it takes the release's notice
+    and, answering it, finds the lock free (a try through its own connection) while the
+    releaser still waits; the releaser is granted only after that try releases. The
+    polite window is widened to 10 s so a slow machine cannot end it first."""
+    import asyncio
+
+    from aiormq.abc import AbstractChannel, DeliveredMessage
+
+    from amqp_locks import waiting
+    from amqp_locks.names import wakeup_queue
+    from amqp_locks.transport.features import helper_queue
+
+    monkeypatch.setattr(waiting, "POLITE_WINDOW", 10.0)
+    if kind == "semaphore":
+        SemaphoreAdmin(broker, name).create(1)
+
+    def lock(b: Broker) -> Mutex | PersistentSemaphore:
+        return Mutex(b, name) if kind == "mutex" else PersistentSemaphore(b, name)
+
+    queue = wakeup_queue(name, "mutex" if kind == "mutex" else "sem")
+    delivered: list[int] = []
+    arrived = threading.Event()
+
+    async def on_notice(message: DeliveredMessage) -> None:
+        delivered.append(message.delivery_tag or 0)
+        arrived.set()
+
+    async def busy_waiter() -> AbstractChannel:
+        session = await broker.core.session()
+        ch = await session.open_channel()
+        await ch.basic_qos(prefetch_count=1)
+        await ch.queue_declare(queue, **helper_queue(session, wakeups=True))
+        await ch.basic_consume(queue, on_notice, no_ack=False)
+        await ch.basic_publish(b"0", routing_key=queue)  # the notice it is busy with
+        return ch
+
+    with Broker(amqp_url) as releaser:
+        lease = lock(releaser).acquire(timeout=10)
+        assert lease is not None
+        ch = broker.core.run(busy_waiter())
+        assert arrived.wait(10), "the busy waiter's own notice never came"
+        arrived.clear()
+        lease.release()  # its notice stays ready: the only waiter is busy
+        again: list[Lease | None] = []
+        asking = threading.Thread(target=lambda: again.append(lock(releaser).acquire(timeout=30)))
+        asking.start()
+        asking.join(0.3)  # the busy waiter's attempt takes this long
+        assert not again, "the releaser took the notice left for the busy waiter"
+        broker.core.run(ch.basic_ack(delivered[0]))
+        assert arrived.wait(10), "the release's notice never reached the waiter"
+        mine = lock(broker).acquire(blocking=False)
+        assert mine is not None, "the releaser overtook the woken waiter"
+        assert not again, "the releaser was granted while the waiter held the lock"
+        mine.release()
+        asking.join(30)
+        assert again and again[0] is not None
+        again[0].release()
+        broker.core.run(asyncio.wait_for(ch.close(), 10))
+
+
 def test_a_deleted_fence_counter_is_rebuilt_once_from_a_floor_and_tokens_keep_rising(
     node: devbroker.NodeInfo, broker: Broker, amqp_url: str, name: str
 ) -> None:

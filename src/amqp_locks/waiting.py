@@ -30,18 +30,22 @@ SETTLE_DELAYS = (0.005, 0.02, 0.05, 0.15, 0.4)
 #: first when there are any (it would win nearly every race: its attempt starts before
 #: the woken waiter has even read its notice).
 POLITE_WINDOW = 1.0
+#: While a notice waits in the wake-up queue for a busy waiter, a polite releaser looks
+#: again this often before it subscribes (a passive declare each time; rare: only under
+#: contention, within POLITE_WINDOW of its own release).
+BACKLOG_POLL = 0.005
 #: How long a cluster-mode waiter that reached no node pauses before trying them again.
 RECONNECT_PAUSE = 1.0
 
 
-async def _defer_to_waiters(session: Session, wakeups: str) -> bool:
+async def _defer_to_waiters(session: Session, wakeups: str, deadline: float | None) -> bool:
     """We released this lock a moment ago and others wait for it: queue up behind them.
 
     Our release's wake-up notice tells whether anyone waits: the broker returns it when
     the wake-up queue does not exist (no waiter), so the common case, nobody waiting,
     costs no round trip and never a failing passive declare (each 404 costs the broker a
     channel and two error lines in its log). If the notice found the queue, a passive
-    declare confirms a waiter still consumes it."""
+    declare confirms a waiter still consumes it, and that no notice still waits for one."""
     released = session.released_at.get(wakeups)
     if released is None or time.monotonic() - released[0] > POLITE_WINDOW:
         return False
@@ -57,8 +61,17 @@ async def _defer_to_waiters(session: Session, wakeups: str) -> bool:
         raise
     if not waiting:
         return False
+    # A notice still ready waits for a waiter that is busy with an earlier one (prefetch
+    # 1; it acks after its attempt): subscribing now would hand it to us, and we would
+    # overtake that waiter. So wait until a waiter has taken it, within the window.
+    until = released[0] + POLITE_WINDOW
+    if deadline is not None:
+        until = min(until, deadline)
     try:
-        _, consumers = await session.declare_passive_counts(wakeups)
+        ready, consumers = await session.declare_passive_counts(wakeups)
+        while ready and consumers and time.monotonic() + BACKLOG_POLL < until:
+            await asyncio.sleep(BACKLOG_POLL)
+            ready, consumers = await session.declare_passive_counts(wakeups)
     except AmqpLocksError:
         return False
     return consumers > 0
@@ -119,7 +132,7 @@ async def acquire_loop(
     timeout = check_timeout(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     session = await core.session()
-    polite = blocking and timeout != 0 and await _defer_to_waiters(session, wakeups)
+    polite = blocking and timeout != 0 and await _defer_to_waiters(session, wakeups, deadline)
     if not polite:
         try:
             granted = await _attempt(attempt(session, None))

@@ -31,8 +31,9 @@ PERIOD = 0.25
 #: (0.875 s) a keep-alive stalled by scheduling alone demoted masters before any fault.
 LEASE = 3.0
 HEARTBEAT = 1.0
-#: A database master's keep-alive may go unanswered this long before it counts as failed
-#: (the default is one PERIOD, 0.25 s). Rehearsal 43 (two CPU burners beside the suite)
+#: A database master's keep-alive on a server (PostgreSQL, MariaDB; not SQLite's local
+#: file) may go unanswered this long before it counts as failed (the default is one
+#: PERIOD, 0.25 s). Rehearsal 43 (two CPU burners beside the suite)
 #: saw a PostgreSQL master demote itself before any fault and be granted again: its
 #: keep-alive UPDATE took longer than 0.25 s. Three periods still end a partitioned
 #: master's lock well before the database ends its session (SESSION_ENDS_AFTER, 1.5 s).

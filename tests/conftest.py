@@ -19,6 +19,13 @@ from amqp_locks_dev import devbroker
 from .faultproxy import FaultProxy
 from .nodes import node_name, test_home
 
+# A test's timeout does not count the start-up of the servers it shares (its hooks).
+from .timeouts import (  # noqa: F401
+    pytest_fixture_setup,
+    pytest_runtest_protocol,
+    pytest_timeout_set_timer,
+)
+
 TEST_NODE = node_name("amqplockstest")
 T = TypeVar("T")
 

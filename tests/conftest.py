@@ -91,6 +91,12 @@ def settle(broker: Broker) -> None:
     broker.core.run(done())
 
 
+def queue_exists(broker: Broker, queue: str) -> bool:
+    """Whether `queue` exists, by a passive declare: one round trip, where listing the
+    node's queues (rabbitmqctl) starts an Erlang VM each time, seconds on a loaded machine."""
+    return on_session(broker, lambda session: session.exists_passive(queue))
+
+
 def queue_counts(broker: Broker, queue: str) -> tuple[int, int]:
     """(ready messages, consumers) of `queue`, exactly (declare-ok counts quorum messages)."""
     return on_session(broker, lambda session: session.declare_passive_counts(queue))

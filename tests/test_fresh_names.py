@@ -18,7 +18,7 @@ from amqp_locks.tokens.ledger import ledger_queue
 from amqp_locks.tokens.message import token_properties
 
 from . import waiting
-from .conftest import fence_counter, on_session
+from .conftest import fence_counter, queue_exists
 from .conftest import queue_counts as counts
 from .workers import race_first_use
 
@@ -38,10 +38,6 @@ def wire(name: str) -> str:
     return token_queue(quorum_mutex_name(name))
 
 
-def exists(broker: Broker, queue: str) -> bool:
-    return bool(on_session(broker, lambda session: session.exists_passive(queue)))
-
-
 def settles_at(broker: Broker, queue: str, want: tuple[int, int], timeout: float = 10.0) -> None:
     """Poll until `queue` has `want` (ready, consumers): a quorum queue's counts follow a
     release or a channel's close a moment after the client was answered (4.3)."""
@@ -50,7 +46,9 @@ def settles_at(broker: Broker, queue: str, want: tuple[int, int], timeout: float
 
 def await_gone(broker: Broker, queue: str, timeout: float = 30.0) -> None:
     """Poll until the broker deleted `queue` (passive declares do not keep it alive)."""
-    waiting.wait_until(lambda: not exists(broker, queue), timeout, f"{queue!r} to expire", 0.1)
+    waiting.wait_until(
+        lambda: not queue_exists(broker, queue), timeout, f"{queue!r} to expire", 0.1
+    )
 
 
 def test_the_broker_refuses_a_second_stamp(cluster_broker: Broker, name: str) -> None:
@@ -91,10 +89,10 @@ def test_first_use_leaves_no_admin_mutex_and_no_ledger(cluster_broker: Broker, n
     assert counts(cluster_broker, wire(name)) == (0, 1)  # held: one consumer, no ready
     lease.release(wait=True)
     settles_at(cluster_broker, wire(name), (1, 0))  # exactly one token, back
-    assert not exists(cluster_broker, ledger_queue(quorum_mutex_name(name)))
-    assert not exists(cluster_broker, quorum_mutex_name(name))  # no admin mutex queue
-    assert not exists(cluster_broker, fence_queue(quorum_mutex_name(name)))  # a shard's
-    assert exists(cluster_broker, fence_counter(cluster_broker, quorum_mutex_name(name)))
+    assert not queue_exists(cluster_broker, ledger_queue(quorum_mutex_name(name)))
+    assert not queue_exists(cluster_broker, quorum_mutex_name(name))  # no admin mutex queue
+    assert not queue_exists(cluster_broker, fence_queue(quorum_mutex_name(name)))  # a shard's
+    assert queue_exists(cluster_broker, fence_counter(cluster_broker, quorum_mutex_name(name)))
 
 
 def test_a_connection_given_up_mid_creation_keeps_the_token(
@@ -179,7 +177,7 @@ def test_a_held_token_keeps_its_queue(
     with Broker(amqp_url, cluster=True, heartbeat=5.0) as other:
         # A waiter that times out after three expiry periods: the queue outlived them.
         assert Mutex(other, name).acquire(timeout=3 * SHORT_EXPIRES_MS / 1000) is None
-    assert lease.verify() and exists(cluster_broker, wire(name))
+    assert lease.verify() and queue_exists(cluster_broker, wire(name))
     lease.release(wait=True)
     await_gone(cluster_broker, wire(name))
 
@@ -217,7 +215,7 @@ def test_a_queue_set_up_the_old_way_is_used_as_it_is(cluster_broker: Broker, nam
         assert lease.number == 1
         st = TokenAdmin(cluster_broker, wire_name).status()
         assert (st.permits, st.held) == (1, 1)
-    assert exists(cluster_broker, ledger_queue(wire_name))
+    assert queue_exists(cluster_broker, ledger_queue(wire_name))
     TokenAdmin(cluster_broker, wire_name).destroy()
 
 
@@ -281,7 +279,7 @@ def test_processes_racing_on_a_fresh_counting_semaphore_make_exactly_its_permits
         settles_at(b, token_queue(name), (3, 0))
         st = TokenAdmin(b, name).status()  # no ledger: the count is read from the stamp
         assert (st.permits, st.ready, st.held) == (3, 3, 0)
-        assert not exists(b, ledger_queue(name)) and not exists(b, fence_queue(name))
+        assert not queue_exists(b, ledger_queue(name)) and not queue_exists(b, fence_queue(name))
         b.core.run(_delete(b, token_queue(name)))
 
 
@@ -395,7 +393,7 @@ def test_repair_of_a_counting_first_use_queue_fences_by_shard(
         with sem.acquire(timeout=10) as lease:
             tokens.append(lease.fencing_token)
     assert tokens[0] < tokens[1] and tokens[0] > 2**50  # shard values (the clock's scale)
-    assert not exists(cluster_broker, fence_queue(name))
+    assert not queue_exists(cluster_broker, fence_queue(name))
     cluster_broker.core.run(_delete(cluster_broker, token_queue(name)))
 
 
@@ -408,7 +406,7 @@ def test_held_max_length_reads_without_making(cluster_broker: Broker, name: str)
 
     with pytest.raises(QueueNotFound):
         cluster_broker.core.run(probe())
-    assert not exists(cluster_broker, token_queue(name))
+    assert not queue_exists(cluster_broker, token_queue(name))
 
 
 def test_aio_first_use_token_semaphore(amqp_url: str, name: str) -> None:

@@ -18,12 +18,8 @@ from amqp_locks import (
 )
 from amqp_locks.names import slot_queue
 
-from .conftest import on_session
+from .conftest import on_session, queue_exists
 from .threads import run_in_threads
-
-
-def queue_exists(broker: Broker, queue: str) -> bool:
-    return on_session(broker, lambda session: session.exists_passive(queue))
 
 
 def declare(broker: Broker, queue: str, **kw: object) -> None:

@@ -15,7 +15,7 @@ from amqp_locks.names import FENCE_SHARDS, fence_marker, sentinel_queue
 from amqp_locks.transport import features
 from amqp_locks_dev import devbroker
 
-from .conftest import fence_counter, fence_messages
+from .conftest import fence_counter, fence_messages, queue_exists
 from .waiting import wait_until
 
 #: The expiry the tests give per-name queues (the library's is 60 s).
@@ -54,7 +54,9 @@ def test_released_mutex_names_leave_no_queue_and_tokens_keep_rising(
                     target=lambda n=n, got=got: got.append(Mutex(other, n).acquire(timeout=40))
                 )
                 waiter.start()
-                wait_until(lambda n=n: sentinel_queue(n, "mutex") in _queues(node), 10, "waiter")
+                wait_until(
+                    lambda n=n: queue_exists(broker, sentinel_queue(n, "mutex")), 10, "waiter"
+                )
                 lease.release()
                 # Ceilings, not bounds: on a loaded CI lane (load 17) a 10 s wait ran out
                 # while the waiter was still setting up.

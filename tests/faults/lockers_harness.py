@@ -35,6 +35,12 @@ from .resource import ProtectedResource
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP): state ``T`` in /proc/PID/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
 class Worker:
     """One worker process and the lines it printed (read on a thread, timestamped)."""
 
@@ -138,6 +144,23 @@ class Worker:
 
     def pause(self) -> float:
         os.kill(self.pid, signal.SIGSTOP)
+        self.paused = True
+        t = time.monotonic()
+        self.pauses.append((t, float("inf")))
+        return t
+
+    def pause_mid_unit(self, timeout: float = 30.0) -> float:
+        """Have the master stop itself in the middle of a unit of work, after the unit's
+        decision and before its result is written: resumed, it writes before it can notice
+        anything, every time. A pause by PID lands anywhere: inside a write's round trip,
+        the resumed process checked its stop event next, found it set by its own keep-alive
+        and wrote nothing (rehearsal 46: stale_accepted 0 in the unfenced pause)."""
+        assert self.proc.stdin is not None
+        asked = self.count("PAUSING")
+        self.proc.stdin.write("PAUSE\n")
+        self.proc.stdin.flush()
+        self.wait_for("PAUSING", timeout, nth=asked + 1)
+        wait_until(lambda: _stopped(self.pid), timeout, f"{self.who} to stop itself")
         self.paused = True
         t = time.monotonic()
         self.pauses.append((t, float("inf")))

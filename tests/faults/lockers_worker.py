@@ -15,10 +15,12 @@ covers every write the grant made. The test kills or pauses the process by PID a
 Work loop: write, then "decide" (check the stop event), then do one unit of work (sleep
 ``write_every``), then write its result. A process paused in the middle of a unit still
 writes its result when resumed, before it can notice anything — the hazard fencing exists
-for.
+for. A ``PAUSE`` line on stdin makes the next unit stop the whole process (SIGSTOP to
+itself) right after its decision: the test resumes it by PID.
 
 Lines on stdout (for the test to wait on): ``READY``, ``MASTER <grant> <token>``,
-``DEMOTED <grant>``, ``STANDBY``, ``WAITING`` (a first attempt failed), ``STOPPED``.
+``DEMOTED <grant>``, ``STANDBY``, ``WAITING`` (a first attempt failed), ``PAUSING`` (just
+before it stops itself), ``STOPPED``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -88,6 +91,7 @@ def main() -> None:
     write_every = float(cfg.get("write_every", 0.02))
     who = cfg["who"]
     shutting_down = threading.Event()
+    pause_asked = threading.Event()
     count = 0
     current: dict[str, Any] = {}
 
@@ -110,6 +114,10 @@ def main() -> None:
                 resource.write(grant, KEY, token)
                 if stop.is_set():
                     break
+                if pause_asked.is_set():  # frozen mid-unit: its result is written on resume
+                    pause_asked.clear()
+                    say("PAUSING")
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 time.sleep(write_every)  # one unit of work, decided before it started
         finally:
             if shutting_down.is_set():
@@ -147,7 +155,9 @@ def main() -> None:
         say("WAITING")  # a first attempt failed: this process waits as standby
 
     threading.Thread(target=watch_standby, daemon=True).start()
-    sys.stdin.read()  # until the test closes stdin (or kills us)
+    for line in sys.stdin:  # until the test closes stdin (or kills us)
+        if line.strip() == "PAUSE":
+            pause_asked.set()
     shutting_down.set()
     service.stop(30)
     locker.close()

@@ -119,7 +119,7 @@ PAUSED_BEYOND_REGRANT = 0.3
 
 
 def _pause_scenario(target: Target, run: Run) -> dict[str, float | None]:
-    """Pause the master past its lease/heartbeats, resume it; the figures measured."""
+    """Pause the master mid-unit past its lease/heartbeats, resume it; the figures measured."""
     master, standby = _master_and_standby(run)
     if target.backend == "sqlite":
         # SQLite has one write lock for the whole file: a master frozen inside its
@@ -128,7 +128,7 @@ def _pause_scenario(target: Target, run: Run) -> dict[str, float | None]:
         # idle, so the pause follows a renewal that just ended.
         renewed = sum(1 for _, words in master.lines if words[:1] == ["RENEWED"])
         master.wait_for("RENEWED", 30, nth=renewed + 1)
-    paused_at = master.pause()
+    paused_at = master.pause_mid_unit()
     regrant: float | None = None
     if target.expiring:
         standby.wait_for("MASTER", target.detection + 10)

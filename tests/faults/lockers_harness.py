@@ -29,16 +29,11 @@ from amqp_locks.lockers import LockedElsewhere, Locker
 from ..waiting import wait_until
 from .checker import Verdict, check, intervals
 from .history import Event, Recorder, load
+from .holders import wait_stopped
 from .lockers_worker import make_locker
 from .resource import ProtectedResource
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _stopped(pid: int) -> bool:
-    """Whether process `pid` is stopped (SIGSTOP): state ``T`` in /proc/PID/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 class Worker:
@@ -154,13 +149,15 @@ class Worker:
         decision and before its result is written: resumed, it writes before it can notice
         anything, every time. A pause by PID lands anywhere: inside a write's round trip,
         the resumed process checked its stop event next, found it set by its own keep-alive
-        and wrote nothing (rehearsal 46: stale_accepted 0 in the unfenced pause)."""
+        and wrote nothing (rehearsal 46: stale_accepted 0 in the unfenced pause). The
+        holder scenarios' `pause_mid_unit` (holders.py) finds the moment from outside, in
+        /proc; here the unit runs on the service's work thread, so the worker stops itself."""
         assert self.proc.stdin is not None
         asked = self.count("PAUSING")
         self.proc.stdin.write("PAUSE\n")
         self.proc.stdin.flush()
         self.wait_for("PAUSING", timeout, nth=asked + 1)
-        wait_until(lambda: _stopped(self.pid), timeout, f"{self.who} to stop itself")
+        wait_stopped(self.pid, timeout)
         self.paused = True
         t = time.monotonic()
         self.pauses.append((t, float("inf")))

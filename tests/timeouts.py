@@ -8,7 +8,8 @@ would fail whichever test came first, whatever it does. Around the setup of ever
 wider than a test, these hooks put the test's timer aside for a start-up timer of its own
 (`SERVER_START`, so a server that never comes up still fails), then arm the test's timer
 again with its whole budget. The test's own fixtures, body and teardown stay timed as
-before. Only pytest-timeout's public hooks are used.
+before. pytest-timeout's public hooks do the arming; the start-up timer is its settings
+namedtuple with another timeout (`_replace`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from amqp_locks import (
 )
 from amqp_locks.transport.session import Session
 
-from .conftest import settle
+from .conftest import DEFERRED, qualname, settle
 
 CYCLES = 10
 
@@ -284,7 +284,9 @@ def test_the_attempt_a_notice_starts_opens_no_channel(
         mutex = Mutex(other, name)
         assert mutex.acquire(blocking=False) is None  # refused once before waiting
         got: dict[str, Lease | None] = {}
-        waiter = threading.Thread(target=lambda: got.update(lease=mutex.acquire(timeout=30)))
+        # The waiter's budget runs from here, through the set-up below (a loaded machine
+        # may take a while), so it is generous; the wait after the release is join's.
+        waiter = threading.Thread(target=lambda: got.update(lease=mutex.acquire(timeout=240)))
         waiter.start()
         session = _session(other)
         deadline = time.monotonic() + 10
@@ -300,7 +302,7 @@ def test_the_attempt_a_notice_starts_opens_no_channel(
         monkeypatch.setattr(Session, "open_channel", recorded("call", open_channel))
         monkeypatch.setattr(Session, "_open_ready", recorded("ready", open_ready))
         holder.release()
-        waiter.join(30)
+        waiter.join(60)
         lease = got.get("lease")
         assert lease is not None, "the waiter did not get the mutex after the release"
         monkeypatch.undo()
@@ -312,6 +314,24 @@ def test_the_attempt_a_notice_starts_opens_no_channel(
     first = next((i for i, (_, background) in enumerate(opened_by) if background), None)
     on_the_way = [kind for kind, background in opened_by[:first] if not background]
     assert on_the_way == [], f"the woken attempt waited for channel opens: {opened_by}"
+
+
+def test_settle_leaves_the_deferred_fence_retirement_running(
+    broker: Broker, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`settle` (tests/conftest.py) skips the deferred fence housekeeping by its task's
+    name. A take that renews its shard spawns it, under that name: else the filter went
+    stale and `settle` waits RETIRE_AFTER again (CI, stop 50: a renewal inside the test
+    above held its `settle` until the waiter's budget was gone)."""
+    from amqp_locks import fencing
+
+    monkeypatch.setattr(fencing, "RENEW_AFTER", 0)  # this take renews its shard
+    broker.core.run(_take_once(broker, name))
+    session = _session(broker)
+    settle(broker)
+    deferred = [t for t in session._tasks if qualname(t) in DEFERRED]
+    assert deferred, [qualname(t) for t in session._tasks]
+    assert not any(t.done() for t in deferred)
 
 
 def test_cluster_mode_fenced_grant_opens_no_channel(amqp_url: str, name: str, wire: Wire) -> None:

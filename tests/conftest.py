@@ -79,24 +79,14 @@ def on_session(broker: Broker, step: Callable[[Session], Awaitable[T]]) -> T:
     return broker.core.run(go())
 
 
-#: Background tasks that wait on purpose (fencing.py retires a superseded generation
-#: RETIRE_AFTER = 10 s later, again for each leftover generation below it): no release's
-#: work, so `settle` does not wait for them. A take that renews its shard (every 4,096
-#: returns, so now and then in a long suite) spawns one; waiting for it cost a test 10-50 s.
-DEFERRED = frozenset({"_retire_later.<locals>.go"})
-
-
-def qualname(task: asyncio.Task[Any]) -> str:
-    return str(getattr(task.get_coro(), "__qualname__", ""))
-
-
 def settle(broker: Broker) -> None:
     """Wait for everything the releases left running in the background (the token's
-    commit, the wake-up notice, channels going back to the pool), not for the deferred
-    fence housekeeping (`DEFERRED`)."""
+    commit, the wake-up notice, channels going back to the pool), not for the tasks that
+    wait on purpose (`Session.deferred`: a fence generation's retirement, RETIRE_AFTER =
+    10 s after a take renewed its shard, which happens now and then in a long suite)."""
 
-    def pending(session: Session) -> list[asyncio.Task[Any]]:
-        return [t for t in session._tasks if qualname(t) not in DEFERRED]
+    def pending(session: Session) -> set[asyncio.Task[Any]]:
+        return session._tasks - session.deferred
 
     async def done() -> None:
         session = await broker.core.session()

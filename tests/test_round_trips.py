@@ -27,7 +27,7 @@ from amqp_locks import (
 )
 from amqp_locks.transport.session import Session
 
-from .conftest import DEFERRED, qualname, settle
+from .conftest import settle
 
 CYCLES = 10
 
@@ -316,22 +316,22 @@ def test_the_attempt_a_notice_starts_opens_no_channel(
     assert on_the_way == [], f"the woken attempt waited for channel opens: {opened_by}"
 
 
-def test_settle_leaves_the_deferred_fence_retirement_running(
+def test_a_renewing_take_defers_the_retirement(
     broker: Broker, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`settle` (tests/conftest.py) skips the deferred fence housekeeping by its task's
-    name. A take that renews its shard spawns it, under that name: else the filter went
-    stale and `settle` waits RETIRE_AFTER again (CI, stop 50: a renewal inside the test
-    above held its `settle` until the waiter's budget was gone)."""
+    """A take that renews its shard leaves the old generation's retirement to a task that
+    sleeps RETIRE_AFTER, marked deferred: neither `Session.close` nor `settle` (tests)
+    waits for it (CI, stop 50: a renewal inside the test above held its `settle` 10 s and
+    more, until the waiter's budget was gone)."""
     from amqp_locks import fencing
 
     monkeypatch.setattr(fencing, "RENEW_AFTER", 0)  # this take renews its shard
     broker.core.run(_take_once(broker, name))
     session = _session(broker)
     settle(broker)
-    deferred = [t for t in session._tasks if qualname(t) in DEFERRED]
-    assert deferred, [qualname(t) for t in session._tasks]
-    assert not any(t.done() for t in deferred)
+    assert session.deferred, "no retirement was deferred"
+    assert session.deferred <= session._tasks
+    assert not any(t.done() for t in session.deferred)
 
 
 def test_cluster_mode_fenced_grant_opens_no_channel(amqp_url: str, name: str, wire: Wire) -> None:

@@ -976,7 +976,7 @@ def _retire_later(session: Session, k: int, g: int, *, again: bool = False) -> N
             if busy.get((k, g)) is asyncio.current_task():
                 del busy[(k, g)]
 
-    busy[(k, g)] = session.spawn(go())
+    busy[(k, g)] = session.spawn(go(), deferred=True)
 
 
 #: Per session and shard, (g, t): probes sent after monotonic time t found generation g

@@ -146,6 +146,8 @@ class Session(QueueOps):
         self._next_listener = 0
         self._init_pools()
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The tasks among them that wait on purpose (`spawn(deferred=True)`).
+        self.deferred: set[asyncio.Task[Any]] = set()
         self.creating = set()
         self._watchdog_task: asyncio.Task[None] | None = None
         self._ping_task: asyncio.Task[None] | None = None
@@ -214,11 +216,17 @@ class Session(QueueOps):
     def alive(self) -> bool:
         return self.lost_reason is None and self.conn is not None and not self.conn.is_closed
 
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        """Run a background task tied to this session (kept referenced until done)."""
+    def spawn(self, coro: Any, *, deferred: bool = False) -> asyncio.Task[Any]:
+        """Run a background task tied to this session (kept referenced until done). A
+        `deferred` one waits on purpose before it acts (a fence generation's retirement,
+        RETIRE_AFTER later) and may be dropped (a later take does its work): closing
+        cancels it at once instead of waiting for it."""
         task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if deferred:
+            self.deferred.add(task)
+            task.add_done_callback(self.deferred.discard)
         return task
 
     async def _watchdog(self) -> None:
@@ -366,8 +374,9 @@ class Session(QueueOps):
                     await asyncio.wait_for(lease.release(), 5.0)
         if self.lost_reason is None:
             self._lose(CLOSED_BY_CLIENT)
-        if self._tasks:  # let channel closes and notices started by releases finish
-            await asyncio.wait(list(self._tasks), timeout=2.0)
+        finishing = self._tasks - self.deferred
+        if finishing:  # let channel closes and notices started by releases finish
+            await asyncio.wait(finishing, timeout=2.0)
         for task in list(self._tasks):
             task.cancel()
         if self.guard is not None:

@@ -259,7 +259,10 @@ QUEUES: tuple[Queue, ...] = (
         "durable quorum, one message; generation G of one of 16 shards (`...-g<G>`)",
         "amqp_locks.fencing:fence_arguments",
         "the counter of every lock of the shard: token = 2^52 + G * 2^24 + returns + 1",
-        "until generation G+1 exists: deleted lowest first, 10 s after G+1 is made",
+        (
+            "until generation G+1 exists: deleted lowest first, 10 s after G+1 is made (left "
+            "by a process that closed sooner: 10 s after the next one finds the shard)"
+        ),
         "amqp_locks.fencing:ensure_fence",
     ),
     Queue(

@@ -7,7 +7,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from yarl import URL
@@ -85,12 +85,9 @@ def settle(broker: Broker) -> None:
     wait on purpose (`Session.deferred`: a fence generation's retirement, RETIRE_AFTER =
     10 s after a take renewed its shard, which happens now and then in a long suite)."""
 
-    def pending(session: Session) -> set[asyncio.Task[Any]]:
-        return session._tasks - session.deferred
-
     async def done() -> None:
         session = await broker.core.session()
-        while tasks := pending(session):
+        while tasks := session._tasks - session.deferred:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     broker.core.run(done())

@@ -320,9 +320,9 @@ def test_a_renewing_take_defers_the_retirement(
     broker: Broker, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A take that renews its shard leaves the old generation's retirement to a task that
-    sleeps RETIRE_AFTER, marked deferred: neither `Session.close` nor `settle` (tests)
-    waits for it (CI, stop 50: a renewal inside the test above held its `settle` 10 s and
-    more, until the waiter's budget was gone)."""
+    sleeps RETIRE_AFTER, marked deferred (`Session.close` cancels those without waiting),
+    and `settle` returns while it is pending (CI, stop 50: a renewal inside the test above
+    held its `settle` 10 s and more, until the waiter's budget was gone)."""
     from amqp_locks import fencing
 
     monkeypatch.setattr(fencing, "RENEW_AFTER", 0)  # this take renews its shard

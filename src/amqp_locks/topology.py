@@ -261,7 +261,7 @@ QUEUES: tuple[Queue, ...] = (
         "the counter of every lock of the shard: token = 2^52 + G * 2^24 + returns + 1",
         (
             "until generation G+1 exists: deleted lowest first, 10 s after G+1 is made (left "
-            "by a process that closed sooner: 10 s after the next one finds the shard)"
+            "by a process that closed sooner: 10 s after the next one finds or renews the shard)"
         ),
         "amqp_locks.fencing:ensure_fence",
     ),

@@ -102,15 +102,21 @@ def test_holders_and_wait_for_holders(broker: Broker, amqp_url: str, name: str) 
         removal = admin.remove_slots(2)  # removes 3 and 2; 2 is held
         assert removal.still_held == (2,)
         assert admin.wait_for_holders([2], timeout=0) == [2]
-        released = threading.Event()
+        releasing = threading.Event()
 
         def release_later() -> None:
+            releasing.set()
             b.release()
-            released.set()
 
-        threading.Thread(target=release_later).start()
+        releaser = threading.Thread(target=release_later)
+        releaser.start()
+        # The poll sees slot 2's B queue gone as soon as the broker deletes it, which
+        # can be before b.release() has returned on the other thread: what it proves is
+        # that the wait did not end before the release began.
         assert admin.wait_for_holders([2], timeout=30) == []
-        assert released.is_set()
+        assert releasing.is_set()
+        releaser.join(30)
+        assert not releaser.is_alive() and b.released
         assert admin.holders(beyond=5) == [1]
         a.release()
     admin.destroy()

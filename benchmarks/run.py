@@ -24,6 +24,7 @@ import logging
 import os
 import platform
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -296,6 +297,10 @@ def _with_broker(args: argparse.Namespace, body: Callable[[str, Any], None]) -> 
         if not was_running:
             _log(f"stopping private node {name!r}")
             devbroker.stop(name=name, version=line)
+            if name == NODE:
+                # Its name follows the checkout's path, so every clone made a new data
+                # folder in the cache that nothing removed (twenty after a day of CI).
+                shutil.rmtree(devbroker.node_dir(name, version=line), ignore_errors=True)
 
 
 def _report(args: argparse.Namespace, argv: list[str] | None) -> int:

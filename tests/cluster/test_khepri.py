@@ -343,7 +343,7 @@ def test_lock_held_through_a_dead_node(store: Store, kind: str, trial: int, name
     b1b = store.broker(1)
     again = k.acquire(b1b, name, 10)
     assert again is not None and again.fencing_token > new.fencing_token
-    again.release()
+    again.release(wait=True)  # confirmed: the token status below reads it back
     if kind == "token":
         st = TokenSemaphore(b1b, name).status()
         assert (st.permits, st.ready) == (1, 1)

@@ -189,7 +189,7 @@ def test_status_holders_and_audit_of_a_first_use_mutex(
         with Mutex(holder, name, timeout=10):
             mutex = Mutex(cluster_broker, name)
             assert mutex.locked()
-            record = mutex.holder()
+            record = mutex.holder(timeout=10)  # returns once the holder's bind answers
             assert record is not None and record.holder_id == "w-1"
             st = TokenAdmin(cluster_broker, quorum_mutex_name(name)).status()
             assert (st.permits, st.ready, st.held) == (1, 0, 1)

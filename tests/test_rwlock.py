@@ -111,11 +111,15 @@ def test_readers_share_and_a_writer_excludes(broker: Broker, amqp_url: str, name
 
 
 def test_with_blocks_and_lock_timeout(broker: Broker, name: str) -> None:
-    rw = ReadWriteLock(broker, name, readers=2, timeout=0.2)
-    rw.setup()  # the 0.2 s are for the waits below, not for a first use on a busy machine
+    # The holds get 10 s: a free lock's acquire takes a few round trips, which a busy
+    # machine can stretch past a short timeout. The 0.2 s is for the wait that must fail.
+    rw = ReadWriteLock(broker, name, readers=2, timeout=10)
+    rw.setup()
     with rw.write_lock as lease:
         assert lease.held
         with pytest.raises(LockTimeout), ReadWriteLock(broker, name, blocking=False).read_lock:
+            pass
+        with pytest.raises(LockTimeout), ReadWriteLock(broker, name, timeout=0.2).read_lock:
             pass
         with pytest.raises(LockError, match="already held"), rw.write_lock:
             pass
@@ -443,13 +447,13 @@ def test_holders_and_locked_name_readers_and_the_writer(amqp_url: str, name: str
         rw_a, rw_b, rw_c = (ReadWriteLock(x, name, readers=4) for x in (a, b, c))
         assert not rw_c.locked() and rw_c.holders(timeout=0.5) == []
         with rw_a.read_lock as ra, rw_b.read_lock as rb:
-            got = rw_c.holders()
+            got = rw_c.holders(timeout=10)  # returns once both answered (their binds lag)
             assert sorted(r.holder_id or "" for r in got) == ["reader-a", "reader-b"]
             assert {r.number for r in got} == {ra.number, rb.number}
             assert all(r.kind == "rwlock" and r.pid == os.getpid() for r in got)
             assert rw_c.locked()
         with rw_c.write_lock as wl:
-            got = rw_a.holders()
+            got = rw_a.holders(timeout=10)
             assert [(r.holder_id, r.number, r.fencing_token) for r in got] == [
                 ("writer", 0, wl.fencing_token)
             ]
@@ -466,7 +470,7 @@ def test_aio_holders_of_a_read_write_lock(amqp_url: str, name: str) -> None:
             assert await rw.setup() == 2
             async with rw.read_lock as lease:
                 assert await rw.locked()
-                got = await rw.holders()
+                got = await rw.holders(timeout=10)  # the record's bind lags the grant
                 assert [r.holder_id for r in got] == ["aio-reader"]
                 st = await rw.status()
                 assert st is not None and st.readers == 2

@@ -51,7 +51,8 @@ def test_status_and_holders_in_cluster_mode(nodes: Nodes, name: str) -> None:
     SemaphoreAdmin(b2, name).create(3)
     held = Mutex(b1, name).acquire()
     with PersistentSemaphore(b1, name) as slot:
-        record = Mutex(b2, name).holder()
+        # A read returns once the holder answered; its record's bind lags the grant.
+        record = Mutex(b2, name).holder(timeout=10)
         assert record is not None and record.holder_id == "worker-7" and record.kind == "mutex"
         sem = PersistentSemaphore(b2, name)
         assert sem.locked() and [r.number for r in sem.holders()] == [slot.number]

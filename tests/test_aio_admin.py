@@ -83,7 +83,10 @@ def test_aio_admin_calls_run_concurrently_without_threads(amqp_url: str, name: s
             assert r1 - r0 >= 1.5 and w1 - w0 >= 1.5, spans
             assert abs(r1 - w1) < 1.5, spans
             assert beat.most_threads == before, "an admin call ran on a worker thread"
-            assert beat.longest_gap < 0.5 and beat.ticks >= 30
+            # A call that blocked the loop would stop the 20 ms ticks for its whole 1.5 s;
+            # a loaded machine only delays them (scheduling, not the library), so the
+            # bounds leave room for that and stay well short of a blocked loop.
+            assert beat.longest_gap < 1.0 and beat.ticks >= 10, (beat.longest_gap, beat.ticks)
             await permit.release()
             await slot.release()
             assert await slots.wait_for_holders([1], timeout=10) == []

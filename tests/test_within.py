@@ -13,6 +13,9 @@ from amqp_locks.transport import shield
 from amqp_locks.transport.shield import CUT_GRACE, CUT_SETTLE, shielded, within
 
 T = 0.2
+#: Scheduling on a loaded machine (the timers' wake-ups, the GIL) past the promised bound;
+#: a hung wait overruns it by far more.
+JITTER = 1.0
 
 
 class Grant:
@@ -55,7 +58,7 @@ def test_an_unanswered_wait_is_cut_and_a_late_grant_undone() -> None:
         start = time.monotonic()
         assert await within(grant.wait(), T, grant.undo) is None
         took = time.monotonic() - start
-        assert T + CUT_GRACE <= took < T + CUT_GRACE + CUT_SETTLE + 0.1
+        assert T + CUT_GRACE <= took < T + CUT_GRACE + CUT_SETTLE + JITTER
         assert grant.undone == []  # nothing granted yet
         grant.answer.set()  # the answer arrives after the caller was told None
         await asyncio.wait_for(grant.was_undone.wait(), 5)
@@ -84,7 +87,7 @@ def test_a_wait_whose_cancellation_hangs_is_left_behind_within_the_bound() -> No
 
         start = time.monotonic()
         assert await within(stubborn(), T, undo) is None
-        assert time.monotonic() - start < T + CUT_GRACE + CUT_SETTLE + 0.1
+        assert time.monotonic() - start < T + CUT_GRACE + CUT_SETTLE + JITTER
         assert shield._background  # still running, kept referenced
         release.set()
         await asyncio.wait_for(was_undone.wait(), 5)

@@ -16,17 +16,19 @@ def test_semaphore_admin_commands(cli: Cli, name: str) -> None:
         ["semaphore", "holders", name],
         ["semaphore", "create", name, "0"],
     )
-    assert none.stdout == "0\n"
+    assert none.stdout == "0\n", none.stderr
     assert missing.returncode == 65 and missing.stderr.count("\n") == 1
     assert bad.returncode == 64
 
-    assert cli.run("semaphore", "create", name, "2").stdout == "2\n"
+    created = cli.run("semaphore", "create", name, "2")
+    assert created.stdout == "2\n", (created.returncode, created.stderr)
     again, conflict = cli.run_many(
         ["semaphore", "create", name, "2"], ["semaphore", "create", name, "5"]
     )
     assert again.returncode == 0  # idempotent
     assert conflict.returncode == 65 and "already" in conflict.stderr
-    assert cli.run("semaphore", "add", name, "2").stdout == "4\n"
+    added = cli.run("semaphore", "add", name, "2")
+    assert added.stdout == "4\n", (added.returncode, added.stderr)
 
     holder = cli.start("run", name, "--kind", "semaphore", "-c", "echo ready; exec sleep 60")
     holder.expect("ready")
@@ -50,9 +52,10 @@ def test_semaphore_admin_commands(cli: Cli, name: str) -> None:
 def test_token_admin_commands(cli: Cli, name: str) -> None:
     missing, setup = cli.run_many(["token", "status", name], ["token", "setup", name + "x", "2"])
     assert missing.returncode == 65
-    assert setup.stdout == "2\n"
+    assert setup.stdout == "2\n", setup.stderr
     name = name + "x"
-    assert cli.run("token", "add", name, "1").stdout == "3\n"
+    added = cli.run("token", "add", name, "1")
+    assert added.stdout == "3\n", (added.returncode, added.stderr)
     audit = cli.run("token", "audit", name, "--timeout", "0.2", "--json")
     assert audit.returncode == 0 and json.loads(audit.stdout)["seen"] == [1, 2, 3]
     assert cli.run("token", "remove", name, "2", "--timeout", "5").stdout.split() == ["1", "2"]

@@ -131,12 +131,20 @@ class LeaseState(HeldState):
                 # The confirm is not waited for: the sentinel only has to be there by the
                 # time we might die, and our own consumer takes it either way.
                 session.spawn(_publish_quietly(ch, queue, str(self.number).encode()))
-                if self.released:  # released meanwhile: do not keep it
+                if self.released and self._sentinel_ch is ch:
+                    # Released meanwhile, and `_drop_sentinel` has not run yet (the release
+                    # is awaiting its delete): take the channel from it and close it here.
+                    # Closing it while leaving it set made the release recycle it too: a
+                    # closing channel in the ready pool, and the next lease that took it as
+                    # its watch channel was lost at once (CLI admin commands under load).
+                    self._sentinel_ch = self._sentinel_tag = self._sentinel_consumer = None
                     session.spawn(close_quietly(ch))
                 return
             except Exception as exc:
                 session.sentinels_declared.discard(queue)  # expired? declare next time
                 if ch is not None:
+                    if self._sentinel_ch is ch:
+                        self._sentinel_ch = None
                     session.spawn(close_quietly(ch))
                 if attempt or not session.alive:
                     log.debug("no sentinel for %r (%s): waiters poll after a crash", self.name, exc)

@@ -19,7 +19,7 @@ from yarl import URL
 from ..errors import AmqpLocksError, ConnectionLost
 from .aiormq_compat import ChannelNumbers, open_numbered
 from .errors import censor, channel_error
-from .shield import close_quietly
+from .shield import close_quietly, closing
 
 log = logging.getLogger("amqp_locks.transport")
 
@@ -180,16 +180,18 @@ class ChannelPools:
 
     def _keep(self, pool: list[AbstractChannel], ch: AbstractChannel, size: int) -> None:
         """Put a clean channel in `pool` (at most `size`); close it if the pool is full."""
-        if self.alive and not ch.is_closed and len(pool) < size:
+        if closing(ch):  # a close begun elsewhere: never handed out again
+            return
+        if self.alive and len(pool) < size:
             pool.append(ch)
-        elif not ch.is_closed and self.alive:
+        elif self.alive:
             self.spawn(close_quietly(ch))
 
     @contextlib.asynccontextmanager
     async def channel(self) -> AsyncIterator[AbstractChannel]:
         """A pooled channel; one broken by an error is dropped, never reused."""
         ch = self._idle.pop() if self._idle else await self.open_channel()
-        while ch.is_closed:
+        while closing(ch):
             ch = self._idle.pop() if self._idle else await self.open_channel()
         try:
             yield ch
@@ -200,7 +202,7 @@ class ChannelPools:
                 self.spawn(close_quietly(ch))
             self._refill(self._idle, CALL_SPARES, self.open_channel)
             raise
-        if not ch.is_closed and self.alive:
+        if not closing(ch) and self.alive:
             self._idle.append(ch)
 
     async def call(self, queue: str | None, op: Callable[[AbstractChannel], Any]) -> Any:
@@ -222,6 +224,6 @@ def _take_open(pool: list[AbstractChannel]) -> AbstractChannel | None:
     """The newest channel of `pool` still open (closed ones are dropped), or None."""
     while pool:
         ch = pool.pop()
-        if not ch.is_closed:
+        if not closing(ch):
             return ch
     return None

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -50,9 +51,20 @@ async def _quietly(aw: Awaitable[Any]) -> None:
         log.debug("undo after cancellation failed", exc_info=True)
 
 
+#: Channels `close_quietly` has begun to close. aiormq says a channel is closed only once
+#: the broker's close-ok arrives; the session's pools never hand out one of these.
+_closing: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def closing(ch: Any) -> bool:
+    """Whether `ch` is closed or its close has begun (never to be used again)."""
+    return bool(ch.is_closed) or ch in _closing
+
+
 async def close_quietly(ch: Any) -> None:
     """Close a channel whatever state it is in (the usual `undo`): what it holds unacked
     goes back to its queues, and a channel already closed or broken is no error."""
+    _closing.add(ch)
     with contextlib.suppress(Exception):
         await ch.close()
 

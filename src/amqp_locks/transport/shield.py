@@ -61,10 +61,16 @@ def closing(ch: Any) -> bool:
     return bool(ch.is_closed) or ch in _closing
 
 
-async def close_quietly(ch: Any) -> None:
+def close_quietly(ch: Any) -> Coroutine[Any, Any, None]:
     """Close a channel whatever state it is in (the usual `undo`): what it holds unacked
-    goes back to its queues, and a channel already closed or broken is no error."""
+    goes back to its queues, and a channel already closed or broken is no error. The
+    channel counts as closing from this call on, not from when a spawned close first runs:
+    no pool can take it in between."""
     _closing.add(ch)
+    return _close(ch)
+
+
+async def _close(ch: Any) -> None:
     with contextlib.suppress(Exception):
         await ch.close()
 

@@ -158,7 +158,10 @@ class HeldState:
         raise :class:`ReleaseUnconfirmed` when it could not. What counts as the broker's
         word: the held queue's delete-ok (mutex, persistent semaphore), the commit-ok of a
         token's transaction (fencing on), else the answer to a method sent after the
-        release on the channel that held the lock (:func:`release_barrier`).
+        release on the channel that held the lock (:func:`release_barrier`). On a quorum
+        queue none of these waits for the queue to apply the token's return (a Raft
+        command, applied a commit later): another client's read can lag by that commit
+        (docs/operations.md, "Releasing and closing").
 
         Called again after a plain ``release()``, it waits for that release's work and
         reports its failure, but adds no round trip."""

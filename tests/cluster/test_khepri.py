@@ -343,8 +343,13 @@ def test_lock_held_through_a_dead_node(store: Store, kind: str, trial: int, name
     b1b = store.broker(1)
     again = k.acquire(b1b, name, 10)
     assert again is not None and again.fencing_token > new.fencing_token
-    again.release(wait=True)  # confirmed: the token status below reads it back
+    again.release(wait=True)  # confirmed; the queue applies the return a commit later
     if kind == "token":
+
+        def token_back() -> bool:
+            return TokenSemaphore(b1b, name).status().ready == 1
+
+        wait_until(token_back, 10, "the token back in the status")
         st = TokenSemaphore(b1b, name).status()
         assert (st.permits, st.ready) == (1, 1)
         assert TokenSemaphore(b1b, name).audit(timeout=5).ok

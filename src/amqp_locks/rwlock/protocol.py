@@ -225,6 +225,8 @@ async def _give_back(session: Session, box: _Inbox, confirm: bool = False) -> st
         # what it holds and answers close-ok after it has. A reject and a round trip on
         # the channel are not enough: the queue may answer another client's passive
         # declare (prioritised in RabbitMQ's queue process) before it handles the reject.
+        # A quorum queue is not asked: it applies the return a Raft commit after the
+        # close-ok (docs/operations.md, "Releasing and closing").
         try:
             await ch.close()
         except Exception as exc:

@@ -30,7 +30,7 @@ import aiormq
 import pytest
 from yarl import URL
 
-from amqp_locks import Broker, SemaphoreAdmin
+from amqp_locks import Broker, Mutex, SemaphoreAdmin
 from amqp_locks.errors import AmqpLocksError, FenceMissing
 from amqp_locks.names import (
     FENCE_SHARDS,
@@ -825,3 +825,48 @@ def test_a_retire_drops_the_tombstone_a_dead_retire_left_below_the_run(
         # 1 itself waits RETIRE_AFTER: the second had only just seen its tombstone.
         kept = [fence_generation(k, 1), fence_generation(k, 2)]
         assert set(_existing(amqp_url, kept)) == set(kept)
+
+
+def _marker_member(node: devbroker.NodeInfo, k: int, action: str) -> None:
+    """Stop or restart (`action`: ``stop_server``/``restart_server``) the Raft member of
+    shard `k`'s marker on this one-node broker: the queue's record stays, as while a
+    genesis's marker is starting (its record written, its member not yet running)."""
+    lookup = (
+        f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, '
+        f'<<"{fence_marker(k)}">>))'
+    )
+    out = devbroker.rabbitmqctl(
+        node, "eval", f"{lookup}, ra:{action}(quorum_queues, amqqueue:get_pid(Q))."
+    )
+    assert out.strip() == "ok", out
+
+
+def test_a_cold_take_beside_a_marker_not_running_keeps_the_connection(
+    node: devbroker.NodeInfo, amqp_url: str, name: str
+) -> None:
+    """A marker a genesis just declared has its record before its Raft member runs: a
+    ``basic.get`` of its hints then makes the broker close the reader's whole connection
+    (541 "Cannot get a message ...: noproc": CI rehearsal 62, 3.10.8, the next client after
+    a genesis cut after its marker's declaration), and every lease on it. With the marker's
+    member stopped (the same state, held for the test), a connection that holds a lease of
+    another shard makes its first fenced grant of this shard: granted, above the shard's
+    earlier token, and the other lease is still held."""
+    k = fence_shard_index(name)
+    other = next(f"{name}-{i}" for i in range(100) if fence_shard_index(f"{name}-{i}") != k)
+    with Broker(amqp_url) as b:
+        before = _take(b, name)  # the shard and its marker exist, with a hint
+    _marker_member(node, k, "stop_server")
+    try:
+        with Broker(amqp_url, heartbeat=10.0) as b:
+            held = Mutex(b, other).acquire(timeout=30)
+            assert held is not None
+            lease = Mutex(b, name).acquire(timeout=30)  # a cold search of shard k
+            assert lease is not None and lease.fencing_token > before
+            assert held.held and held.lost_reason is None, held.lost_reason
+            assert held.verify() and lease.verify()
+            lease.release(wait=True)
+            held.release(wait=True)
+    finally:
+        _marker_member(node, k, "restart_server")
+    with Broker(amqp_url) as b:  # the restarted marker is read again
+        assert _take(b, name) > before

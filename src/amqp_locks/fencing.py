@@ -64,10 +64,12 @@ when active clients have moved past it, and searches start from the newest (belo
 **Finding the current generation.** A process keeps the newest G it saw per shard
 (``Session.fence_gens``). A client with none reads the marker's hints first (every
 creation write ends with a publish of its number to the marker, which keeps the newest
-HINTS_KEPT), probes FIRST_WINDOW names from the highest (else from 0) in one round trip,
-and asks whether the marker exists (a passive declare: a probe would be a message,
-pushing the marker's hints out); if nothing is found and the marker exists, it reads the
-hints again and probes SCAN_WINDOW names a round trip from there.
+HINTS_KEPT; read once a passive declare shows one, since a get or consume on a marker
+still starting closes the connection, 541), probes FIRST_WINDOW names from the highest
+(else from 0) in one round trip, and asks whether the marker exists (a passive declare:
+a probe would be a message, pushing the marker's hints out); if nothing is found and the
+marker exists, it reads the hints again and probes SCAN_WINDOW names a round trip from
+there.
 
 **Never touching a generation being deleted.** RabbitMQ closes the whole connection of a
 client that publishes to a quorum queue while it is deleted: 3.10.8 with 541 (40 of 40
@@ -203,8 +205,9 @@ HEAL_AFTER = 5.0
 HINTS_KEPT = 4
 #: Tries to read the marker's hints while other readers hold them (about 1 s in all).
 HINT_TRIES = 10
-#: In cluster mode (hints read by a consumer): the longest wait for them, and how long
-#: after the last one the burst counts as complete.
+#: The longest wait for the marker to show a hint before it is read (a marker just made
+#: may be starting: :func:`_read_hint`); in cluster mode (hints read by a consumer) also
+#: the longest wait for them, HINT_QUIET how long after the last the burst is complete.
 HINT_WAIT = 1.0
 HINT_QUIET = 0.05
 #: How long after making the next generation the old one is deleted (module docstring).
@@ -791,6 +794,15 @@ async def _read_hint(session: Session, k: int) -> int | None:
     other readers for a few tries): every hint taken on one channel, then returned by
     closing it."""
     marker = fence_marker(k)
+    try:
+        # A marker a genesis just declared may be starting: a get or a consume before its
+        # Raft member runs closes the whole connection, with every lease on it (541
+        # noproc: a consume, and a basic.get, "Cannot get a message ...: noproc", in CI
+        # rehearsal 62 on 3.10.8). One with no hint has nothing to read.
+        if not await session.wait_running(marker, HINT_WAIT):
+            return None
+    except (QueueNotFound, ResourceLocked):
+        return None  # missing, or another's stand-in (405)
     if session.cluster:
         return await _read_hint_pushed(session, marker)
     for attempt in range(HINT_TRIES):
@@ -832,13 +844,6 @@ async def _read_hint_pushed(session: Session, marker: str) -> int | None:
             seen.append(int(text))
         arrived.set()
 
-    try:
-        # A marker just made by a genesis may be starting: a consume would close the
-        # connection (541 noproc, seen on 3.10.8). One with no hint has nothing to read.
-        if not await session.wait_running(marker, HINT_WAIT):
-            return None
-    except (QueueNotFound, ResourceLocked):
-        return None  # missing, or another's stand-in (405)
     ch = await session.open_channel()
     try:
         await consume_unacked(ch, marker, on_message, prefetch=HINTS_KEPT * 2)

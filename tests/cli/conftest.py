@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "AMQP_URL"}
     src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
     env["PYTHONPATH"] = os.path.abspath(src) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONFAULTHANDLER"] = "1"  # a child killed by SIGABRT prints every thread's stack
     env.update(extra)
     return env
 
@@ -67,8 +70,22 @@ class Proc:
                 return line
 
     def finish(self, timeout: float = 30.0) -> tuple[int, str, str]:
-        """Wait for the exit and for EOF on both streams: (status, stdout, stderr)."""
-        rc = self.popen.wait(timeout)
+        """Wait for the exit and for EOF on both streams: (status, stdout, stderr). One that
+        does not exit in time fails with its stderr and every thread's stack (SIGABRT:
+        faulthandler, on in :func:`child_env`), so a hang says where it hung."""
+        try:
+            rc = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(10)
+            for t in self.pumps:
+                t.join(5)
+            err = "\n".join(self.err)
+            raise AssertionError(
+                f"{self.popen.args} did not exit within {timeout}s; its stderr, then its "
+                f"threads' stacks (SIGABRT):\n{err}"
+            ) from None
         for t in self.pumps:
             t.join(5)
         return rc, "\n".join(self.out), "\n".join(self.err)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, Protocol
 
-from . import events
+from . import events, signals
 from .errors import ConfigurationError, KeepAliveTimeout, LockerStopped
 from .lockers.base import Locker
 from .signals import handlers
@@ -258,7 +258,7 @@ class LockableService:
         self._wake.set()
         self.locker.interrupt()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            signals.join(self._thread, timeout)
 
     # --- mastership -------------------------------------------------------------------------
 
@@ -298,7 +298,7 @@ class LockableService:
                 break
         unwatch()
         stop_work.set()
-        worker.join(self.work_stop_timeout)
+        signals.join(worker, self.work_stop_timeout)
         if worker.is_alive():
             log.warning("work did not stop within %.1fs of its stop event", self.work_stop_timeout)
         if demoted:
@@ -323,7 +323,7 @@ class LockableService:
         too) or the locker's alarm; True if stop or the end happened."""
         if self._stop.is_set():
             return True
-        self._wake.wait(timeout)
+        signals.wait_event(self._wake, timeout)  # run() in the main thread sees signals
         self._wake.clear()
         return self._stop.is_set()
 
@@ -345,7 +345,7 @@ class LockableService:
         if self.keep_alive_timeout is not None and math.isfinite(self.keep_alive_timeout):
             limits.append(self._pending_since + self.keep_alive_timeout - now)
         try:
-            ok = call.result(max(0.0, min(limits)) if limits else None)
+            ok = signals.result(call, max(0.0, min(limits)) if limits else None)
         except concurrent.futures.TimeoutError:
             if deadline is not None and time.monotonic() >= deadline:
                 events.emit(events.keep_alive(self.locker, self._pending_since, None))
@@ -404,6 +404,6 @@ class LockableService:
         stop_work = threading.Event()
         worker = threading.Thread(target=self._work_thread, args=(stop_work,), daemon=True)
         worker.start()
-        self._stop.wait()
+        signals.wait_event(self._stop)
         stop_work.set()
-        worker.join(self.work_stop_timeout)
+        signals.join(worker, self.work_stop_timeout)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import pytest
@@ -28,6 +29,36 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONFAULTHANDLER"] = "1"  # a child killed by SIGABRT prints every thread's stack
     env.update(extra)
     return env
+
+
+#: tgkill(2)'s number, by machine (the stdlib sends thread-directed signals to its own
+#: process's threads only).
+_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def signal_a_thread(pid: int, sig: int) -> int:
+    """Send `sig` to one thread of process `pid` other than its main thread, one that does
+    not block it (as the kernel may hand a signal sent to the process to such a thread when
+    the main thread cannot take it at once); returns that thread's id. The way to show that a
+    program acts on a signal whichever of its threads the kernel gives it to."""
+    import ctypes
+
+    number = _TGKILL.get(os.uname().machine)
+    if number is None:
+        pytest.skip(f"tgkill's number on {os.uname().machine} is not known here")
+    bit = 1 << (sig - 1)
+    for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task")):
+        if tid == pid:
+            continue
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        line = next(x for x in status.splitlines() if x.startswith("SigBlk:"))
+        blocked = int(line.split()[1], 16)
+        if not blocked & bit:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.syscall(number, pid, tid, sig) != 0:
+                raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {sig})")
+            return tid
+    raise AssertionError(f"process {pid} has no thread besides its main one that takes {sig}")
 
 
 @dataclass

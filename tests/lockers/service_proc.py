@@ -11,7 +11,7 @@ from amqp_locks import AmqpLocker, Broker, LockableService
 from amqp_locks.service import State
 
 
-def main(url: str, name: str) -> int:
+def main(url: str, name: str, period: float = 0.0) -> int:
     def work(stop: threading.Event) -> None:
         stop.wait()
         print("work saw stop", flush=True)
@@ -21,7 +21,7 @@ def main(url: str, name: str) -> int:
 
     with Broker(url) as broker:
         locker = AmqpLocker(broker, name, lock_acquire_sleep_interval=0.2)
-        service = LockableService(locker, work, on_state=on_state)
+        service = LockableService(locker, work, on_state=on_state, lock_keep_alive_period=period)
         service.run()
         signum = service.signal_received
         print(f"run returned, signal {signum.name if signum else None}", flush=True)
@@ -29,4 +29,4 @@ def main(url: str, name: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1], sys.argv[2], *(float(a) for a in sys.argv[3:4])))

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from .. import signals
 from ..errors import ConfigurationError
 from ..extras import require_database
 from ..lockers.amqp import AmqpLocker
@@ -311,7 +312,9 @@ def elect(
     old.update({s: signal.signal(s, election.forward) for s in FORWARDED})
     try:
         thread.start()
-        thread.join()
+        # In slices: SIGTERM taken by one of the service's threads runs request_stop only
+        # once this thread returns to Python (amqp_locks.signals).
+        signals.join(thread)
     finally:
         election.line.stop()
         for s, h in old.items():

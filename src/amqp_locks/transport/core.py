@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from yarl import URL
 
-from .. import events
+from .. import events, signals
 from ..errors import (
     AccessRefused,
     AmqpLocksError,
@@ -283,7 +283,7 @@ class BrokerCore:
         the coroutine, which undoes any half-made grant before it finishes; an operation
         that close() ended raises BrokerClosed (never an internal CancelledError)."""
         try:
-            return fut.result()
+            return signals.result(fut)  # in slices: a Ctrl-C taken by another thread
         except BaseException as exc:
             if not fut.done():
                 fut.cancel()

@@ -36,29 +36,42 @@ def child_env(**extra: str) -> dict[str, str]:
 _TGKILL = {"x86_64": 234, "aarch64": 131}
 
 
-def signal_a_thread(pid: int, sig: int) -> int:
+def signal_a_thread(pid: int, sig: int, timeout: float = 10.0) -> int:
     """Send `sig` to one thread of process `pid` other than its main thread, one that does
     not block it (as the kernel may hand a signal sent to the process to such a thread when
-    the main thread cannot take it at once); returns that thread's id. The way to show that a
-    program acts on a signal whichever of its threads the kernel gives it to."""
+    the main thread cannot take it at once); returns that thread's id. Waits up to `timeout`
+    for such a thread (one the program is about to start: a service says "master" before
+    its work thread runs). The way to show that a program acts on a signal whichever of its
+    threads the kernel gives it to."""
     import ctypes
+    import errno
 
     number = _TGKILL.get(os.uname().machine)
     if number is None:
         pytest.skip(f"tgkill's number on {os.uname().machine} is not known here")
+    libc = ctypes.CDLL(None, use_errno=True)
     bit = 1 << (sig - 1)
-    for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task")):
-        if tid == pid:
-            continue
-        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        line = next(x for x in status.splitlines() if x.startswith("SigBlk:"))
-        blocked = int(line.split()[1], 16)
-        if not blocked & bit:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.syscall(number, pid, tid, sig) != 0:
+    deadline = time.monotonic() + timeout
+    while True:
+        for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task")):
+            if tid == pid:
+                continue
+            try:
+                status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            except FileNotFoundError:
+                continue  # it ended meanwhile
+            line = next(x for x in status.splitlines() if x.startswith("SigBlk:"))
+            if int(line.split()[1], 16) & bit:
+                continue
+            if libc.syscall(number, pid, tid, sig) == 0:
+                return tid
+            if ctypes.get_errno() != errno.ESRCH:  # ESRCH: it ended meanwhile
                 raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {sig})")
-            return tid
-    raise AssertionError(f"process {pid} has no thread besides its main one that takes {sig}")
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"process {pid} has no thread besides its main one that takes {sig}"
+            )
+        time.sleep(0.02)
 
 
 @dataclass

@@ -19,6 +19,8 @@ import pytest
 
 from amqp_locks_dev import devbroker
 
+from .. import waiting
+
 CMD = [sys.executable, "-m", "amqp_locks.cli"]
 
 
@@ -51,8 +53,8 @@ def signal_a_thread(pid: int, sig: int, timeout: float = 10.0) -> int:
         pytest.skip(f"tgkill's number on {os.uname().machine} is not known here")
     libc = ctypes.CDLL(None, use_errno=True)
     bit = 1 << (sig - 1)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def signal_one() -> int | None:
         for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task")):
             if tid == pid:
                 continue
@@ -67,11 +69,15 @@ def signal_a_thread(pid: int, sig: int, timeout: float = 10.0) -> int:
                 return tid
             if ctypes.get_errno() != errno.ESRCH:  # ESRCH: it ended meanwhile
                 raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {sig})")
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"process {pid} has no thread besides its main one that takes {sig}"
-            )
-        time.sleep(0.02)
+        return None
+
+    tid: int = waiting.wait_until(
+        signal_one,
+        timeout,
+        f"a thread of process {pid} besides its main one that takes {sig}",
+        step=0.02,
+    )
+    return tid
 
 
 @dataclass

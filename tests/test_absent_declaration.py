@@ -1,4 +1,4 @@
-"""`transport.queue_ops.while_absent`: a declaration the broker answered 404 "absent" (its
+"""`transport.absent.while_absent`: a declaration the broker answered 404 "absent" (its
 record caught half written by a concurrent creation) is asked again, within a bound.
 
 Pure logic, so the declaration is a stand-in; the race itself is met on a real broker by
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from amqp_locks.errors import PreconditionFailed, QueueNotFound
-from amqp_locks.transport import queue_ops
-from amqp_locks.transport.queue_ops import while_absent
+from amqp_locks.transport import absent
+from amqp_locks.transport.absent import while_absent
 
 ABSENT = (
     "404 NOT_FOUND (queue 'q'): home node 'n@h' of durable queue 'q' in vhost '/' "
@@ -62,7 +62,7 @@ def test_another_refusal_is_not_asked_again() -> None:
 
 def test_a_queue_absent_for_good_raises_after_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """A home node really down: QueueNotFound naming the queue, once ABSENT_WAIT passed."""
-    monkeypatch.setattr(queue_ops, "ABSENT_WAIT", 0.3)
+    monkeypatch.setattr(absent, "ABSENT_WAIT", 0.3)
     declaration = Declaration(absent=10**6)
     started = time.monotonic()
     with pytest.raises(QueueNotFound, match="down or inaccessible") as caught:

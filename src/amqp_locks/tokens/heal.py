@@ -78,6 +78,7 @@ from typing import Any
 from ..errors import ConnectionLost, QueueNotFound
 from ..names import token_queue, token_waiting_queue
 from ..stamps import is_stamp, permits_of
+from ..transport.absent import while_absent
 from ..transport.channel_ops import declare_and_hold
 from ..transport.features import HELPER_EXPIRES_MS, broker_version
 from ..transport.session import Session
@@ -229,15 +230,20 @@ def token_plan(session: Session, name: str) -> Plan:
 
 
 async def _register(session: Session, queue: str) -> AbstractChannel:
-    """Consume from the waiting queue `queue` on a channel of our own (declared first)."""
-    ch = await session.open_channel()
-    try:
-        await declare_and_hold(ch, queue, **WAITING_QUEUE)  # nobody publishes there
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await ch.close()
-        raise
-    return ch
+    """Consume from the waiting queue `queue` on a channel of our own (declared first;
+    other waiters declare it at the same time: transport/absent.py)."""
+
+    async def attempt() -> AbstractChannel:
+        ch = await session.open_channel()
+        try:
+            await declare_and_hold(ch, queue, **WAITING_QUEUE)  # nobody publishes there
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await ch.close()
+            raise
+        return ch
+
+    return await while_absent(queue, attempt)
 
 
 async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]) -> None:

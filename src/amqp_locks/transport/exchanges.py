@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import QueueNotFound
+from .absent import while_absent
 from .channel_ops import declare_and_hold
 from .channel_pools import CHANNEL_ERRORS
 from .errors import channel_error
@@ -101,10 +102,14 @@ async def consume_on_own_channel(
     """Declare the durable `queue` and consume it (no ack, no message expected) on a
     channel of its own: the caller keeps the channel, and the consumer, open while it
     needs the queue used (an expiring queue lives as long)."""
-    ch = await session.open_channel()
-    try:
-        await declare_and_hold(ch, queue, durable=True, arguments=arguments)
-    except CHANNEL_ERRORS as exc:
-        await close_quietly(ch)
-        raise channel_error(exc, queue) from exc
-    return ch
+
+    async def attempt() -> AbstractChannel:
+        ch = await session.open_channel()
+        try:
+            await declare_and_hold(ch, queue, durable=True, arguments=arguments)
+        except CHANNEL_ERRORS as exc:
+            await close_quietly(ch)
+            raise channel_error(exc, queue) from exc
+        return ch
+
+    return await while_absent(queue, attempt)  # racers: absent.py

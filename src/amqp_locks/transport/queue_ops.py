@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import aiormq.exceptions as ex
 from aiormq.abc import AbstractChannel
@@ -25,6 +24,7 @@ from ..errors import (
     QueueNotFound,
     ResourceLocked,
 )
+from .absent import while_absent
 from .aiormq_compat import forget_returns, write_confirmed
 from .channel_pools import ChannelPools
 from .line_args import (
@@ -39,14 +39,8 @@ from .line_args import (
 )
 from .refusals import invalid_arg
 
-log = logging.getLogger("amqp_locks.transport")
-T = TypeVar("T")
-
 #: How often :meth:`QueueOps.wait_running` asks (s).
 RUNNING_POLL = 0.02
-#: How long a declaration the broker answered with 404 is tried again (s): see
-#: :func:`while_absent`.
-ABSENT_WAIT = 2.0
 
 
 class QueueOps(ChannelPools):
@@ -353,31 +347,6 @@ class QueueOps(ChannelPools):
 
 #: Probe message ids, unique in the process (a return is matched to its probe by its id).
 _probe_ids = itertools.count()
-
-
-async def while_absent(queue: str, declaration: Callable[[], Awaitable[T]]) -> T:
-    """Run the (non-passive) `declaration` of `queue`, again while the broker answers
-    404 "absent", for at most :data:`ABSENT_WAIT` seconds. A declaration makes a
-    missing queue, so its 404 means the queue's record was caught half written: the
-    channel looks the queue up by two dirty reads, the live table and then the durable
-    one (``rabbit_amqqueue:not_found_or_absent_dirty``, read in 3.10.8, 4.0.5 and
-    4.3.4: "the chances of an inconsistency are small, and only affect the error
-    kind"), and a creation (or delete) committed between them reads as "home node ...
-    of durable queue ... is down or inaccessible". Seen once, in CI on 4.0.5: one of 4
-    clients racing to make a first-use token queue got it (not reproduced by 4,000 raw
-    racing declarations on an idle node). Asked again, the
-    declaration finds the queue made (406 to a loser of the test-and-set) or makes it.
-    A queue whose home node is really down (a classic queue in a cluster) still
-    raises QueueNotFound, naming it, after :data:`ABSENT_WAIT`."""
-    deadline = time.monotonic() + ABSENT_WAIT
-    while True:
-        try:
-            return await declaration()
-        except QueueNotFound as exc:
-            if time.monotonic() >= deadline:
-                raise
-            log.debug("declaring %r: %s; asking again", queue, exc)
-        await asyncio.sleep(RUNNING_POLL)
 
 
 async def bulk_probe(ch: AbstractChannel, queues: Sequence[str]) -> list[bool]:

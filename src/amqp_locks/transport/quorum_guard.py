@@ -72,6 +72,7 @@ from pamqp.commands import Basic
 
 from ..errors import AccessRefused, BrokerUnreachable, ConfigurationError
 from ..names import standalone_queue
+from .absent import while_absent
 from .aiormq_compat import close_reason, route_gets, send_together
 from .errors import censor, channel_error
 from .ports import Link
@@ -569,10 +570,14 @@ class QuorumGuard:
             link = self._link
             if ch is not None and not ch.is_closed and link is not None and link.alive:
                 return ch
-            link = await self._probe_link()
-            ch = await link.open_channel()
-            await self._declare(ch)
-            self._channel = ch
+
+            async def attempt() -> AbstractChannel:
+                link = await self._probe_link()
+                ch = await link.open_channel()
+                await self._declare(ch)  # every client's guard declares it: absent.py
+                return ch
+
+            ch = self._channel = await while_absent(self._queue, attempt)
             return ch
 
     async def _probe_link(self) -> Link:

@@ -22,7 +22,7 @@ ABSENT = (
 
 
 class Declaration:
-    """Answers 404 for its first `absent` calls, then `result` (or raises `then`)."""
+    """Answers 404 for its first `absent` calls, then "declared" (or raises `then`)."""
 
     def __init__(self, absent: int, then: BaseException | None = None) -> None:
         self.absent = absent

@@ -597,6 +597,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             "nodes": [n.node for n in mc.nodes],
             "urls": mc.urls,
         }
+        mc.watch_node_down(1, 2)
         cut_at = time.time()
         mc.cut_link(1, 2)
         figures["detected_s"] = round(mc.wait_node_down(1, 2) - cut_at, 2)

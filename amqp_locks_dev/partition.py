@@ -345,6 +345,11 @@ def _spawn_epmd(argv: Sequence[str]) -> subprocess.Popen[bytes]:
     )
 
 
+def _watcher(index: int) -> str:
+    """A node's registered watcher for node `index` (ClusterNodes.watch_node_down)."""
+    return f"amqp_locks_watch_{index}"
+
+
 @dataclass
 class ClusterNodes:
     """What a harness's started nodes answer (shared with :mod:`~amqp_locks_dev.mesh`):
@@ -360,6 +365,8 @@ class ClusterNodes:
     _epmds: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _clients: list[subprocess.Popen[Any]] = field(default_factory=list)
     _torn_down: bool = False
+    #: (observer, index) pairs with a watcher armed and not yet read (:meth:`watch_node_down`).
+    _watched: set[tuple[int, int]] = field(default_factory=set)
 
     def _start(self, wait: float) -> None:
         raise NotImplementedError
@@ -431,21 +438,49 @@ class ClusterNodes:
         """The nodes `observer` reports running (``cluster_status``)."""
         return devcluster.members(self.node(observer))[1]
 
+    def watch_node_down(self, observer: int, index: int, timeout: float = 60) -> None:
+        """Start a watcher on node `observer` that notes when it sees node `index` go down
+        (the Erlang kernel's ``nodedown``, by ``net_kernel:monitor_nodes``), for
+        :meth:`wait_node_down` to read. Arm it before a cut: a ``rabbitmqctl`` started
+        after the cut on a loaded machine may boot after the node is already down (rehearsal
+        79, two busy loops beside four lanes: a 3-node mesh read 17.8 s for a 10 s tick),
+        and then could only say when it asked."""
+        target, reg = self.node(index).node, _watcher(index)
+        expr = (
+            f"T = '{target}', catch exit(whereis({reg}), kill), Self = self(), "
+            "P = spawn(fun() -> ok = net_kernel:monitor_nodes(true), "
+            "D0 = case lists:member(T, nodes()) of "
+            "false -> os:system_time(millisecond); true -> undefined end, "
+            "Self ! armed, "
+            "L = fun Loop(D) -> receive "
+            "{nodedown, T} when D =:= undefined -> Loop(os:system_time(millisecond)); "
+            "{get, From} when D =/= undefined -> From ! {down, D}, Loop(D); "
+            "{nodedown, _} -> Loop(D); {nodeup, _} -> Loop(D) "
+            "after 900000 -> ok end end, L(D0) end), "
+            f"register({reg}, P), receive armed -> armed after 30000 -> timeout end."
+        )
+        out = self.rabbitmqctl(observer, "eval", expr, timeout=timeout).strip()
+        if out != "armed":
+            raise PartitionError(f"node {observer}: watcher for node {index} not armed: {out!r}")
+        self._watched.add((observer, index))
+
     def wait_node_down(self, observer: int, index: int, timeout: float = 120) -> float:
         """Block until node `observer` sees node `index` go down; the time it did, in
-        ``time.time()`` seconds (the Erlang kernel's ``nodedown``, observed on the node by
-        ``net_kernel:monitor_nodes``). Returns at once if it is already down."""
-        target = self.node(index).node
+        ``time.time()`` seconds. Read from the watcher :meth:`watch_node_down` armed (once
+        per arming), else one is armed now: then a node already down reads as the time of
+        asking, not of the loss."""
+        if (observer, index) not in self._watched:
+            self.watch_node_down(observer, index)
+        self._watched.discard((observer, index))
+        reg, ms = _watcher(index), int(timeout * 1000)
         expr = (
-            "ok = net_kernel:monitor_nodes(true), "
-            f"case lists:member('{target}', nodes()) of "
-            "false -> {already, os:system_time(millisecond)}; "
-            f"true -> receive {{nodedown, '{target}'}} -> {{down, os:system_time(millisecond)}} "
-            f"after {int(timeout * 1000)} -> timeout end end."
+            f"case whereis({reg}) of undefined -> not_armed; "
+            f"P -> P ! {{get, self()}}, receive {{down, D}} -> {{down, D}} "
+            f"after {ms} -> timeout end end."
         )
         out = self.rabbitmqctl(observer, "eval", expr, timeout=timeout + 30).strip()
-        if "timeout" in out:
-            raise PartitionError(f"node {observer} did not see node {index} go down in {timeout}s")
+        if not out.startswith("{down,"):
+            raise PartitionError(f"node {observer} did not see node {index} go down: {out}")
         return int(out.rstrip("}").split(",")[1]) / 1000
 
     def kill(self, index: int) -> bool:
@@ -629,6 +664,7 @@ def _main() -> int:
             "start_s": round(pc.started_in, 2),
             "running": pc.running_nodes(2),
         }
+        pc.watch_node_down(2, 1)
         cut_at = time.time()
         pc.cut()
         figures["detected_s"] = round(pc.wait_node_down(2, 1) - cut_at, 2)

@@ -36,9 +36,12 @@ SLOTS = 4
 class Churn:
     """What one run saw."""
 
+    name: str = ""  # the semaphore's
     rounds: int = 0
     grants: list[int] = field(default_factory=list)  # per client
-    lost: list[int] = field(default_factory=list)  # clients whose connection was replaced
+    #: Clients whose connection was replaced: why their first one ended (the broker's
+    #: close, as the library logged it).
+    lost: dict[int, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 
@@ -60,16 +63,16 @@ def _client(url: str, name: str, stop: float, index: int, out: Churn) -> None:
             out.grants.append(grants)
             last = broker.core.run(broker.core.session())
             if last is not first or not first.alive:
-                out.lost.append(index)
+                out.lost[index] = first.lost_reason or "replaced"
     except Exception as exc:
         out.errors.append(f"client {index}: {exc!r}"[:300])
-        out.lost.append(index)
+        out.lost[index] = f"{exc!r}"[:300]
 
 
 def churn(url: str, quorum: bool, seconds: float) -> Churn:
     """One run against the broker at `url` (see the module docstring)."""
     name = f"churn-{uuid.uuid4().hex[:8]}"
-    out = Churn()
+    out = Churn(name=name)
     with Broker(url) as admin_broker:
         admin = SemaphoreAdmin(admin_broker, name, quorum=quorum)
         admin.create(SLOTS)
@@ -109,10 +112,10 @@ def main() -> None:
     print(
         f"RabbitMQ {version}, {kind} slots, burial grace {args.grace:g} s, "
         f"{args.seconds:.0f} s: {out.rounds} remove/add "
-        f"rounds, {sum(out.grants)} grants, client connections lost: {len(set(out.lost))} of "
+        f"rounds, {sum(out.grants)} grants, client connections lost: {len(out.lost)} of "
         f"{CLIENTS}"
     )
-    for line in out.errors[:3]:
+    for line in out.errors[:3] + list(out.lost.values())[:3]:
         print("  ", line)
 
 

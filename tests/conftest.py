@@ -115,6 +115,24 @@ def quick_heal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(heal, "HEAL_JITTER", 0.5)
 
 
+def heal_bound(lock_delay: float) -> float:
+    """What replacing a first-use queue left short of tokens may take with `lock_delay`,
+    from its first waiter's arrival (tokens/heal.py's bound): its wait for the queue to
+    run (fresh.RUNNING_WAIT), registration, the period and its jitter, and two sample
+    intervals (the period's end falls between two samples). Read at each use (quick_heal
+    shortens REGISTER_AFTER and HEAL_JITTER)."""
+    from amqp_locks.tokens import fresh, heal
+
+    return (
+        fresh.RUNNING_WAIT
+        + heal.REGISTER_AFTER
+        + lock_delay
+        + heal.HEAL_MARGIN
+        + heal.HEAL_JITTER
+        + 2 * heal.SAMPLE_EVERY
+    )
+
+
 def fence_counter(broker: Broker, name: str) -> str:
     """The generation queue lock `name` counts on now (fencing.py; made if never made)."""
     from amqp_locks.fencing import current_queue

@@ -27,23 +27,17 @@ from amqp_locks.tokens.message import token_properties
 from amqp_locks.transport.quorum_guard import MIN_MARGIN
 
 from . import waiting
+from .conftest import heal_bound
 from .conftest import queue_counts as counts
 
 #: The lock delay of these tests' brokers (s): the heal period is this + HEAL_MARGIN. Its
 #: guard bound (heal_broker) is 3 s: at 1 s, then 2 s, a loaded CI lane (4.3.6) dropped a
 #: healthy holder.
 LOCK_DELAY = 4.0
-#: What a heal may take with LOCK_DELAY (heal.py's bound: the first waiter's wait for a
-#: queue that shows no token to run, fresh.until_running, then register + period + jitter
-#: + one sample), plus a generous allowance for a loaded 2-core machine.
-BOUND = (
-    fresh.RUNNING_WAIT
-    + heal.REGISTER_AFTER
-    + LOCK_DELAY
-    + heal.HEAL_MARGIN
-    + heal.HEAL_JITTER
-    + 2 * heal.SAMPLE_EVERY
-)
+#: What a heal may take with LOCK_DELAY (conftest.heal_bound: heal.py's bound from the
+#: first waiter's arrival), read at import, before quick_heal shortens the registration
+#: and the jitter; plus a generous allowance for a loaded 2-core machine.
+BOUND = heal_bound(LOCK_DELAY)
 ALLOWANCE = 6.0
 
 pytestmark = pytest.mark.usefixtures("quick_heal")
@@ -241,6 +235,80 @@ def _consumers(broker: Broker, queue: str) -> int | None:
             return None
 
     return broker.core.run(go())
+
+
+def _clocks(broker: Broker, queue: str) -> tuple[Any, float | None, Any]:
+    """(the waiter's current session or None, its quiet_since and heal run of `queue`),
+    read on the I/O loop without connecting."""
+
+    async def go() -> tuple[Any, float | None, Any]:
+        session = broker.core._session
+        if session is None or not session.alive:
+            return None, None, None
+        return session, session.quiet_since.get(queue), session.heal_runs.get(queue)
+
+    return broker.core.run(go())
+
+
+def _drop(broker: Broker, session: Any) -> float:
+    """Drop `session` as its quorum guard does (Session.drop); returns the wall-clock time."""
+
+    async def go() -> float:
+        session.drop("test: dropped as the quorum guard drops a connection")
+        return time.time()
+
+    return broker.core.run(go())
+
+
+def test_a_waiter_dropped_while_it_waits_keeps_its_clocks(
+    cluster_broker: Broker, amqp_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A waiter on a tokenless first-use queue whose connection is dropped (its quorum
+    guard, a reset) and who waits on, keeps its clocks on the next connection
+    (Session.carry_from): dropped once 2 s into its wait for the queue to run, then once
+    it has a run of samples, it replaces the queue with a run that began before the
+    second drop, and no later than a clock started again at the first drop would allow.
+    Rehearsal 74 (4.3.6) saw a waiter dropped by its guard begin again and miss its bound."""
+    wire = quorum_mutex_name(name)
+    queue = token_queue(wire)
+    make_partial(cluster_broker, wire, 1, 0)
+    caplog.set_level("WARNING", logger="amqp_locks.tokens")
+    with heal_broker(amqp_url) as waiter:
+        result: list[Any] = []
+        started = time.monotonic()
+        t = threading.Thread(
+            target=lambda: result.append(Mutex(waiter, name).acquire(timeout=BOUND + ALLOWANCE))
+        )
+        t.start()
+        try:
+            quiet = waiting.wait_until(lambda: _clocks(waiter, queue)[1], 10, "quiet clock")
+            waiting.wait_until(
+                lambda: time.monotonic() - quiet >= 2.0, 10, "2 s into the wait", 0.05
+            )
+            first = _clocks(waiter, queue)[0]
+            assert first is not None
+            first_drop = _drop(waiter, first)
+            second = waiting.wait_until(
+                lambda: (c := _clocks(waiter, queue))[0] is not first and c[2] and c[0],
+                BOUND,
+                "a run of samples on the next connection",
+                0.05,
+            )
+            second_drop = _drop(waiter, second)
+        finally:
+            t.join(BOUND + ALLOWANCE + 5)
+        took = time.monotonic() - started
+    [lease] = result
+    assert lease is not None, f"no grant in {took:.1f}s"
+    assert took <= BOUND + ALLOWANCE
+    [heal_log] = [r for r in caplog.records if "a creator died mid-creation" in r.getMessage()]
+    run_began = heal_log.created - float(heal_log.args[3])  # type: ignore[index]
+    assert run_began < second_drop, "the run of samples began again after the drop"
+    # A quiet clock started again at the first drop would let the waiter consume, then
+    # register and sample, no sooner than RUNNING_WAIT + REGISTER_AFTER after it.
+    assert run_began < first_drop + fresh.RUNNING_WAIT + heal.REGISTER_AFTER
+    lease.release(wait=True)
+    waiting.wait_until(lambda: counts(cluster_broker, queue) == (1, 0), 10, "exactly one token")
 
 
 def test_a_cut_creator_leaves_a_name_that_grants_again(

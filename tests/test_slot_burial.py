@@ -5,15 +5,17 @@ is finished (or taken back) by the next administration action."""
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 
 import pytest
 
 from amqp_locks import Broker, PersistentSemaphore, SemaphoreAdmin
-from amqp_locks.names import quorum_marker, slot_queue, slot_tombstone
+from amqp_locks.names import holder_queue, quorum_marker, slot_queue, slot_tombstone
 from amqp_locks.semaphore import burial
+from amqp_locks.transport.line_args import parse_version
 from amqp_locks_dev import devbroker
-from benchmarks.slot_churn import CLIENTS, churn
+from benchmarks.slot_churn import CLIENTS, SLOTS, churn
 
 from . import waiting
 from .conftest import on_session
@@ -43,18 +45,56 @@ def _queues(node: devbroker.NodeInfo, name: str) -> dict[str, str]:
     }
 
 
+def _holder_delete_race(reason: str, name: str) -> bool:
+    """Whether a connection's end is RabbitMQ 4.2+'s 506 for a probe that met a holder
+    queue `B[k]` of semaphore `name` as it was deleted (the target found by routing, the
+    queue record gone by the time the channel looks it up)."""
+    found = re.search(
+        r'failed to deliver message: \{not_found,\s*\{resource,<<"[^"]*">>,'
+        r'queue,\s*<<"([^"]+)">>',
+        reason,
+    )
+    return found is not None and found[1] in {holder_queue(name, k) for k in range(1, SLOTS + 1)}
+
+
+def test_the_holder_delete_race_is_told_from_a_burial_failure() -> None:
+    """The close stop 54's CI logged (4.3.6), and closes that burial exists to prevent."""
+    race = (
+        "connection closed: RESOURCE_ERROR - failed to deliver message: {not_found,\n"
+        '                               {resource,<<"/">>,queue,\n'
+        '                                   <<"churn-15a09858-1-B">>}}'
+    )
+    assert _holder_delete_race(race, "churn-15a09858")
+    assert not _holder_delete_race(race, "churn-00000000")
+    assert not _holder_delete_race(race.replace("-1-B", "-1-A"), "churn-15a09858")
+    assert not _holder_delete_race(
+        "connection closed: INTERNAL_ERROR - failed consuming from quorum queue "
+        "'churn-15a09858-1-A' in vhost '/': noproc",
+        "churn-15a09858",
+    )
+
+
 def _exists(broker: Broker, queues: list[str]) -> list[bool]:
     return on_session(broker, lambda s: s.probe(queues))
 
 
 @pytest.mark.usefixtures("quick_burial")
-def test_quorum_slots_removed_and_added_under_clients_close_no_connection(amqp_url: str) -> None:
+def test_quorum_slots_removed_and_added_under_clients_close_no_connection(
+    amqp_url: str, node: devbroker.NodeInfo
+) -> None:
     """benchmarks/slot_churn.py's loop: before burial, 2-4 of 4 client connections were
     closed in 30 s on 3.10.8 and 4.3.6 (RabbitMQ closes a connection that probes or
     consumes a quorum queue being deleted)."""
     out = churn(amqp_url, quorum=True, seconds=6 * GRACE)
     assert out.errors == []
-    assert out.lost == []
+    races = [r for r in out.lost.values() if _holder_delete_race(r, out.name)]
+    # Burial's claim: no connection closed by a slot being removed. RabbitMQ 4.2+ also
+    # closes (rarely) a connection whose probe meets a *holder* queue at the instant its
+    # holder's release deletes it (docs/protocol.md, "Known gaps": 1 in about 80 CI runs
+    # of this loop): counted apart, 4.2+ only, and rare.
+    assert [r for r in out.lost.values() if r not in races] == []
+    assert not races or parse_version(node.version) >= (4, 2), races
+    assert len(races) <= 1, races
     assert out.rounds >= 3  # each removal waits GRACE
     assert len(out.grants) == CLIENTS and all(g > 0 for g in out.grants), out.grants
 

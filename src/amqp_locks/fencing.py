@@ -73,25 +73,25 @@ there.
 
 **Never touching a generation being deleted.** RabbitMQ closes the whole connection of a
 client that publishes to a quorum queue while it is deleted: 3.10.8 with 541 (40 of 40
-probes; a passive declare: 0 of 40), 4.3.6 with 506 "failed to deliver message:
-{not_found, ...}" (seen once: 1 of 8 rounds of a test's cold searches beside a retire,
-in a CI rehearsal), and a cold cluster-mode search starts from generation 0, where retiring
-happens. So a search probes the window's tombstones first (classic queues: harmless) and then
-only the generations without one: a buried generation is counted as existing and never
-touched (the run's top, what the search wants, has no tombstone). A generation is
-deleted only RETIRE_AFTER after its tombstone exists (:func:`_retire` buries one a cut
-creator left unburied, and waits again; and it deletes one only RETIRE_AFTER after its own
-process first knew of the tombstone, which another process may have written a moment
-ago), and a search sends its second round within
-RETIRE_AFTER / 2 of its first (else it asks the tombstones again). A retire asks whether
-a neighbour exists with passive declares, and a take whose generation was last seen
-current more than STALE_AFTER ago first asks whether that generation has a tombstone
-(one round trip; others may be retiring what its probes would touch), and searches above
-it when it has. A tombstone is never left without its generation: a retire buries only a
-generation that still exists (every session whose search saw one retires it, so a second
-retire often finds it gone), and drops the tombstone below the run that a retire which
-died between its two deletes (the generation, then its tombstone) left. Such a tombstone
-read as a superseded top to a run restarted below it (a reset shard): CounterGone.
+probes; a passive declare: 0 of 40), 4.3.6 with 506 "failed to deliver message: {not_found,
+...}" (seen once: 1 of 8 rounds of a test's cold searches beside a retire, in a CI
+rehearsal), and a cold cluster-mode search starts from generation 0, where retiring happens.
+So a search probes the window's tombstones first (classic queues: harmless, but in the
+instant of their own delete on 4.2+, docs/protocol.md) and then only the generations without
+one: a buried generation is counted as existing and never touched (the run's top, what the
+search wants, has no tombstone). A generation is deleted only RETIRE_AFTER after its
+tombstone exists (:func:`_retire` buries one a cut creator left unburied, and waits again;
+and it deletes one only RETIRE_AFTER after its own process first knew of the tombstone,
+which another process may have written a moment ago), and a search sends its second round
+within RETIRE_AFTER / 2 of its first (else it asks the tombstones again). A retire asks
+whether a neighbour exists with passive declares, and a take whose generation was last seen
+current more than STALE_AFTER ago first asks whether that generation has a tombstone (one
+round trip; others may be retiring what its probes would touch), and searches above it when
+it has. A tombstone is never left without its generation: a retire buries only a generation
+that still exists (every session whose search saw one retires it, so a second retire often
+finds it gone), and drops the tombstone below the run that a retire which died between its
+two deletes (the generation, then its tombstone) left. Such a tombstone read as a superseded
+top to a run restarted below it (a reset shard): CounterGone.
 
 **Made once, never again from scratch.** The first generation is made by a write whose first
 frame declares the marker's name as an *exclusive* queue: refused (405) when the marker
@@ -321,13 +321,13 @@ TOMBSTONE_ARGS: dict[str, Any] = {"x-max-length": 0}
 async def _generations_exist(session: Session, k: int, gs: list[int]) -> list[bool]:
     """Whether each generation of `gs` exists: two round trips of probes (mandatory
     publishes), the tombstones first (classic queues: a publish to one being deleted is
-    harmless), then only the generations without one. A generation
-    with a tombstone was superseded and may be being deleted right now: it is counted as
-    existing without being touched (its successor is in the run above it, and the search
-    only wants the run's top). One without a tombstone is not deleted for RETIRE_AFTER
-    after that was seen (:func:`_retire` buries a generation before deleting it, and waits
-    RETIRE_AFTER when it had to): its probe follows within RETIRE_AFTER / 2, or the
-    tombstones are asked again."""
+    harmless but in the instant of its delete on 4.2+), then only the generations without
+    one. A generation with a tombstone was superseded and may be being deleted right now: it
+    is counted as existing without being touched (its successor is in the run above it, and
+    the search only wants the run's top). One without a tombstone is not deleted for
+    RETIRE_AFTER after that was seen (:func:`_retire` buries a generation before deleting
+    it, and waits RETIRE_AFTER when it had to): its probe follows within RETIRE_AFTER / 2,
+    or the tombstones are asked again."""
     names = [_gen(k, g) for g in gs]
     while True:
         asked = time.monotonic()

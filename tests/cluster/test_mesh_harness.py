@@ -97,6 +97,7 @@ def test_a_cut_link_parts_only_its_two_nodes(make_mesh: MakeMesh) -> None:
     beside = mc.run_in_namespace(1, [sys.executable, "-c", CLIENT, mc.node_url(1)])
     assert beside.wait(timeout=60) == 0
 
+    mc.watch_node_down(1, 2)  # before the cut: a CLI booted after it reads late under load
     cut_at = time.time()
     mc.cut_link(1, 2)
     detected = mc.wait_node_down(1, 2, timeout=60) - cut_at
@@ -126,6 +127,8 @@ def test_a_split_of_five_parts_the_groups(make_mesh: MakeMesh) -> None:
     print(f"\nmesh: 5-node {mc.version} cluster up in {mc.started_in:.1f} s")
     assert _all_running(mc)
 
+    for i in (2, 3):
+        mc.watch_node_down(1, i)
     cut_at = time.time()
     mc.split([1, 4, 5], [2, 3])
     assert mc.cut_links == {(1, 2), (1, 3), (2, 4), (2, 5), (3, 4), (3, 5)}

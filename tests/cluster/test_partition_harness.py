@@ -96,6 +96,7 @@ def test_a_cut_stops_quorum_confirms_on_the_minority_side_until_the_heal(
     assert lines.get(timeout=60) == "ready"
 
     seen_down: list[float] = []
+    pc.watch_node_down(2, 1)  # before the cut: a CLI booted after it reads late under load
     watcher = threading.Thread(target=lambda: seen_down.append(pc.wait_node_down(2, 1)))
     watcher.start()
     cut_at = time.time()

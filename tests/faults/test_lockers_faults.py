@@ -224,20 +224,25 @@ def test_partition_between_master_and_server(target: Target, run_dir: Path, leng
     run = _run(target, run_dir)
     try:
         master, _standby = _master_and_standby(run, **cfg)
+        # What the partition did is judged from the cut: rehearsal 76 (3.10.8 lane, two CPU
+        # burners beside four lanes) saw lease-postgresql's master demote itself 0.75 s
+        # *before* the cut (its keep-alives went unanswered for 1.4 s) and win the lease
+        # back before it; that demotion was the load's, not the partition's.
+        demoted_before = master.count("DEMOTED")
         proxy.blackhole()
         cut = time.monotonic()
         time.sleep(seconds)  # the scenario: a partition this long
         proxy.heal()
         healed = time.monotonic()
         granted_during = [g for g in run.grants() if cut < g.t < healed]
-        demoted_during = master.count("DEMOTED")
+        demoted_during = master.count("DEMOTED") - demoted_before
         if length == "long" and (target.expiring or target.kind == "database"):
-            master.wait_for("DEMOTED", 30)
+            master.wait_for("DEMOTED", 30, nth=demoted_before + 1)
         if granted_during or length == "long":
             run.master(30)  # someone is master again after the partition
         leaked, free_after = leak_check_after(run, target)
         v = run.verdict(leaked)
-        lost = run.losses()
+        lost = [t for t in run.losses() if t > cut]
         run.report(
             f"partition-{length} {target.label} ({seconds}s)",
             v,
@@ -252,7 +257,7 @@ def test_partition_between_master_and_server(target: Target, run_dir: Path, leng
         elif target.expiring:  # re-granted during the partition, after the master demoted
             assert granted_during and v.min_margin is not None and v.min_margin > 0
         else:  # the database keeps the silent session's row lock; the master demoted anyway
-            assert not granted_during and master.count("DEMOTED") >= 1
+            assert not granted_during and master.count("DEMOTED") > demoted_before
     finally:
         run.close()
 

@@ -32,10 +32,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from . import config, once
 from .config import broker_for, lock_urls
 from .keys import UnidentifiableKey, lock_name
+from .once import ClaimLost
 from .task import AlreadyQueued, Singleton, TaskLockTimeout, is_skipped, skipped
 
 __all__ = [
     "AlreadyQueued",
+    "ClaimLost",
     "Singleton",
     "TaskLockTimeout",
     "UnidentifiableKey",

@@ -259,8 +259,10 @@ class Singleton(Task[..., Any]):
                 try:
                     run.mark = self._mark(name)
                 except BaseException:
-                    lease.release()
-                    self._free_after_failed_start(name)
+                    try:
+                        self._free_after_failed_start(name)  # before the lock (_give_back)
+                    finally:
+                        lease.release()
                     raise
             return run
         if self.on_conflict == "skip":
@@ -343,10 +345,35 @@ class Singleton(Task[..., Any]):
         return lock.acquire(blocking=False)
 
     def _give_back(self, run: _Run) -> None:
-        """Release the lock, then (``once``) free the key, or hand it to the retry of the
-        same key that was sent. Both before Celery stores the result: whoever reads it
-        finds the key free. A failure is logged, not raised: the task's own outcome
-        stands, and what a failed connection held is freed by the broker anyway."""
+        """(``once``) Free the key, or hand it to the retry of the same key that was
+        sent, then release the lock: both before Celery stores the result, so whoever
+        reads it finds the key free. The key before the lock: the next call of the key
+        binds to its claim only once it holds the lock, so its bind never overlaps our
+        unbind (on RabbitMQ 4.3 with Khepri that overlap leaves the name unusable:
+        once.Mark._bind). A failure is logged, not raised: the task's own outcome stands,
+        and what a failed connection held is freed by the broker anyway."""
+        try:
+            if run.mark is not None:
+                run.mark.end(run.hand_over)
+        except AmqpLocksError as exc:
+            log.warning(
+                "%s: freeing the once key %s failed (%s); a connection's death frees "
+                "it, else forget_once does",
+                self.name,
+                run.name,
+                exc,
+            )
+        finally:
+            self._release(run)
+        if run.lease.lost_reason is not None:
+            log.error(
+                "%s: %s was lost while the task ran (%s): another call may have run meanwhile",
+                self.name,
+                run.name,
+                run.lease.lost_reason,
+            )
+
+    def _release(self, run: _Run) -> None:
         try:
             run.lease.release(wait=True)
         except AmqpLocksError as exc:
@@ -355,24 +382,6 @@ class Singleton(Task[..., Any]):
                 self.name,
                 run.name,
                 exc,
-            )
-        if run.mark is not None:
-            try:
-                run.mark.end(run.hand_over)
-            except AmqpLocksError as exc:
-                log.warning(
-                    "%s: freeing the once key %s failed (%s); a connection's death frees "
-                    "it, else forget_once does",
-                    self.name,
-                    run.name,
-                    exc,
-                )
-        if run.lease.lost_reason is not None:
-            log.error(
-                "%s: %s was lost while the task ran (%s): another call may have run meanwhile",
-                self.name,
-                run.name,
-                run.lease.lost_reason,
             )
 
     # --- enqueueing: once ---------------------------------------------------------------

@@ -5,7 +5,9 @@ RabbitMQ closes a client's whole connection, every lease on it lost, when the cl
 publishes to (a probe) or consumes from (a holder's watch) a quorum queue that is being
 deleted: 3.10.8 with 541 (``case_clause`` registering the publish's enqueuer), 4.3.6 with
 541 "failed consuming from quorum queue ...: noproc" (``python -m benchmarks.slot_churn
---quorum``). Classic queues are harmless to touch while they go. So a semaphore whose
+--quorum``). Classic queues are touched safely while they go on 3.10 and 4.0; on 4.2+ a
+publish that meets any queue in the instant of its delete can close the connection too
+(docs/protocol.md, "Known gaps"), which tombstones make rare for slots. So a semaphore whose
 slots are quorum queues (``SemaphoreAdmin(..., quorum=True)``) removes slot k in three
 steps, as the fence generations do (fencing.py):
 

@@ -52,11 +52,12 @@ Bound: a name whose creator died mid-creation grants again ``lock_delay`` (10 s 
 default) + :data:`HEAL_MARGIN` + up to :data:`HEAL_JITTER` + :data:`SAMPLE_EVERY` seconds
 after its first waiter registered (at most 15 s with the defaults; the first waiter of a
 tokenless queue consumes, then registers, :data:`fresh.RUNNING_WAIT` after it arrived,
-fresh.until_running), while its waiters keep waiting. The waiting queue costs nothing
-once unused (:data:`WAITING_QUEUE`: auto-deleted with its last consumer). It is a classic
-queue in cluster mode too: while the node that holds it is down, its waiters cannot
-register and do not heal (a creator's death and that node's, together), until the node
-is back.
+fresh.until_running), while its waiters keep waiting: a waiter whose connection is dropped
+and who waits on, on the next one, keeps both clocks (``Session.carry_from``). The
+waiting queue costs nothing once unused (:data:`WAITING_QUEUE`: auto-deleted with its
+last consumer). It is a classic queue in cluster mode too: while the node that holds it
+is down, its waiters cannot register and do not heal (a creator's death and that node's,
+together), until the node is back.
 
 What it does not cover: a queue made by an administrator (``TokenAdmin.setup``: a ledger,
 no stamp) is repaired by ``TokenAdmin.repair``, as before; waiters that keep arriving and
@@ -70,7 +71,6 @@ import contextlib
 import logging
 import random
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,8 +78,7 @@ from typing import Any
 from ..errors import ConnectionLost, QueueNotFound
 from ..names import token_queue, token_waiting_queue
 from ..stamps import is_stamp, permits_of
-from ..transport.absent import while_absent
-from ..transport.channel_ops import declare_and_hold
+from ..transport.exchanges import consume_on_own_channel
 from ..transport.features import HELPER_EXPIRES_MS, broker_version
 from ..transport.session import Session
 from ..transport.wire import AbstractChannel
@@ -138,11 +137,6 @@ WAITING_QUEUE: dict[str, Any] = {
     "auto_delete": True,
     "arguments": {"x-expires": HELPER_EXPIRES_MS},
 }
-
-#: Each session's runs, by queue: kept across acquire calls, so that a waiter retrying
-#: short acquires (``acquire(timeout=5)`` in a loop) heals as well as a patient one.
-_runs: weakref.WeakKeyDictionary[Session, dict[str, _Run]] = weakref.WeakKeyDictionary()
-
 
 #: (tokens anybody can see, live holders other than us, registered waiters) of one sample.
 Sample = tuple[int, int, int]
@@ -233,17 +227,7 @@ async def _register(session: Session, queue: str) -> AbstractChannel:
     """Consume from the waiting queue `queue` on a channel of our own (declared first;
     other waiters declare it at the same time: transport/absent.py)."""
 
-    async def attempt() -> AbstractChannel:
-        ch = await session.open_channel()
-        try:
-            await declare_and_hold(ch, queue, **WAITING_QUEUE)  # nobody publishes there
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await ch.close()
-            raise
-        return ch
-
-    return await while_absent(queue, attempt)
+    return await consume_on_own_channel(session, queue, **WAITING_QUEUE)  # never published to
 
 
 async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]) -> None:
@@ -260,7 +244,10 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
         return
     ch = await _register(session, plan.register) if plan.register is not None else None
     try:
-        runs = _runs.setdefault(session, {})
+        # Kept on the session across acquire calls, so that a waiter retrying short
+        # acquires (``acquire(timeout=5)`` in a loop) heals as well as a patient one, and
+        # carried to the session that replaces a lost one (Session.carry_from).
+        runs = session.heal_runs
         while not still_waiting.done():
             sample = await plan.visible()
             now = time.monotonic()

@@ -182,6 +182,8 @@ class BrokerCore:
             if current is not None and current.alive:
                 return current
             session = await self._connect()
+            if current is not None:
+                session.carry_from(current)  # a waiter's clocks go on (Session.carry_from)
             events.emit(events.connection(session, self.connection_name, self._session is not None))
             self._session = session
             return session

@@ -97,19 +97,31 @@ async def declare_exclusive(session: Session, queue: str, arguments: dict[str, A
 
 
 async def consume_on_own_channel(
-    session: Session, queue: str, arguments: dict[str, Any]
+    session: Session,
+    queue: str,
+    arguments: dict[str, Any],
+    *,
+    durable: bool = True,
+    auto_delete: bool = False,
 ) -> AbstractChannel:
-    """Declare the durable `queue` and consume it (no ack, no message expected) on a
-    channel of its own: the caller keeps the channel, and the consumer, open while it
-    needs the queue used (an expiring queue lives as long)."""
+    """Declare `queue` and consume it (no ack, no message expected) on a channel of its
+    own: the caller keeps the channel, and the consumer, open while it needs the queue
+    used (an expiring queue lives as long). Used by the once claim's watch queue and a
+    heal's waiting queue (tokens/heal.py). The channel is closed if the declaration
+    fails or is cancelled: a consumer left on it would count for ever."""
 
     async def attempt() -> AbstractChannel:
         ch = await session.open_channel()
         try:
-            await declare_and_hold(ch, queue, durable=True, arguments=arguments)
+            await declare_and_hold(
+                ch, queue, durable=durable, auto_delete=auto_delete, arguments=arguments
+            )
         except CHANNEL_ERRORS as exc:
             await close_quietly(ch)
             raise channel_error(exc, queue) from exc
+        except BaseException:
+            await close_quietly(ch)
+            raise
         return ch
 
     return await while_absent(queue, attempt)  # racers: absent.py

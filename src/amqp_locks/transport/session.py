@@ -125,6 +125,9 @@ class Session(QueueOps):
         #: Since when such a queue has shown this session neither a message nor a
         #: consumer (still starting, or tokenless): counted across acquires.
         self.quiet_since: RecentDict[str, float] = RecentDict()
+        #: Runs of samples that showed a first-use queue short of its tokens
+        #: (tokens/heal.py), by queue: counted across acquires.
+        self.heal_runs: RecentDict[str, Any] = RecentDict()
         #: Sentinel queues declared on this connection (declared once, not per grant).
         self.sentinels_declared: RecentSet[str] = RecentSet()
         #: The slot this process released last, per semaphore (tried first next time).
@@ -315,6 +318,21 @@ class Session(QueueOps):
             exc = fut.exception()
             reason = f"connection closed: {exc}" if exc else "connection closed"
         self._lose(reason)
+
+    def carry_from(self, lost: Session) -> None:
+        """Go on with what the session this one replaces saw of the queues themselves
+        (not of its connection): since when a first-use queue showed nothing
+        (``quiet_since``) and the runs of samples that showed it short of tokens
+        (``heal_runs``). So a waiter whose connection was dropped (its quorum guard, a
+        reset) and who waits on does not start its heal clocks again: rehearsal 74 (4.3.6,
+        four CI lanes) saw a waiter dropped by its guard miss a 12.8 s bound it keeps
+        undropped (10-11 s). The samples stay continuous or the run starts again
+        (heal.MAX_GAP), as across acquires; what they judge is the queue's counts, which
+        no connection of ours changes while we only wait."""
+        for queue, quiet in lost.quiet_since.items():
+            self.quiet_since.setdefault(queue, quiet)
+        for queue, run in lost.heal_runs.items():
+            self.heal_runs.setdefault(queue, run)
 
     def drop(self, reason: str) -> None:
         """Give the connection up for `reason`: every lease through it is lost at once and

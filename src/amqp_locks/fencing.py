@@ -176,6 +176,7 @@ from .transport.wire import (
     AbstractChannel,
     AMQPError,
     Basic,
+    ChannelInvalidStateError,
     ChannelNotFoundEntity,
     ContentBody,
     ContentHeader,
@@ -540,7 +541,24 @@ async def take_token(session: Session, name: str, timeout: float = 30.0) -> int:
     docstring). Heals what it meets on the way (a generation with no message for
     :data:`HEAL_AFTER` seconds, a lower generation not yet deleted, a counter never made);
     raises :class:`FenceMissing` when the counter was deleted by hand (rebuilt by
-    ``SemaphoreAdmin.repair_fence(floor)``) or nothing answered within `timeout`."""
+    ``SemaphoreAdmin.repair_fence(floor)``) or nothing answered within `timeout`.
+
+    aiormq's errors leave typed, as :func:`take_epoch`'s do: a connection lost under the
+    take (the return of the counter message on a pooled channel, say) is a
+    :class:`ConnectionLost`, which a waiter answers by waiting on a new connection. CI of
+    2026-12-02 saw a write lock's grant end in aiormq's raw ``AMQPConnectionError``
+    instead, which no acquire retries."""
+    try:
+        return await _take_token(session, name, timeout)
+    except (AMQPError, ConnectionError, ChannelInvalidStateError) as exc:
+        err = channel_error(exc)
+        if isinstance(err, QueueNotFound):
+            # Not the lock's own queue: an acquire would take it for a first use.
+            err = FenceMissing(f"fencing token of {name!r}: {err}")
+        raise err from exc
+
+
+async def _take_token(session: Session, name: str, timeout: float) -> int:
     k = fence_shard_index(name)
     deadline = time.monotonic() + timeout
     g = session.fence_gens.get(k)

@@ -9,7 +9,13 @@ keeps it so, but for the few modules it lists) and a change of client is a chang
 from __future__ import annotations
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
-from aiormq.exceptions import AMQPError, ChannelNotFoundEntity, DeliveryError, PublishError
+from aiormq.exceptions import (
+    AMQPError,
+    ChannelInvalidStateError,
+    ChannelNotFoundEntity,
+    DeliveryError,
+    PublishError,
+)
 from pamqp.body import ContentBody
 from pamqp.commands import Basic, Queue
 from pamqp.header import ContentHeader
@@ -26,6 +32,7 @@ __all__ = [
     "AMQPError",
     "AbstractChannel",
     "Basic",
+    "ChannelInvalidStateError",
     "ChannelNotFoundEntity",
     "ContentBody",
     "ContentHeader",

@@ -89,13 +89,14 @@ async def within(
     timeout: float | None,
     undo: Callable[[T], Awaitable[Any]] | None = None,
     cut: Callable[[], BaseException | None] | None = None,
+    grace: float = CUT_GRACE,
 ) -> T | None:
-    """Await `coro`, but answer within ``timeout + CUT_GRACE + CUT_SETTLE`` seconds
+    """Await `coro`, but answer within ``timeout + grace + CUT_SETTLE`` seconds
     whatever the broker does: None, or the error `cut()` makes (if it makes one). A
     broker that keeps heartbeats flowing but answers nothing else leaves a round trip
     (connect, channel open, declare, consume, confirm) waiting for ever inside `coro`:
-    it is cancelled at ``timeout + CUT_GRACE``, and if it still has not ended
-    ``CUT_SETTLE`` later it is left to finish in the background. A result it produces
+    it is cancelled at ``timeout + grace`` (default :data:`CUT_GRACE`), and if it still
+    has not ended ``CUT_SETTLE`` later it is left to finish in the background. A result it produces
     after its caller was answered goes to `undo` (a grant is released), never to the
     caller: a lock is never reported held to someone who was told it was not. What it
     leaves held on a connection that stays silent is freed by the broker when the loss
@@ -104,7 +105,7 @@ async def within(
         return await coro
     task = asyncio.ensure_future(coro)
     try:
-        done, _ = await asyncio.wait({task}, timeout=timeout + CUT_GRACE)
+        done, _ = await asyncio.wait({task}, timeout=timeout + grace)
         if not done:
             task.cancel()
             done, _ = await asyncio.wait({task}, timeout=CUT_SETTLE)

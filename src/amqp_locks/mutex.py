@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 
 from .admin_mutex import acquire_mutex, mutex_held
-from .errors import AccessRefused, ModeMismatch
+from .errors import AccessRefused, ConnectionLost, ModeMismatch
 from .held import HeldState
 from .holders import HOLDER_TIMEOUT, HolderQueries, HolderRecord, Reading, pick_holder
 from .lockobject import LockObject
@@ -138,14 +138,21 @@ class Mutex(LockObject, HolderQueries):
         """Once per connection: refuse a mutex that cluster-mode clients hold as a token
         (they and we would not exclude each other). One passive declare, never a probe
         publish: a message routed into a token queue could be taken for a token."""
-        session = await self.broker.core.session()
-        if self.name in session.modes_checked:
-            return
         queue = token_queue(quorum_mutex_name(self.name))
-        try:
-            used = await session.exists_passive(queue)
-        except AccessRefused:  # permissions cover only our own queues: cannot tell
-            used = False
+        while True:
+            session = await self.broker.core.session()
+            if self.name in session.modes_checked:
+                return
+            try:
+                used = await session.exists_passive(queue)
+                break
+            except AccessRefused:  # permissions cover only our own queues: cannot tell
+                used = False
+                break
+            except ConnectionLost:
+                # The acquire beside us waits on a new connection (or gives up within its
+                # timeout, as `within` bounds both); the check goes with it.
+                continue
         if used:
             raise ModeMismatch(
                 f"mutex {self.name!r} is used in cluster mode ({queue!r} exists), but this "

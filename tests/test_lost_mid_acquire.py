@@ -91,11 +91,15 @@ def cutter(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Cutter]:
     yield c
 
 
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
 @pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster-mode"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
-    kind: str, cluster: bool, amqp_url: str, name: str, cutter: _Cutter
+    kind: str, cluster: bool, blocking: bool, amqp_url: str, name: str, cutter: _Cutter
 ) -> None:
+    """A non-blocking acquire asks again once on a new connection: the lock is free, so
+    it is granted too."""
+    timeout = 30 if blocking else None
     def broker() -> Broker:
         return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
 
@@ -105,7 +109,7 @@ def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
     with contextlib.closing(broker()) as b:
         b.core.run(b.core.session())
         cutter.arm(b, None)
-        lease = lock_of(b, kind, name).acquire(timeout=30)
+        lease = lock_of(b, kind, name).acquire(blocking, timeout)
         steps = cutter.disarm()
         assert lease is not None
         lease.release(wait=True)
@@ -115,7 +119,7 @@ def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
         with contextlib.closing(broker()) as b:
             first = b.core.run(b.core.session())
             cutter.arm(b, n)
-            lease = lock_of(b, kind, name).acquire(timeout=30)
+            lease = lock_of(b, kind, name).acquire(blocking, timeout)
             cutter.disarm()
             assert lease is not None, f"{kind}: cut before operation {n} of {steps}: not granted"
             lease.release(wait=True)

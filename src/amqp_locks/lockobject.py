@@ -108,13 +108,12 @@ class LockObject(ABC):
         the I/O thread is inside it. The cut comes :data:`ACQUIRE_GRACE` after the
         timeout, and what it cuts gets `CUT_SETTLE` to wind down: 0.4 s of the promise are
         left for a busy machine's lateness."""
-        check_wait(blocking, timeout)  # in the caller, before any I/O
+        timeout = check_wait(blocking, timeout)  # in the caller, before any I/O
         return self._acquire_observed(blocking, timeout, time.monotonic())
 
     async def _acquire_observed(
         self, blocking: bool, timeout: float | None, called: float
     ) -> HeldState | None:
-        timeout = check_wait(blocking, timeout)
         # What the hop to this loop took is taken from the cut's bound, never from the
         # kind's own wait (a healthy broker's answer at its deadline is kept).
         bound = None if timeout is None else max(0.0, timeout - (time.monotonic() - called))

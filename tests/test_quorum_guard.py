@@ -148,7 +148,8 @@ def test_each_held_lock_needs_its_own_proof() -> None:
 
 def test_a_drop_says_whether_checks_went_unanswered_or_none_was_sent() -> None:
     """The reason tells a cut (checks sent, none answered) from a client that could not
-    send (no probe link, a held-up loop): the two call for different fixes."""
+    send (no probe link, a held-up loop), and how late the newest check went: the two
+    call for different fixes."""
     clock = Clock()
     guard, _ = _guard(ClusterTiming(10, 5, 10), clock)
     guard.session.leases.append(_hold("a.semaphore", 100.0))
@@ -159,6 +160,12 @@ def test_a_drop_says_whether_checks_went_unanswered_or_none_was_sent() -> None:
     reason = guard.expired(105.1)
     assert reason is not None
     assert "2 check(s) sent since its last proof, the newest 1.5 s ago" in reason
+    assert "1.1 s after it was due" in reason  # granted at 100: due at 102.5
+    assert "woke up" not in reason
+    guard._late.append((99.0, 2.0))  # before the bound: not this drop's story
+    guard._late.append((104.0, 0.8))  # the run loop starved (a loaded machine)
+    reason = guard.expired(105.1)
+    assert reason is not None and "its loop woke up to 0.8 s late" in reason
     guard.answered("a.semaphore", 103.6, None)  # an answer is a proof: the count starts again
     assert guard.expired(105.1) is None
     reason = guard.expired(108.8)

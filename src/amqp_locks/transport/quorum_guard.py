@@ -277,6 +277,13 @@ class QuorumGuard:
         #: The channels that carry the checks, and the task writing this step's checks.
         self._pipes: list[_Pipe] = []
         self._sender: asyncio.Task[None] | None = None
+        #: A check pipe being opened beside the writing (:meth:`_free_pipe`).
+        self._pipe_opening: asyncio.Task[None] | None = None
+        #: When the check writer now running began (see :meth:`_held_up`).
+        self._sender_began = 0.0
+        #: The run loop's late wake-ups (when, how late: seconds past its step), kept for
+        #: a drop's reason: a starved I/O loop sends its checks late.
+        self._late: collections.deque[tuple[float, float]] = collections.deque(maxlen=32)
         self._step = min(timing.interval, max(0.05, timing.quorum_timeout / 20))
         #: Checks answered, and tokens a check took while free (given back at once).
         self.checked = 0
@@ -324,7 +331,7 @@ class QuorumGuard:
                 return (
                     f"no answer from the leader of lock queue {queue!r} to a check sent "
                     f"within the last {unproven:.1f} s (quorum_timeout {bound:g} s; "
-                    f"{self._tried(queue, now)}): this node may be cut off from it (a "
+                    f"{self._tried(queue, now, proven)}): this node may be cut off from it (a "
                     "partial partition, or the queue's majority on the other side), and "
                     f"the queue can grant our lock again {self.timing.lock_delay:g} s "
                     "(lock_delay) after it notices"
@@ -337,17 +344,38 @@ class QuorumGuard:
             f"(quorum_timeout {self.timing.quorum_timeout:g} s): this node may be cut off "
             "from the cluster's majority, which can grant our locks again "
             f"{self.timing.lock_delay:g} s (lock_delay) after it notices"
+            f"{self._held_up(now)}"
         )
 
-    def _tried(self, queue: str, now: float) -> str:
-        """What was tried for `queue` since its newest proof, for the drop's reason."""
+    def _tried(self, queue: str, now: float, proven: float) -> str:
+        """What was tried for `queue` since its newest proof (at `proven`), for the drop's
+        reason: how many checks, how late the newest went, and what held the guard up."""
         count, newest = self._tries.get(queue, (0, 0.0))
+        due = proven + self.timing.check_period
         if count == 0:
-            return (
+            tried = (
                 "no check was sent since its last proof: the probe link did not open, or "
                 "the I/O loop was held up"
             )
-        return f"{count} check(s) sent since its last proof, the newest {now - newest:.1f} s ago"
+        else:
+            tried = (
+                f"{count} check(s) sent since its last proof, the newest {now - newest:.1f} s"
+                f" ago, {max(0.0, newest - due):.1f} s after it was due"
+            )
+        return tried + self._held_up(now)
+
+    def _held_up(self, now: float) -> str:
+        """What held the guard up within the last bound (empty: nothing seen)."""
+        since = now - self.timing.quorum_timeout
+        late = max((how for at, how in self._late if at >= since), default=0.0)
+        notes = []
+        if late > 0:
+            notes.append(f"its loop woke up to {late:.1f} s late")
+        sender = self._sender
+        if sender is not None and not sender.done():
+            notes.append(f"its check writer busy for {now - self._sender_began:.1f} s")
+        notes.append(f"{len(self._pipes)} check channel(s) open")
+        return "; " + ", ".join(notes)
 
     def sending(self, queue: str, at: float) -> None:
         """A check of `queue` is being written at `at` (see :meth:`_tried`)."""
@@ -363,10 +391,13 @@ class QuorumGuard:
     async def run(self) -> None:
         """Send probes and check the bound until the session ends (a session task)."""
         step = self._step
-        next_probe = self._clock()
+        next_probe = woke = self._clock()
         try:
             while self.session.alive:
                 now = self._clock()
+                if now - woke > 2 * step:  # asleep for one step, awake a step late or more
+                    self._late.append((now, now - woke - step))
+                woke = now
                 held = self.held()
                 reason = self.expired(now, held)
                 if reason is not None:
@@ -421,6 +452,7 @@ class QuorumGuard:
         chosen = self.due(now, held)
         if not chosen:
             return
+        self._sender_began = now
         self._sender = asyncio.get_running_loop().create_task(self._send_checks(chosen))
         self._tasks.add(self._sender)
         self._sender.add_done_callback(self._tasks.discard)
@@ -457,7 +489,6 @@ class QuorumGuard:
         channel's ``basic.get`` one after another, so channels are what overlap its
         work), each proof dated by the moment its frame was queued for writing and
         credited when its own reply comes (replies come in order per channel)."""
-        now = self._clock()
         i = 0
         try:
             while i < len(queues):
@@ -466,7 +497,9 @@ class QuorumGuard:
                     return  # every window full: the rest wait for the next step
                 batch = queues[i : i + CHECK_WINDOW - len(pipe.fifo)]
                 i += len(batch)
-                await pipe.send(batch, now, self._in_flight)
+                # Dated now, just before the frames are queued: a pipe opened above may
+                # have taken a round trip, and the proof must not age by it.
+                await pipe.send(batch, self._clock(), self._in_flight)
                 self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
         except asyncio.CancelledError:
             raise
@@ -482,15 +515,40 @@ class QuorumGuard:
         opened = [p for p in self._pipes if not p.dead]
         live = [p for p in opened if not p.stalled(overdue)]
         best = min(live, key=lambda p: len(p.fifo), default=None)
-        full = len(opened) >= CHECK_CHANNELS
-        if best is not None and (len(best.fifo) < CHECK_WINDOW // 2 or full):
-            return best if len(best.fifo) < CHECK_WINDOW else None
-        if full:
+        room = len(opened) + (self._pipe_opening is not None) < CHECK_CHANNELS
+        if best is not None and len(best.fifo) < CHECK_WINDOW:
+            if len(best.fifo) >= CHECK_WINDOW // 2 and room and self._pipe_opening is None:
+                # Half full: the next pipe opens beside the writing, which goes on here.
+                self._pipe_opening = asyncio.get_running_loop().create_task(self._open_beside())
+                self._tasks.add(self._pipe_opening)
+                self._pipe_opening.add_done_callback(self._tasks.discard)
+            return best
+        if self._pipe_opening is not None:
+            await asyncio.shield(self._pipe_opening)  # no room anywhere until it opens
+            return await self._free_pipe()
+        if not room:
             return None
+        return await self._open_pipe()
+
+    async def _open_pipe(self) -> _Pipe:
+        """A new check pipe on the probe link."""
         link = await self._probe_link()
         pipe = _Pipe(self, await link.open_channel())
         self._pipes.append(pipe)
         return pipe
+
+    async def _open_beside(self) -> None:
+        """:meth:`_open_pipe` while the writer goes on (a failure: the writer opens one
+        itself when it needs one)."""
+        try:
+            await self._open_pipe()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            name = self.session.connection_name
+            log.debug("lock check channel on %r did not open: %s", name, exc)
+        finally:
+            self._pipe_opening = None
 
     def answered(self, queue: str, sent_at: float, tag: int | None) -> None:
         """A check of `queue` sent at `sent_at` was answered (`tag`: it took a free token,

@@ -365,7 +365,8 @@ class QuorumGuard:
         return tried + self._held_up(now)
 
     def _held_up(self, now: float) -> str:
-        """What held the guard up within the last bound (empty: nothing seen)."""
+        """What may have held the guard up within the last bound: its loop's worst late
+        wake-up, a check writer still busy, and how many check channels are open."""
         since = now - self.timing.quorum_timeout
         late = max((how for at, how in self._late if at >= since), default=0.0)
         notes = []

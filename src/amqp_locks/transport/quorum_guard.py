@@ -62,9 +62,9 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiormq.abc import AbstractChannel
 from aiormq.exceptions import PublishError
@@ -78,6 +78,7 @@ from .errors import censor, channel_error
 from .ports import Link
 from .shield import close_quietly
 
+T = TypeVar("T")
 log = logging.getLogger("amqp_locks.cluster")
 #: The line warnings already logged (once per process: every connection checks).
 _warned: set[str] = set()
@@ -454,9 +455,7 @@ class QuorumGuard:
         if not chosen:
             return
         self._sender_began = now
-        self._sender = asyncio.get_running_loop().create_task(self._send_checks(chosen))
-        self._tasks.add(self._sender)
-        self._sender.add_done_callback(self._tasks.discard)
+        self._sender = self.spawn(self._send_checks(chosen))
 
     def _overdue(self, now: float) -> float:
         """A check sent at or before this moment is overdue at `now` (:data:`RESEND_SHARE`)."""
@@ -520,9 +519,7 @@ class QuorumGuard:
         if best is not None and len(best.fifo) < CHECK_WINDOW:
             if len(best.fifo) >= CHECK_WINDOW // 2 and room and self._pipe_opening is None:
                 # Half full: the next pipe opens beside the writing, which goes on here.
-                self._pipe_opening = asyncio.get_running_loop().create_task(self._open_beside())
-                self._tasks.add(self._pipe_opening)
-                self._pipe_opening.add_done_callback(self._tasks.discard)
+                self._pipe_opening = self.spawn(self._open_beside())
             return best
         if self._pipe_opening is not None:
             await asyncio.shield(self._pipe_opening)  # no room anywhere until it opens
@@ -563,10 +560,12 @@ class QuorumGuard:
         self.lock_proofs[queue] = max(sent_at, self.lock_proofs.get(queue, sent_at))
         self._tries.pop(queue, None)
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run `coro` as one of the guard's tasks (cancelled by :meth:`stop`)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _probe(self, sent_at: float) -> None:
         self.in_flight += 1

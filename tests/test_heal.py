@@ -491,3 +491,88 @@ def test_many_waiters_sample_less_often_each() -> None:
     assert heal.sample_interval(8) == 8 / heal.SAMPLES_PER_SECOND
     assert heal.sample_interval(10_000) == heal.MAX_INTERVAL
     assert heal.MAX_INTERVAL * 1.2 < heal.MAX_GAP
+
+
+class _Counts:
+    """A session's passive declares, answered from a table (pure logic: the sample's
+    reading of the broker's numbers); a queue not in it is missing."""
+
+    def __init__(self, table: dict[str, tuple[int, int]]) -> None:
+        self.table = table
+
+    async def declare_passive_counts(self, queue: str) -> tuple[int, int]:
+        from amqp_locks.errors import QueueNotFound
+
+        if queue not in self.table:
+            raise QueueNotFound(queue)
+        return self.table[queue]
+
+
+def test_a_count_without_our_own_consumer_is_not_evidence() -> None:
+    """RabbitMQ's stand-in for no answer from a quorum queue's leader (0 ready, 0
+    consumers) never counts as a queue that lost its tokens: we consume it ourselves."""
+    q, w = "n.mutex", "n.mutex-waiting"
+
+    def sample(table: dict[str, tuple[int, int]], held: int | None = None) -> Any:
+        return asyncio.run(heal.visible_tokens(_Counts(table), q, w, held))  # type: ignore[arg-type]
+
+    assert sample({q: heal.FAILED_STAT, w: (0, 1)}) is None
+    assert sample({q: heal.FAILED_STAT}) is None
+    assert sample({q: heal.FAILED_STAT}, held=2) is None
+    assert sample({q: (0, 1), w: (0, 1)}) == (0, 0, 1)  # only us, registered: 0 of 1 seen
+    assert sample({q: (0, 3), w: (0, 1)}) == (2, 2, 1)  # two holders
+    assert sample({q: (1, 2)}, held=1) == (3, 1, 0)  # a writer gathering: 1 ready, 1 held
+
+
+@pytest.mark.parametrize(
+    ("writer", "proof", "free"),
+    [
+        ((1, 0), None, True),  # the turn is ready
+        ((0, 2), None, False),  # a writer holds it (one unregistered consumer)
+        ((0, 1), None, True),  # lost, one registered writer waiting for it
+        ((0, 0), True, True),  # lost and nobody waits: its leader says empty
+        ((0, 0), False, None),  # no answer from its leader: cannot judge
+        (None, None, True),  # no writer queue
+    ],
+)
+def test_a_readers_judge_of_the_turn(
+    monkeypatch: pytest.MonkeyPatch,
+    writer: tuple[int, int] | None,
+    proof: bool | None,
+    free: bool | None,
+) -> None:
+    t, w = "n.rwlock-writer", "n.rwlock-writer-waiting"
+    table = {w: (0, 1)}  # one registered waiter on the turn
+    if writer is not None:
+        table[t] = writer
+    asked: list[str] = []
+
+    async def answers_empty(session: Any, queue: str) -> bool:
+        asked.append(queue)
+        assert proof is not None, "a basic.get for an answer that needs none"
+        return proof
+
+    monkeypatch.setattr(heal, "answers_empty", answers_empty)
+    assert asyncio.run(heal.turn_is_free(_Counts(table), t, w)) is free  # type: ignore[arg-type]
+    assert asked == ([t] if proof is not None else [])
+
+
+def test_answers_empty_is_the_leaders_word(cluster_broker: Broker, name: str) -> None:
+    """``answers_empty`` on a real broker: True for an empty quorum queue; False for a
+    missing one and for one with a message ready, which it gives back."""
+    empty_name, full_name = f"{name}-empty", f"{name}-full"
+    make_partial(cluster_broker, empty_name, 1, 0)
+    make_partial(cluster_broker, full_name, 1, 1)
+
+    async def go() -> tuple[bool, bool, bool]:
+        session = await cluster_broker.core.session()
+        return (
+            await heal.answers_empty(session, token_queue(f"{name}-missing")),
+            await heal.answers_empty(session, token_queue(empty_name)),
+            await heal.answers_empty(session, token_queue(full_name)),
+        )
+
+    assert cluster_broker.core.run(go()) == (False, True, False)
+    waiting.wait_until(
+        lambda: counts(cluster_broker, token_queue(full_name)) == (1, 0), 10, "the token back"
+    )

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import subprocess
 import time
 from typing import Any
@@ -44,9 +45,10 @@ from amqp_locks.transport.quorum_guard import probe_queue
 from amqp_locks_dev import devbroker
 from amqp_locks_dev.mesh import MeshCluster
 
+from ..conftest import heal_bound
 from ..spawn import spawn_held
 from .conftest import MakeMesh, only_on_43
-from .locks import KINDS, holder_told, set_up, start_waiter
+from .locks import KINDS, holder_told, read_line, set_up, start_waiter
 
 pytestmark = [
     pytest.mark.timeout(1800),
@@ -200,20 +202,99 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
             time.sleep(0.5)
 
 
-def _run(make: MakeMesh, size: int, fault: str, kinds: list[str], name: str) -> None:
+#: How long the far waiter (:func:`far_waiter`) must wait through the split without a
+#: grant: past the longest a waiter takes to replace a queue it sees without tokens
+#: (conftest.heal_bound, with the default lock delay), and a margin for a loaded machine.
+FAR_WAIT = heal_bound(10.0) + 8.0
+
+
+def far_waiter(mc: MeshCluster, kind: str, name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The split the other way round: the lock (leader on 2) and its holder (beside node
+    3, whose probe queue is on {1, 2, 3}) on the small side {2, 3}, the waiter on node 4,
+    on the side with the metadata store's majority, whose probe queue is on {1, 4, 5}, so
+    its quorum guard keeps it. Node 4 cannot reach the lock queues' leader, so every
+    passive declare of them answers "0 ready, 0 consumers" (tokens/heal.py,
+    FAILED_STAT): a first-use queue that lost its tokens, as far as the numbers go. The
+    waiter must not replace it (a delete from there removes the record and the replica on
+    node 1, and its next first use makes a second token): no grant during the split, the
+    holder never told; once the split heals and the holder dies, the waiter is granted a
+    higher fencing token."""
+    admin = Broker([mc.node_url(2)], cluster=True, heartbeat=5)
+    waiter_broker = Broker([mc.node_url(4)], cluster=True, heartbeat=5)
+    holder: subprocess.Popen[str] | None = None
+    try:
+        set_up(admin, kind, name)
+        waiter_broker.connect()
+        holder, [token] = spawn_held(
+            "tests.cluster.partition_holder",
+            *(mc.node_url(3), name, kind, "0", "0"),
+            popen=functools.partial(mc.run_in_namespace, 3),
+        )
+        for queue in [*family(mc, name), *shards(mc, name), guard_queue(mc, 3)]:
+            place(mc, queue, {1, 2, 3})
+        place(mc, guard_queue(mc, 4), {1, 4, 5})
+        box: dict[str, Any] = {}
+        with caplog.at_level(logging.DEBUG, logger="amqp_locks.tokens"):
+            t = start_waiter(waiter_broker, kind, name, FAR_WAIT + 120, box)
+            mc.split([1, 4, 5], [2, 3])
+            cut_at = time.monotonic()
+            lost = read_line(holder, FAR_WAIT)
+            waited = time.monotonic() - cut_at
+            assert lost is None, f"the holder lost its lock {waited:.2f} s into the split: {lost}"
+            assert "error" not in box, f"the waiter failed: {box['error']!r}"
+            assert "at" not in box, (
+                f"two holders: the far waiter was granted {box['at'] - cut_at:.2f} s into "
+                "the split while the holder held on the lock's majority side"
+            )
+            assert mc.cut_links, "the links came back before the wait ended"
+            unanswered = [r for r in caplog.records if "no answer from its leader" in r.message]
+            assert unanswered, "the waiter never saw a count its queue's leader did not give"
+            mc.heal()
+            holder.kill()
+            holder.wait(30)
+            t.join(120)
+        assert "error" not in box, f"the waiter failed: {box['error']!r}"
+        assert "held" in box, "the waiter was never granted once the holder was gone"
+        print(
+            f"\n| {kind} | far waiter | held through {waited:.2f} s of split, "
+            f"{len(unanswered)} unanswered counts | granted after the holder died |"
+        )
+        assert box["held"].lease.fencing_token > token
+        box["held"].release()
+    finally:
+        mc.heal()
+        if holder is not None:
+            holder.kill()
+            holder.wait(30)
+        admin.close()
+        waiter_broker.close()
+        deadline = time.monotonic() + 120
+        while len(mc.running_nodes(2)) < mc.size:
+            assert time.monotonic() < deadline, "the cluster did not join up after the heal"
+            time.sleep(0.5)
+
+
+def _run(make: MakeMesh, size: int, fault: str, kinds: list[str], name: str) -> MeshCluster:
     mc = make(version="4.3", size=size, net_ticktime=NET_TICKTIME)
     rows = [(kind, *scenario(mc, kind, f"{name}-{i}", fault)) for i, kind in enumerate(kinds)]
     print("\n| primitive | cut | holder told (s) | waiter granted (s) |\n|---|---|---|---|")
     for kind, told, granted in rows:
         print(f"| {kind} | {fault} | {told:.2f} | {granted:.2f} |")
+    return mc
 
 
 def test_partial_cut_one_primitive_per_mechanism(make_mesh: MakeMesh, name: str) -> None:
     _run(make_mesh, 3, "partial", ["token", "write"], name)
 
 
-def test_five_node_split_one_primitive_per_mechanism(make_mesh: MakeMesh, name: str) -> None:
-    _run(make_mesh, 5, "split", ["token", "write"], name)
+def test_five_node_split_one_primitive_per_mechanism(
+    make_mesh: MakeMesh, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Then the far waiter, for each first-use queue a waiter could replace: a mutex's
+    token queue, and a read-write lock's turn (a reader behind a writer)."""
+    mc = _run(make_mesh, 5, "split", ["token", "write"], name)
+    for i, kind in enumerate(["mutex", "write"]):
+        far_waiter(mc, kind, f"{name}-far{i}", caplog)
 
 
 @pytest.mark.slow

@@ -155,14 +155,8 @@ def reader_plan(session: Session, name: str) -> heal.Plan:
         return await _stamped(session, readers, True)
 
     async def visible() -> heal.Sample | None:
-        try:
-            turns, turn_holders, _ = await heal.holder_counts(
-                session, writer, waiting_queue(writer)
-            )
-        except QueueNotFound:
-            turns, turn_holders = 1, 0
-        if turns == 0 and turn_holders > 0:
-            return None  # a writer may hold the turn, and reader tokens
+        if not await heal.turn_is_free(session, writer, waiting_queue(writer)):
+            return None  # a writer may hold the turn, and reader tokens (or no answer)
         return await heal.visible_tokens(session, readers, waiting_queue(readers))
 
     async def delete() -> None:

@@ -43,6 +43,16 @@ Why that is safe.
   cancelled), except on RabbitMQ 3.x, which loses a quorum consumer's cancel when the
   queue is declared again at once (:func:`cancels_reach_holders`): there a queue is
   replaced only in samples where nobody holds one of its tokens.
+- A count that did not come from the queue's leader is never evidence. RabbitMQ answers
+  a passive declare of a quorum queue with 0 ready and 0 consumers when the node cannot
+  get the leader's answer within 250 ms (:data:`FAILED_STAT`), which is what a waiter on
+  the far side of a partition from the queue's majority sees for as long as the cut
+  lasts (its own quorum guard need not drop it: its node can still reach a majority of
+  its probe queue and of the metadata store). A sample counts only when it counts our
+  own consumer of the queue; a read-write lock's turn, which a reader does not consume,
+  is proved by a ``basic.get`` only its majority can answer (:func:`turn_is_free`).
+  Deleting such a queue from there would remove the replicas within reach and its
+  record, and the next first use would make a second token.
 - Two waiters healing in the same round trip: the second delete would take the queue the
   first one's creator just made, and its new holder is told at once (its consumer is
   cancelled: a loss, never a second holder). Each waiter adds up to :data:`HEAL_JITTER`
@@ -78,9 +88,11 @@ from typing import Any
 from ..errors import ConnectionLost, QueueNotFound
 from ..names import token_queue, token_waiting_queue
 from ..stamps import is_stamp, permits_of
+from ..transport.channel_ops import take
 from ..transport.exchanges import consume_on_own_channel
 from ..transport.features import HELPER_EXPIRES_MS, broker_version
 from ..transport.session import Session
+from ..transport.shield import close_quietly
 from ..transport.wire import AbstractChannel
 from .fresh import fresh_arguments
 
@@ -166,10 +178,10 @@ class Plan:
     delete: Callable[[], Awaitable[None]]
 
 
-async def holder_counts(session: Session, queue: str, waiting: str) -> tuple[int, int, int]:
-    """(ready tokens, consumers not registered on `waiting`, registered waiters) of
-    `queue`: the unregistered consumers are the holders, plus any consumer of ours that is
-    not registered. A missing waiting queue has no waiter (it goes with its last one)."""
+async def queue_counts(session: Session, queue: str, waiting: str) -> tuple[int, int, int]:
+    """(ready messages, consumers, registered waiters) of `queue`, as the broker reports
+    them (:data:`FAILED_STAT` is its stand-in for no answer). A missing waiting queue has
+    no waiter (it goes with its last one)."""
 
     async def waiters() -> int:
         try:
@@ -180,20 +192,92 @@ async def holder_counts(session: Session, queue: str, waiting: str) -> tuple[int
     (ready, consumers), registered = await asyncio.gather(
         session.declare_passive_counts(queue), waiters()
     )
-    return ready, max(0, consumers - registered), registered
+    return ready, consumers, registered
+
+
+#: What a passive declare of a quorum queue answers when the node it is sent to gets no
+#: answer from the queue's leader: the leader is on a node it cannot reach (a partition),
+#: or took more than 250 ms to answer (read in rabbitmq-server 3.10.8, 4.0.5 and 4.3.5:
+#: ``rabbit_quorum_queue:stat`` turns a failed or timed-out ``rabbit_fifo_client:stat``
+#: into ``{ok, 0, 0}``). No message ready and no consumer: the very picture of a queue
+#: that lost its tokens. A sample never takes it at its word (:func:`visible_tokens`,
+#: :func:`turn_is_free`): a waiter judging by it on a node cut off from the queue's
+#: majority would delete a queue whose holder holds on the other side (a delete out of
+#: reach of the leader removes the replicas it reaches and the queue's record, and the
+#: next first use makes a new queue with a second token: two holders).
+FAILED_STAT = (0, 0)
+
+#: Seconds a sample waits for the leader of a queue it does not consume to answer a
+#: ``basic.get`` (:func:`answers_empty`).
+PROOF_TIMEOUT = 2.0
 
 
 async def visible_tokens(
     session: Session, queue: str, waiting: str, held: int | None = None
-) -> Sample:
-    """(tokens of `queue` anybody can see, other holders): ready ones plus one per holder
-    (a consumer not registered on `waiting`). `held`: we consume `queue` ourselves,
-    unregistered, and hold that many of its tokens (a writer gathering reader tokens)."""
-    ready, unregistered, registered = await holder_counts(session, queue, waiting)
+) -> Sample | None:
+    """(tokens of `queue` anybody can see, other holders, registered waiters): ready ones
+    plus one per holder (a consumer not registered on `waiting`). We consume `queue`
+    ourselves (a waiter; or, `held`, unregistered and holding that many of its tokens: a
+    writer gathering reader tokens), so an answer that counts no consumer did not come
+    from the queue's leader (:data:`FAILED_STAT`): None, this sample cannot judge."""
+    ready, consumers, registered = await queue_counts(session, queue, waiting)
+    if consumers == 0:
+        log.debug(
+            "%r answered %d ready and no consumer while we consume it: no answer from its "
+            "leader; not judged",
+            queue,
+            ready,
+        )
+        return None
+    unregistered = max(0, consumers - registered)
     if held is None:
         return ready + unregistered, unregistered, registered
     others = max(0, unregistered - 1)
     return ready + held + others, others, registered
+
+
+async def answers_empty(session: Session, queue: str) -> bool:
+    """Whether the leader of quorum queue `queue` answers, through its majority, that no
+    message is ready: a ``basic.get`` is a Raft command its leader answers once a majority
+    committed it (docs/cluster.md), so get-empty within :data:`PROOF_TIMEOUT` proves
+    both. A message it hands us goes back when the channel closes (False)."""
+    channels: list[AbstractChannel] = []
+
+    async def get() -> bool:
+        channels.append(await session.open_channel())
+        return await take(channels[0], queue) is None
+
+    try:
+        return await asyncio.wait_for(get(), PROOF_TIMEOUT)
+    except Exception:  # no answer in time, a closed channel or connection: not proved
+        return False
+    finally:
+        for ch in channels:
+            session.spawn(close_quietly(ch))
+
+
+async def turn_is_free(session: Session, queue: str, waiting: str) -> bool | None:
+    """Whether nobody holds the one-token turn of `queue` (a read-write lock's writer
+    queue: a writer holding it may hold any number of reader tokens on one consumer):
+    True when it is ready, missing, or lost with only registered waiters on it; False
+    when someone may hold it; None when the answer cannot be trusted. We do not consume
+    `queue`, so :data:`FAILED_STAT` is either a turn lost with nobody waiting for it or
+    no answer from its leader: :func:`answers_empty` tells them apart."""
+    try:
+        turns, consumers, registered = await queue_counts(session, queue, waiting)
+    except QueueNotFound:
+        return True
+    if (turns, consumers) == FAILED_STAT:
+        if await answers_empty(session, queue):
+            return True
+        log.debug(
+            "%r answered no turn and no consumer, and no basic.get within %g s: no answer "
+            "from its leader; not judged",
+            queue,
+            PROOF_TIMEOUT,
+        )
+        return None
+    return turns > 0 or consumers <= registered
 
 
 async def stamped_permits(session: Session, queue: str, arguments: dict[str, Any]) -> int | None:

@@ -484,6 +484,37 @@ def test_repair_of_a_set_up_queue_refuses_while_a_holder_may_hold_a_missing_id(
     TokenAdmin(broker, name).destroy()
 
 
+def test_repair_refuses_when_the_count_did_not_come_from_the_leader(
+    broker: Broker, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RabbitMQ answers "0 ready, 0 consumers" for a quorum queue whose leader the node
+    cannot hear within 250 ms (heal.FAILED_STAT; injected here as the broker's answer to
+    the token queue's passive declares). Repair must not read it as "nobody holds": with
+    the missing id held, it refuses and changes nothing (no second token)."""
+    from amqp_locks import LockError, TokenAdmin
+    from amqp_locks.transport.session import Session
+
+    TokenAdmin(broker, name).setup(1)
+    held = TokenSemaphore(broker, name).acquire(timeout=10)
+    assert held is not None
+    real = Session.declare_passive_counts
+
+    async def unanswered(self: Session, queue: str) -> tuple[int, int]:
+        if queue == token_queue(name):
+            return heal.FAILED_STAT
+        return await real(self, queue)
+
+    monkeypatch.setattr(Session, "declare_passive_counts", unanswered)
+    with pytest.raises(LockError, match="could not say who holds"):
+        TokenAdmin(broker, name).repair(timeout=0.5)
+    monkeypatch.undo()
+    assert counts(broker, token_queue(name)) == (0, 1), "repair changed the queue"
+    assert not held.lost.is_set()
+    held.release(wait=True)
+    assert TokenAdmin(broker, name).audit(timeout=5).ok
+    TokenAdmin(broker, name).destroy()
+
+
 def test_many_waiters_sample_less_often_each() -> None:
     """A name's waiters together take about SAMPLES_PER_SECOND samples a second, each at
     least one every MAX_INTERVAL seconds (well inside the gap that breaks a run)."""

@@ -240,13 +240,22 @@ class TokenAdminCore:
     async def _repair(self, session: Session, wait: float) -> Audit:
         ledger = await require_ledger(session, self.name, self.default_ledger)
         queue = token_queue(self.name)
-        # Counted before our own drain consumer comes (a quorum queue's count lags a
-        # closed channel): every consumer now holds a token or waits for one.
-        _, consumers = await session.declare_passive_counts(queue)
-        seen = await collect(session, self.name, ledger, wait, drop_surplus=True)
+        # Counted while our own drain consumer is there (a count without it did not come
+        # from the queue's leader: heal.FAILED_STAT): every other consumer holds a token
+        # or waits for one.
+        others: list[int] = []
+        seen = await collect(session, self.name, ledger, wait, drop_surplus=True, others=others)
         result = audit_of(ledger, seen)
         if not result.missing:
             return result
+        consumers = others[0]
+        if consumers < 0:
+            raise LockError(
+                f"repair of {self.name!r}: permits {list(result.missing)} did not come back "
+                f"within {wait:g}s, and {queue!r} could not say who holds them (its leader "
+                "did not answer the count in time: a partition, or a busy node). Nothing "
+                "was changed; run repair again"
+            )
         if ledger.first_use:
             if consumers and not cancels_reach_holders(session):
                 raise LockError(

@@ -57,11 +57,19 @@ async def drain(
 
 
 async def collect(
-    session: Session, name: str, ledger: Ledger, timeout: float, *, drop_surplus: bool = False
+    session: Session,
+    name: str,
+    ledger: Ledger,
+    timeout: float,
+    *,
+    drop_surplus: bool = False,
+    others: list[int] | None = None,
 ) -> list[int]:
     """Hold every token that shows up within `timeout` (or until every ledger id was
     seen); ack duplicates and unknown ids if `drop_surplus`; return the rest by closing
-    the channel."""
+    the channel. `others`: append the token queue's consumers other than ours, counted
+    while ours consumes, so that a count the queue's leader did not give (RabbitMQ's
+    "0 ready, 0 consumers": tokens/heal.FAILED_STAT) shows as -1."""
     known = set(ledger.ids)
     ch = await session.open_channel()
     seen: list[int] = []
@@ -77,6 +85,8 @@ async def collect(
 
     try:
         await consume_unacked(ch, token_queue(name), on_token, prefetch=0, priority=DRAIN_PRIORITY)
+        if others is not None:
+            others.append((await session.declare_passive_counts(token_queue(name)))[1] - 1)
         deadline = time.monotonic() + timeout
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(enough.wait(), timeout)

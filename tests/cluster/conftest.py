@@ -45,12 +45,39 @@ def cluster() -> Iterator[devcluster.ClusterInfo]:
         devcluster.reset(CLUSTER, base)
     info = devcluster.start(CLUSTER, 3, base)
     yield info
-    if not was_running and os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
+    if _stopped_for_harness:
+        if was_running:
+            devcluster.start(CLUSTER, 3, base)
+    elif not was_running and os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
         devcluster.stop(CLUSTER, base)
 
 
+#: The fixtures that start a harness cluster (and stop the shared one meanwhile).
+HARNESSES = ("make_partition", "make_mesh")
+
+#: True while the shared cluster is down because a harness test stopped it.
+_stopped_for_harness = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start a harness cluster run last (stable order otherwise): each stops
+    the shared cluster, and starting it again between them cost up to 150 s a time on a
+    loaded machine, inside the next test's timeout (rehearsal 90: a 3-node 4.3.6 restart
+    in a harness test's teardown ran past its 240 s)."""
+    items.sort(key=lambda item: any(f in getattr(item, "fixturenames", ()) for f in HARNESSES))
+
+
 @pytest.fixture(autouse=True)
-def all_nodes_up(cluster: devcluster.ClusterInfo) -> None:
+def all_nodes_up(request: pytest.FixtureRequest, cluster: devcluster.ClusterInfo) -> None:
+    """Every node of the shared cluster runs before a test that uses it (a failed test
+    may have left one down; a harness test before it stopped them all)."""
+    global _stopped_for_harness
+    if any(f in request.fixturenames for f in HARNESSES):
+        return
+    if _stopped_for_harness:
+        devcluster.start(CLUSTER, 3, _base_dir())
+        _stopped_for_harness = False
+        return
     for index, (_node, up) in enumerate(devcluster.status(CLUSTER, _base_dir()).items(), 1):
         if not up:
             devcluster.start_node(CLUSTER, index, _base_dir())
@@ -183,7 +210,7 @@ def make_partition() -> Iterator[MakePartition]:
     it made is torn down after the test, whatever happened (namespace, veth pair, nodes).
 
     One cluster at a time on this machine: the shared test cluster is stopped while a
-    harness runs and started again afterwards if it ran before."""
+    harness runs (see :func:`_harnesses`)."""
     yield from _harnesses(partition.partition_cluster, "partition")
 
 
@@ -195,12 +222,15 @@ def _harnesses(
     start: Callable[..., contextlib.AbstractContextManager[H]], folder: str
 ) -> Iterator[Callable[..., H]]:
     """The body of the harness fixtures: `start(**kwargs)` context managers under the test
-    home's `folder`, all closed after the test; the shared test cluster stopped meanwhile
-    (one cluster at a time on this machine) and started again if it ran before."""
+    home's `folder`, all closed after the test; the shared test cluster stopped first (one
+    cluster at a time on this machine) and started again only by the next test that uses
+    it (:func:`all_nodes_up`; harness tests run last) or at the session's end if it ran
+    before the session."""
+    global _stopped_for_harness
     base = _base_dir()
-    was_running = any(devcluster.status(CLUSTER, base).values())
-    if was_running:
+    if any(devcluster.status(CLUSTER, base).values()):
         devcluster.stop(CLUSTER, base)
+        _stopped_for_harness = True
     home = test_home()
     stack = contextlib.ExitStack()
 
@@ -208,14 +238,8 @@ def _harnesses(
         kwargs.setdefault("base_dir", home / folder if home else None)
         return stack.enter_context(start(**kwargs))
 
-    try:
+    with stack:
         yield make
-    finally:
-        try:
-            stack.close()
-        finally:
-            if was_running:
-                devcluster.start(CLUSTER, 3, base)
 
 
 #: Makes a mesh harness: ``make_mesh(size=5, net_ticktime=10)``; see the fixture.

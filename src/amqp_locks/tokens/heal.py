@@ -31,9 +31,9 @@ Why that is safe.
   One sample that errs either way breaks the run: healing needs *every* sample for the
   whole period.
 - Deleting, not re-publishing: a token that may still come back (held by a consumer on a
-  node the majority lost, which RabbitMQ 4.3 keeps for the queue's lock delay and does
-  not count as a consumer meanwhile) dies with the queue it belongs to, so there is never
-  a second token. Its holder was told it lost the lock by its quorum guard after
+  node the majority lost, which RabbitMQ hands back later, after 4.3's lock delay, while
+  still counting its consumer: benchmarks/split_counts.py) dies with the queue it belongs to, so there is
+  never a second token. Its holder was told it lost the lock by its quorum guard after
   ``quorum_timeout`` (at most ``lock_delay - 1 s``; docs/cluster.md), before the period
   here (``lock_delay`` + :data:`HEAL_MARGIN`) ends, so it is told before anyone is granted
   the name again. Any other holder is a counted consumer: while its connection lives

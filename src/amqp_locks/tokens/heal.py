@@ -32,13 +32,13 @@ Why that is safe.
   whole period.
 - Deleting, not re-publishing: a token that may still come back (held by a consumer on a
   node the majority lost, which RabbitMQ hands back later, after 4.3's lock delay, while
-  still counting its consumer: benchmarks/split_counts.py) dies with the queue it belongs to, so there is
-  never a second token. Its holder was told it lost the lock by its quorum guard after
-  ``quorum_timeout`` (at most ``lock_delay - 1 s``; docs/cluster.md), before the period
-  here (``lock_delay`` + :data:`HEAL_MARGIN`) ends, so it is told before anyone is granted
-  the name again. Any other holder is a counted consumer: while its connection lives
-  (also a frozen process, until the broker drops it for missed heartbeats) it is seen, and
-  once it is gone its token is back in the queue, ready.
+  still counting its consumer: benchmarks/split_counts.py) dies with the queue it belongs
+  to, so there is never a second token. Its holder was told it lost the lock by its
+  quorum guard after ``quorum_timeout`` (at most ``lock_delay - 1 s``; docs/cluster.md),
+  before the period here (``lock_delay`` + :data:`HEAL_MARGIN`) ends, so it is told
+  before anyone is granted the name again. Any other holder is a counted consumer: while
+  its connection lives (also a frozen process, until the broker drops it for missed
+  heartbeats) it is seen, and once it is gone its token is back in the queue, ready.
 - Holders of the tokens that are left (K > 1) are told by the delete (their consumers are
   cancelled), except on RabbitMQ 3.x, which loses a quorum consumer's cancel when the
   queue is declared again at once (:func:`cancels_reach_holders`): there a queue is
@@ -92,7 +92,7 @@ from ..transport.channel_ops import take
 from ..transport.exchanges import consume_on_own_channel
 from ..transport.features import HELPER_EXPIRES_MS, broker_version
 from ..transport.session import Session
-from ..transport.shield import close_quietly
+from ..transport.shield import close_quietly, shielded
 from ..transport.wire import AbstractChannel
 from .fresh import fresh_arguments
 
@@ -240,11 +240,12 @@ async def answers_empty(session: Session, queue: str) -> bool:
     """Whether the leader of quorum queue `queue` answers, through its majority, that no
     message is ready: a ``basic.get`` is a Raft command its leader answers once a majority
     committed it (docs/cluster.md), so get-empty within :data:`PROOF_TIMEOUT` proves
-    both. A message it hands us goes back when the channel closes (False)."""
+    both. A message it hands us goes back when the channel closes (False); a channel
+    still opening at the deadline is closed once open."""
     channels: list[AbstractChannel] = []
 
     async def get() -> bool:
-        channels.append(await session.open_channel())
+        channels.append(await shielded(session.open_channel(), close_quietly))
         return await take(channels[0], queue) is None
 
     try:

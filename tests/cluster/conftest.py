@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,18 +45,16 @@ def cluster() -> Iterator[devcluster.ClusterInfo]:
         devcluster.reset(CLUSTER, base)
     info = devcluster.start(CLUSTER, 3, base)
     yield info
-    if _stopped_for_harness:
-        if was_running:
+    if was_running or os.environ.get("AMQP_LOCKS_KEEP_BROKER") == "1":
+        if not any(devcluster.status(CLUSTER, base).values()):  # a harness test stopped it
             devcluster.start(CLUSTER, 3, base)
-    elif not was_running and os.environ.get("AMQP_LOCKS_KEEP_BROKER") != "1":
+    else:
         devcluster.stop(CLUSTER, base)
 
 
-#: The fixtures that start a harness cluster (and stop the shared one meanwhile).
-HARNESSES = ("make_partition", "make_mesh")
-
-#: True while the shared cluster is down because a harness test stopped it.
-_stopped_for_harness = False
+def _uses_harness(fixturenames: Iterable[str]) -> bool:
+    """Whether a test starts a harness cluster (and so stops the shared one meanwhile)."""
+    return bool({"make_partition", "make_mesh"} & set(fixturenames))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -64,22 +62,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the shared cluster, and starting it again between them cost up to 150 s a time on a
     loaded machine, inside the next test's timeout (rehearsal 90: a 3-node 4.3.6 restart
     in a harness test's teardown ran past its 240 s)."""
-    items.sort(key=lambda item: any(f in getattr(item, "fixturenames", ()) for f in HARNESSES))
+    items.sort(key=lambda item: _uses_harness(getattr(item, "fixturenames", ())))
 
 
 @pytest.fixture(autouse=True)
 def all_nodes_up(request: pytest.FixtureRequest, cluster: devcluster.ClusterInfo) -> None:
-    """Every node of the shared cluster runs before a test that uses it (a failed test
-    may have left one down; a harness test before it stopped them all)."""
-    global _stopped_for_harness
-    if any(f in request.fixturenames for f in HARNESSES):
+    """Every node of the shared cluster runs before a test that uses it: a failed test
+    may have left one down, a harness test before it stopped them all (started again
+    together: a node alone may wait for the others at boot)."""
+    if _uses_harness(request.fixturenames):
         return
-    if _stopped_for_harness:
+    up = devcluster.status(CLUSTER, _base_dir())
+    if not any(up.values()):
         devcluster.start(CLUSTER, 3, _base_dir())
-        _stopped_for_harness = False
         return
-    for index, (_node, up) in enumerate(devcluster.status(CLUSTER, _base_dir()).items(), 1):
-        if not up:
+    for index, (_node, running) in enumerate(up.items(), 1):
+        if not running:
             devcluster.start_node(CLUSTER, index, _base_dir())
 
 
@@ -225,12 +223,10 @@ def _harnesses(
     home's `folder`, all closed after the test; the shared test cluster stopped first (one
     cluster at a time on this machine) and started again only by the next test that uses
     it (:func:`all_nodes_up`; harness tests run last) or at the session's end if it ran
-    before the session."""
-    global _stopped_for_harness
+    before the session or is to be kept (``AMQP_LOCKS_KEEP_BROKER=1``)."""
     base = _base_dir()
     if any(devcluster.status(CLUSTER, base).values()):
         devcluster.stop(CLUSTER, base)
-        _stopped_for_harness = True
     home = test_home()
     stack = contextlib.ExitStack()
 

@@ -31,7 +31,8 @@ from amqp_locks_dev import mesh
 
 
 async def _counts(url: str, queue: str) -> tuple[int, int] | str:
-    """(ready, consumers) of `queue` through `url`, or why there was no answer."""
+    """(ready, consumers) of `queue` through `url`, or why there was no answer; on a
+    connection of its own, since the cut-off node closes what it had (3.10, 4.0)."""
     try:
         conn = await asyncio.wait_for(aiormq.connect(url), 5)
     except Exception as exc:  # reported as the sample

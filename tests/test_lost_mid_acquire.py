@@ -7,6 +7,8 @@ broker's close or the loss watchdog's drop does) just before the n-th of them, f
 The crash-point tests (test_crash_points.py) cut a creator through a proxy and look at what
 the *next* client gets; here the cut client's own answer is the subject. CI of 2026-12-02
 saw a write lock's grant end in aiormq's raw ``AMQPConnectionError`` (its fence take).
+The same again for a name's first use, whose making the acquire does itself: a cut there
+reached a read-write lock's caller as ``ConnectionLost`` until 2026-12-03.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 import aiormq.channel
 import pytest
 
+import amqp_locks.transport.channel_ops
+import amqp_locks.transport.queue_ops
 from amqp_locks import Broker, prepare_fences
 from amqp_locks.held import HeldState
 from amqp_locks.lease import Lease
@@ -91,28 +95,45 @@ class _Cutter:
             session._abort()
 
 
+def _cut_first(c: _Cutter, real: Callable[..., Any]) -> Callable[..., Any]:
+    async def cut_first(*args: Any, **kwargs: Any) -> Any:
+        c.before()
+        return await real(*args, **kwargs)
+
+    return cut_first
+
+
 @pytest.fixture
 def cutter(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Cutter]:
     c = _Cutter()
     for op in OPS:
         real = getattr(aiormq.channel.Channel, op)
-
-        def make(real: Callable[..., Any]) -> Callable[..., Any]:
-            async def cut_first(self: Any, *args: Any, **kwargs: Any) -> Any:
-                c.before()
-                return await real(self, *args, **kwargs)
-
-            return cut_first
-
-        monkeypatch.setattr(aiormq.channel.Channel, op, make(real))
+        monkeypatch.setattr(aiormq.channel.Channel, op, _cut_first(c, real))
     yield c
+
+
+#: The frames the library writes itself (transport/aiormq_compat.py), where it writes
+#: them: a test-and-set creation's declare with its publishes (one write), and a held
+#: token's hand-on (its cancel, reject or ack and publish, sent together).
+RAW_WRITES = (
+    (amqp_locks.transport.queue_ops, "write_confirmed"),
+    (amqp_locks.transport.channel_ops, "send_together"),
+)
+
+
+@pytest.fixture
+def raw_cutter(cutter: _Cutter, monkeypatch: pytest.MonkeyPatch) -> _Cutter:
+    """`cutter`, also counting (and cutting before) those writes."""
+    for module, attr in RAW_WRITES:
+        monkeypatch.setattr(module, attr, _cut_first(cutter, getattr(module, attr)))
+    return cutter
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
 @pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster-mode"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
-    kind: str, cluster: bool, blocking: bool, amqp_url: str, name: str, cutter: _Cutter
+    kind: str, cluster: bool, blocking: bool, amqp_url: str, name: str, raw_cutter: _Cutter
 ) -> None:
     """A non-blocking acquire asks again once on a new connection: granted, or None while
     the broker has not yet seen the cut connection end (then a blocking acquire is granted
@@ -127,8 +148,8 @@ def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
         set_up(admin, kind, name)
     with contextlib.closing(broker()) as b:
         b.core.run(b.core.session())
-        lease = cutter.acquire(b, lock_of(b, kind, name), blocking, timeout, None)
-        steps = cutter.count
+        lease = raw_cutter.acquire(b, lock_of(b, kind, name), blocking, timeout, None)
+        steps = raw_cutter.count
         assert lease is not None
         lease.release(wait=True)
     assert steps >= 2, f"{kind}: {steps} counted operations"
@@ -136,7 +157,7 @@ def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
     for n in range(1, steps + 1):
         with contextlib.closing(broker()) as b:
             first = b.core.run(b.core.session())
-            lease = cutter.acquire(b, lock_of(b, kind, name), blocking, timeout, n)
+            lease = raw_cutter.acquire(b, lock_of(b, kind, name), blocking, timeout, n)
             if lease is None and not blocking:
                 # The retry may come before the broker saw the cut connection end, which
                 # then still held what it was being granted: "busy" is the truth then.
@@ -144,13 +165,54 @@ def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
                 lease = lock_of(b, kind, name).acquire(timeout=10)
             assert lease is not None, f"{kind}: cut before operation {n} of {steps}: not granted"
             lease.release(wait=True)
-            if not cutter.fired:
+            if not raw_cutter.fired:
                 # A later acquire can take fewer steps than the first one counted (a
                 # connection's first fence take looks its shard up): the path completed.
                 break
             cuts += 1
             assert b.core._session is not first  # granted on a new connection
-    # Counted on 4.3.6 and 3.10.8: mutex 16 and 8 steps (single, cluster mode), semaphore
-    # 16 and 2-3, token 2, read 9 and 7-8, write 10 and 9 (frames written by
-    # transport/aiormq_compat.py itself, a publish with its confirm, are not counted).
+    # Counted on 4.3.6 and 3.10.8 (the same on both), blocking and non-blocking: mutex 20
+    # and 12 steps (single, cluster mode), semaphore 22 and 2-3, token 2-3, read 13-14
+    # and 11, write 14-16 and 13; the library's own writes (RAW_WRITES) included.
     assert cuts >= max(1, steps - 1), f"{kind}: {cuts} of {steps} cuts made"
+    mode = "cluster" if cluster else "single"
+    print(f"\n{kind} ({mode}, {'' if blocking else 'non-'}blocking): {steps} steps, {cuts} cut")
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster-mode"])
+@pytest.mark.parametrize("kind", ["mutex", "read", "write"])
+def test_a_connection_lost_at_any_step_of_a_first_use_is_waited_through(
+    kind: str, cluster: bool, amqp_url: str, name: str, raw_cutter: _Cutter
+) -> None:
+    """The same for a lock made by the acquire itself (a name never used, each cut on a
+    name of its own): the connection ended before any step of the making (a read-write
+    lock's queues made by test-and-sets; cluster mode's token queue) or of the wait after
+    it. Before the fix a read-write lock's making ran outside the acquire's retry, so a
+    connection lost there reached the caller as ``ConnectionLost``."""
+
+    def broker() -> Broker:
+        return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
+
+    with contextlib.closing(broker()) as admin:
+        prepare_fences(admin)
+    with contextlib.closing(broker()) as b:
+        b.core.run(b.core.session())
+        lease = raw_cutter.acquire(b, lock_of(b, kind, f"{name}-0"), True, 30, None)
+        steps = raw_cutter.count
+        assert lease is not None
+        lease.release(wait=True)
+    assert steps >= 2, f"{kind}: {steps} counted operations"
+    cuts = 0
+    for n in range(1, steps + 1):
+        with contextlib.closing(broker()) as b:
+            first = b.core.run(b.core.session())
+            lease = raw_cutter.acquire(b, lock_of(b, kind, f"{name}-{n}"), True, 30, n)
+            assert lease is not None, f"{kind}: cut before operation {n} of {steps}: not granted"
+            lease.release(wait=True)
+            if not raw_cutter.fired:
+                break  # this name's making took fewer steps: the path completed
+            cuts += 1
+            assert b.core._session is not first  # granted on a new connection
+    assert cuts >= max(1, steps - 1), f"{kind}: {cuts} of {steps} cuts made"
+    mode = "cluster" if cluster else "single"
+    print(f"\n{kind} ({mode}): first use of {steps} steps, {cuts} cut")

@@ -55,8 +55,17 @@ class _Half(LockObject):
         acquire = acquire_read if self.shared else acquire_write
         retried = False
         rounds = 0
+        make = False
         while True:
             try:
+                if make:
+                    # In the try: a connection lost while making the queues is waited
+                    # through as one lost while waiting (each step is a test-and-set, so
+                    # making them again on the new connection finishes what was begun).
+                    rw = self.rw
+                    made = first_use(rw.broker.core, self.name, rw.readers, rw.quorum, self.shared)
+                    await shielded(made)
+                    make = False
                 return await acquire(
                     self.rw.broker.core,
                     self.name,
@@ -73,9 +82,7 @@ class _Half(LockObject):
                 if rounds >= FIRST_USE_ROUNDS:
                     raise
                 rounds += 1
-                rw = self.rw
-                made = first_use(rw.broker.core, self.name, rw.readers, rw.quorum, self.shared)
-                await shielded(made)
+                make = True
             except ConnectionLost:
                 expired = deadline is not None and time.monotonic() >= deadline
                 if (nonblocking and retried) or expired:

@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 from yarl import URL
 
-from amqp_locks import Broker
+from amqp_locks import Broker, ReadWriteLock
 from amqp_locks.names import fence_generation, fence_shard_index
 from amqp_locks.transport.quorum_guard import probe_queue
 from amqp_locks_dev import devbroker
@@ -169,6 +169,16 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
             for queue in [*family(mc, name), *shards(mc, name), guard_queue(mc, 3)]:
                 place(mc, queue, {1, 2, 3})
             place(mc, guard_queue(mc, 1), {1, 4, 5})
+            if kind in ("read", "write"):
+                # Placing takes minutes on a loaded machine: a queue of the lock nobody
+                # consumes (a reader's writer queue) could expire meanwhile (x-expires
+                # 60 s unused; a declaration counts as use), and the waiter would have to
+                # make it again on the split's small side, where the metadata store has
+                # no majority (541 after 30 s: seen once). Declared again, then placed
+                # again in case it was gone (no change if not).
+                ReadWriteLock(admin, name).setup()
+                for queue in family(mc, name):
+                    place(mc, queue, {1, 2, 3})
         box: dict[str, Any] = {}
         t = start_waiter(waiter_broker, kind, name, GRANT_BOUND + 30, box)
         cut_at = time.monotonic()

@@ -49,25 +49,32 @@ KINDS = ("mutex", "semaphore", "token", "read", "write")
 
 class _Cutter:
     """Counts the operations above while an acquire runs; ends the connection before the
-    n-th. An operation the acquire left to the background (a consumer's cancel after the
-    fence take) that comes once the acquire returned is neither counted nor cut: it would
-    end a granted lease's connection, which is a lost lease, not a lost acquire."""
+    n-th (or each of several). An operation the acquire left to the background (a
+    consumer's cancel after the fence take) that comes once the acquire returned is
+    neither counted nor cut: it would end a granted lease's connection, which is a lost
+    lease, not a lost acquire."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.count = 0
-        self.cut_at: int | None = None
+        self.cut_at: frozenset[int] = frozenset()
         self.broker: Broker | None = None
-        self.fired = False
+        self.fired = 0
         self.task: asyncio.Task[Any] | None = None
 
     def acquire(
-        self, broker: Broker, lock: Any, blocking: bool, timeout: float | None, cut_at: int | None
+        self,
+        broker: Broker,
+        lock: Any,
+        blocking: bool,
+        timeout: float | None,
+        cut_at: int | tuple[int, ...] | None,
     ) -> Lease | None:
-        """`lock.acquire(blocking, timeout)`, counted (and cut before operation
-        `cut_at`)."""
+        """`lock.acquire(blocking, timeout)`, counted (and cut before operation `cut_at`,
+        or before each of them); `fired` tells how many cuts were made."""
+        cuts = frozenset([cut_at] if isinstance(cut_at, int) else cut_at or ())
         with self.lock:
-            self.broker, self.cut_at, self.count, self.fired = broker, cut_at, 0, False
+            self.broker, self.cut_at, self.count, self.fired = broker, cuts, 0, 0
 
         async def counted() -> HeldState | None:
             self.task = asyncio.current_task()
@@ -87,9 +94,9 @@ class _Cutter:
             return
         with self.lock:
             self.count += 1
-            if self.count != self.cut_at or self.broker is None:
+            if self.count not in self.cut_at or self.broker is None:
                 return
-            self.fired = True
+            self.fired += 1
             session = self.broker.core._session
         if session is not None and session.alive:
             session._abort()
@@ -216,3 +223,48 @@ def test_a_connection_lost_at_any_step_of_a_first_use_is_waited_through(
     assert cuts >= max(1, steps - 1), f"{kind}: {cuts} of {steps} cuts made"
     mode = "cluster" if cluster else "single"
     print(f"\n{kind} ({mode}): first use of {steps} steps, {cuts} cut")
+
+
+#: One kind per retry loop: waiting.acquire_loop (a mutex on one node; the persistent
+#: semaphore's is the same loop), tokens/client.py (cluster mode), rwlock/lock.py.
+ONE_PER_LOOP = [
+    pytest.param("mutex", False, id="mutex-single"),
+    pytest.param("mutex", True, id="mutex-cluster-mode"),
+    pytest.param("write", False, id="write-single"),
+]
+
+
+@pytest.mark.parametrize(("kind", "cluster"), ONE_PER_LOOP)
+def test_a_connection_lost_twice_in_a_row_is_waited_through_by_a_blocking_acquire(
+    kind: str, cluster: bool, amqp_url: str, name: str, raw_cutter: _Cutter
+) -> None:
+    """A blocking acquire with time left waits through any number of lost connections:
+    cut before step n and again before the first step on the new connection (a node
+    restarting, a failover whose next node drops the new connection too). Only a
+    non-blocking acquire gives up after asking once more. Before the fix a single-node
+    mutex's or persistent semaphore's first attempt asked once more and raised the second
+    loss (``ConnectionLost``) whatever time was left."""
+
+    def broker() -> Broker:
+        return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
+
+    with contextlib.closing(broker()) as admin:
+        prepare_fences(admin)
+        set_up(admin, kind, name)
+    with contextlib.closing(broker()) as b:
+        b.core.run(b.core.session())
+        lease = raw_cutter.acquire(b, lock_of(b, kind, name), True, 30, None)
+        steps = raw_cutter.count
+        assert lease is not None
+        lease.release(wait=True)
+    twice = 0
+    for n in range(1, steps + 1):
+        with contextlib.closing(broker()) as b:
+            b.core.run(b.core.session())
+            lease = raw_cutter.acquire(b, lock_of(b, kind, name), True, 30, (n, n + 1))
+            assert lease is not None, f"{kind}: cut before operations {n} and {n + 1}"
+            lease.release(wait=True)
+            twice += raw_cutter.fired == 2
+    assert twice >= max(1, steps - 2), f"{kind}: {twice} of {steps} double cuts made"
+    mode = "cluster" if cluster else "single"
+    print(f"\n{kind} ({mode}): {steps} steps, {twice} cut twice")

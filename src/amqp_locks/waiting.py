@@ -137,9 +137,13 @@ async def acquire_loop(
         try:
             granted = await _attempt(attempt(session, None))
         except ConnectionLost:
-            # The node died under the attempt: once more on a new connection (in a
-            # cluster, to the next node); whatever the lost connection held died with it.
-            granted = await _attempt(attempt(await core.session(), None))
+            # The node died under the attempt; whatever the lost connection held died with
+            # it. A blocking wait goes on below, on a new connection (in a cluster, to the
+            # next node), through any number of losses; a non-blocking one asks once more.
+            if blocking and timeout != 0:
+                granted = None
+            else:
+                granted = await _attempt(attempt(await core.session(), None))
         if granted is not None or not blocking or timeout == 0:
             return granted
     delay = backoff.initial

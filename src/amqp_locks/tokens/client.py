@@ -405,9 +405,9 @@ class TokenSemaphore(LockObject, HolderQueries):
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                if create:
-                    create = False
+                if create:  # cleared once made: a loss meanwhile makes (or checks) again
                     await self._create()
+                    create = False
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 return await acquire_permit(
                     self._core,

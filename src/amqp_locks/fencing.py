@@ -1283,22 +1283,20 @@ async def take_epoch(session: Session, name: str, timeout: float = 30.0) -> int:
 
 
 async def _take_from(session: Session, name: str, queue: str, timeout: float) -> int:
-    for _attempt in range(3):
-        try:
-            count, returns = await _take(session, queue, timeout)
-            if returns >= RENEW_EPOCH_AFTER:
-                renewed = await _renew(session, queue, timeout)
-                if renewed is not None:
-                    return renewed
-            return count + 1
-        except _RuleChanged:
-            await _rebase(session, queue, timeout)
-        except (QueueNotFound, AMQPError, ConnectionError) as exc:
-            # Typed, so a waiter's reconnect logic sees a ConnectionLost.
-            err = exc if isinstance(exc, QueueNotFound) else channel_error(exc, queue)
-            if err is exc:
-                raise
-            raise err from exc
+    try:
+        for _attempt in range(3):
+            try:
+                count, returns = await _take(session, queue, timeout)
+                if returns >= RENEW_EPOCH_AFTER:
+                    renewed = await _renew(session, queue, timeout)
+                    if renewed is not None:
+                        return renewed
+                return count + 1
+            except _RuleChanged:
+                await _rebase(session, queue, timeout)
+    except (AMQPError, ConnectionError, ChannelInvalidStateError) as exc:
+        # Typed (the rebase's too), so a waiter's reconnect logic sees a ConnectionLost.
+        raise channel_error(exc, queue) from exc
     raise LockError(f"the fence of {name!r} keeps changing counting rules (mixed brokers?)")
 
 

@@ -275,6 +275,35 @@ def test_a_call_that_cannot_be_sent_frees_its_key(prefork: Worker, broker: Broke
     once.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
 
 
+def test_a_call_not_sent_whose_key_cannot_be_freed(
+    prefork: Worker, broker: Broker, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The lock broker gone too when the claimed key is to be freed: the send's own error
+    is raised (not the free's), the pooled producer goes back to the pool (kombu's exit:
+    none kept dirty, so a pool is never drained by such calls), and the log says the key
+    stays busy and how to free it."""
+    from kombu.exceptions import EncodeError
+
+    from amqp_locks import ConnectionLost
+    from amqp_locks.celery import once as once_claims
+
+    def gone(*args: Any, **kwargs: Any) -> bool:
+        raise ConnectionLost("the lock broker went away too (test)")
+
+    pool = once.app.producer_pool
+    dirty = len(pool._dirty)
+    k = key()
+    with monkeypatch.context() as patch:
+        patch.setattr(once_claims, "forget", gone)
+        with pytest.raises(EncodeError):
+            once.apply_async((k, 0.0, object()), queue=prefork.queue)
+        assert len(pool._dirty) == dirty
+    assert f"its key {once.lock_name((k, 0.0))} could not be freed" in caplog.text
+    assert busy(broker, once.lock_name((k, 0.0)))
+    assert once.forget_once((k, 0.0), force=True)
+    once.apply_async((k, 0.0), queue=prefork.queue).get(timeout=30)
+
+
 def test_two_calls_of_a_key_on_one_connection(threads: Worker, broker: Broker) -> None:
     """A copy sent around the dedup (`send_task`) waits for the run mutex in another
     thread of the same worker, so both calls bind through one connection: each holds its

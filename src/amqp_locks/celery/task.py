@@ -426,7 +426,7 @@ class Singleton(Task[..., Any]):
                     args, kwargs, task_id, producer, link, link_error, shadow, **options
                 )
             except BaseException:
-                once_claims.forget(self.broker, name)  # claimed but not sent: free it
+                self._free_unsent(name)  # claimed but not sent: free it
                 raise
         try:
             return self._send_gated(
@@ -435,6 +435,22 @@ class Singleton(Task[..., Any]):
         except _Refused:
             self._refused(name, graceful)
             return None
+
+    def _free_unsent(self, name: str) -> None:
+        """Free the claim of a call that was not sent. The send's own error is the one
+        worth raising: a failure here (the lock broker gone too) is logged, and the key
+        stays busy (its claim, bound to nothing, never ends by itself) until
+        ``forget_once(force=True)`` frees it."""
+        try:
+            once_claims.forget(self.broker, name)
+        except Exception as exc:
+            log.warning(
+                "%s: the call was not sent, and its key %s could not be freed (%s); it stays "
+                "busy until freed with forget_once(force=True)",
+                self.name,
+                name,
+                exc,
+            )
 
     def _refused(self, name: str, graceful: bool) -> None:
         """A refused claim: logged (``graceful``) or :class:`AlreadyQueued` raised."""
@@ -483,10 +499,12 @@ class Singleton(Task[..., Any]):
             raise
         except BaseException:
             exc_info = sys.exc_info()
-            if _claimed_quietly(claimed):  # claimed but not sent: free the key again
-                once_claims.forget(self.broker, name)
-            if pooled is not None:
-                pooled.__exit__(*exc_info)  # kombu's own exit: replace, release
+            try:
+                if _claimed_quietly(claimed):  # claimed but not sent: free the key again
+                    self._free_unsent(name)
+            finally:
+                if pooled is not None:
+                    pooled.__exit__(*exc_info)  # kombu's own exit: replace, release
             raise
         if pooled is not None:
             pooled.release()

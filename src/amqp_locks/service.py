@@ -346,7 +346,10 @@ class LockableService:
             limits.append(self._pending_since + self.keep_alive_timeout - now)
         try:
             ok = signals.result(call, max(0.0, min(limits)) if limits else None)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError as exc:
+            if call.done():  # the keep-alive's own answer (BrokerTimeout is one): an error
+                self._pending = None
+                return self._policy(exc)
             if deadline is not None and time.monotonic() >= deadline:
                 events.emit(events.keep_alive(self.locker, self._pending_since, None))
                 log.error(

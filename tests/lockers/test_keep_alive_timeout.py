@@ -130,3 +130,42 @@ def test_default_timeouts(tmp_path: Path, amqp_url: str) -> None:
     for bad in (0, -1):
         with pytest.raises(ConfigurationError, match="keep_alive_timeout"):
             LockableService(SharedFileLocker(tmp_path), lambda s: None, keep_alive_timeout=bad)
+
+
+class TolerantPolicy(RecordingPolicy):
+    """A user's policy that rides out every error (records it)."""
+
+    def on_error(self, locker: Locker, exc: BaseException) -> bool:
+        self.errors.append(exc)
+        return True
+
+
+def test_a_keep_alive_raising_a_timeout_error_is_an_error_and_is_called_again(
+    tmp_path: Path,
+) -> None:
+    """A keep-alive's own `TimeoutError` (a socket timeout in a custom locker; the
+    library's `BrokerTimeout` is one too) is its answer, handed to the policy as it is,
+    and the next period calls the keep-alive again. It was taken for "no answer yet": the
+    policy was told `KeepAliveTimeout` at every check and the keep-alive never called
+    again (a lease locker would then demote when its lease ran out)."""
+    failed = TimeoutError("the keep-alive's socket timed out (test)")
+    calls: list[float] = []
+
+    class Once(HangingFileLocker):
+        def _keep_alive(self) -> bool:
+            calls.append(time.monotonic())
+            if len(calls) == 2:
+                raise failed
+            return super()._keep_alive()
+
+    policy = TolerantPolicy()
+    service, states = _serve(Once(tmp_path), keep_alive_timeout=5.0, policy=policy)
+    try:
+        deadline = time.monotonic() + 10
+        while len(calls) < 5:
+            assert time.monotonic() < deadline, f"keep-alive called {len(calls)} times"
+            time.sleep(0.05)
+        assert policy.errors == [failed]
+        assert [s for _, s in states] == [State.STANDBY, State.MASTER]
+    finally:
+        service.stop(10)

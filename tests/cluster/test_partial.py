@@ -29,6 +29,7 @@ turn: ``write``); ``-m slow`` runs every primitive:
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import logging
@@ -65,41 +66,35 @@ def all_nodes_up() -> None:
     """Not the shared test cluster: these tests make their own meshes."""
 
 
-def family(mc: MeshCluster, name: str) -> list[str]:
+def listing(mc: MeshCluster) -> dict[str, set[int]]:
+    """Every queue, with the node indexes holding a replica of it (one ``list_queues``:
+    each call starts a CLI node, seconds on a loaded machine)."""
+    out = mc.rabbitmqctl(2, "list_queues", "-q", "name", "members", "--formatter", "json")
+    found: dict[str, set[int]] = {}
+    for row in json.loads(out):
+        names = [str(m) for m in row.get("members") or []]
+        found[row["name"]] = {i for i in range(1, mc.size + 1) if mc.node(i).node in names}
+    return found
+
+
+def family(listed: dict[str, set[int]], name: str) -> list[str]:
     """Every queue lock `name` has made so far (its tokens, turn, ledger, fence...)."""
-    out = mc.rabbitmqctl(2, "list_queues", "-q", "name", "--formatter", "json")
-    names = [row["name"] for row in json.loads(out)]
-    return [q for q in names if q.startswith((f"{name}.", f"{name}-"))]
+    return [q for q in listed if q.startswith((f"{name}.", f"{name}-"))]
 
 
-def shards(mc: MeshCluster, name: str) -> list[str]:
+def shards(listed: dict[str, set[int]], name: str) -> list[str]:
     """The fence shards lock `name` counts on (fencing.py), those made so far: a grant's
     fencing token needs its shard's majority too, so the split puts them with the lock."""
-    out = mc.rabbitmqctl(2, "list_queues", "-q", "name", "--formatter", "json")
-    made = {row["name"] for row in json.loads(out)}
     wanted = {
         fence_generation(fence_shard_index(n), 0)[:-1]
         for n in (name, f"{name}.rwlock", f"{name}.mutex", f"{name}.slots")
     }
-    return sorted(q for q in made for w in wanted if q.startswith(w) and q[len(w) :].isdigit())
+    return sorted(q for q in listed for w in wanted if q.startswith(w) and q[len(w) :].isdigit())
 
 
-def members(mc: MeshCluster, queue: str) -> set[int]:
-    """The node indexes holding a replica of `queue`."""
-    found = members_or_none(mc, queue)
-    if found is None:
-        raise AssertionError(f"queue {queue!r} not found")
-    return found
-
-
-def members_or_none(mc: MeshCluster, queue: str) -> set[int] | None:
-    """:func:`members`, or None when `queue` does not exist."""
-    out = mc.rabbitmqctl(2, "list_queues", "-q", "name", "members", "--formatter", "json")
-    for row in json.loads(out):
-        if row["name"] == queue:
-            names = [str(m) for m in row["members"]]
-            return {i for i in range(1, mc.size + 1) if mc.node(i).node in names}
-    return None
+def lock_queues(listed: dict[str, set[int]], name: str) -> list[str]:
+    """:func:`family` and :func:`shards`: what the split puts with the lock."""
+    return [*family(listed, name), *shards(listed, name)]
 
 
 #: Queues that come and go with an administration call or a waiter (an administration
@@ -126,19 +121,39 @@ def queues_cli(mc: MeshCluster, index: int, *args: str) -> None:
     assert proc.returncode == 0, f"rabbitmq-queues {' '.join(args)}: {proc.stderr or proc.stdout}"
 
 
-def place(mc: MeshCluster, queue: str, want: set[int]) -> None:
-    """Make `want` exactly the members of `queue` (leader stays on node 2); a transient
-    queue (:data:`TRANSIENT`) that vanishes meanwhile is left alone."""
-    try:
-        for i in sorted(want - members(mc, queue)):
-            queues_cli(mc, 2, "add_member", queue, mc.node(i).node)
-        for i in sorted(members(mc, queue) - want):
-            queues_cli(mc, 2, "delete_member", queue, mc.node(i).node)
-        assert members(mc, queue) == want, (queue, members(mc, queue))
-    except AssertionError:
-        if queue.endswith(TRANSIENT) and members_or_none(mc, queue) is None:
-            return
-        raise
+def place(mc: MeshCluster, wants: dict[str, set[int]], listed: dict[str, set[int]]) -> None:
+    """Make each queue's members exactly its `wants` entry (leader stays on node 2), from
+    `listed` (:func:`listing`, taken just before); a transient queue (:data:`TRANSIENT`)
+    that vanishes meanwhile is left alone. Queues are changed side by side (a membership
+    change waits on the queue's own Raft cluster), each queue's changes in turn; then one
+    listing checks them all (none when nothing had to change)."""
+    changes = {
+        q: [("add_member", i) for i in sorted(want - listed.get(q, want))]
+        + [("delete_member", i) for i in sorted(listed.get(q, want) - want)]
+        for q, want in wants.items()
+    }
+    for q in wants:
+        assert q in listed or q.endswith(TRANSIENT), f"queue {q!r} not found"
+
+    def change(queue: str) -> None:
+        for what, i in changes[queue]:
+            try:
+                queues_cli(mc, 2, what, queue, mc.node(i).node)
+            except AssertionError:
+                if not queue.endswith(TRANSIENT):
+                    raise
+
+    todo = [q for q, c in changes.items() if c]
+    if not todo:
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        for done in [pool.submit(change, q) for q in todo]:
+            done.result()
+    after = listing(mc)
+    for q, want in wants.items():
+        if q.endswith(TRANSIENT) and q not in after:
+            continue
+        assert after.get(q) == want, (q, after.get(q))
 
 
 def guard_queue(mc: MeshCluster, index: int) -> str:
@@ -166,9 +181,10 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
             # waiter's probe queue on {1, 2, 3}: their majority is on the small side of
             # the split, where the waiter is; the holder's probe queue keeps its majority
             # on the holder's (large) side.
-            for queue in [*family(mc, name), *shards(mc, name), guard_queue(mc, 3)]:
-                place(mc, queue, {1, 2, 3})
-            place(mc, guard_queue(mc, 1), {1, 4, 5})
+            listed = listing(mc)
+            wants = {q: {1, 2, 3} for q in lock_queues(listed, name)}
+            wants |= {guard_queue(mc, 3): {1, 2, 3}, guard_queue(mc, 1): {1, 4, 5}}
+            place(mc, wants, listed)
             if kind in ("read", "write"):
                 # Placing takes minutes on a loaded machine: a queue of the lock nobody
                 # consumes (a reader's writer queue) could expire meanwhile (x-expires
@@ -177,8 +193,8 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
                 # no majority (541 after 30 s: seen once). Declared again, then placed
                 # again in case it was gone (no change if not).
                 ReadWriteLock(admin, name).setup()
-                for queue in family(mc, name):
-                    place(mc, queue, {1, 2, 3})
+                listed = listing(mc)
+                place(mc, {q: {1, 2, 3} for q in family(listed, name)}, listed)
         box: dict[str, Any] = {}
         t = start_waiter(waiter_broker, kind, name, GRANT_BOUND + 30, box)
         cut_at = time.monotonic()
@@ -240,9 +256,10 @@ def far_waiter(mc: MeshCluster, kind: str, name: str, caplog: pytest.LogCaptureF
             *(mc.node_url(3), name, kind, "0", "0"),
             popen=functools.partial(mc.run_in_namespace, 3),
         )
-        for queue in [*family(mc, name), *shards(mc, name), guard_queue(mc, 3)]:
-            place(mc, queue, {1, 2, 3})
-        place(mc, guard_queue(mc, 4), {1, 4, 5})
+        listed = listing(mc)
+        wants = {q: {1, 2, 3} for q in lock_queues(listed, name)}
+        wants |= {guard_queue(mc, 3): {1, 2, 3}, guard_queue(mc, 4): {1, 4, 5}}
+        place(mc, wants, listed)
         box: dict[str, Any] = {}
         with caplog.at_level(logging.DEBUG, logger="amqp_locks.tokens"):
             t = start_waiter(waiter_broker, kind, name, FAR_WAIT + 120, box)

@@ -136,6 +136,64 @@ def raw_cutter(cutter: _Cutter, monkeypatch: pytest.MonkeyPatch) -> _Cutter:
     return cutter
 
 
+Lock = Callable[[Broker, int], Any]
+
+
+def _count_steps(
+    cutter: _Cutter, broker: Callable[[], Broker], lock: Lock, blocking: bool, timeout: float | None
+) -> int:
+    """The operations one acquire of ``lock(b, 0)`` makes on a fresh connection, uncut."""
+    with contextlib.closing(broker()) as b:
+        b.core.run(b.core.session())
+        lease = cutter.acquire(b, lock(b, 0), blocking, timeout, None)
+        steps = cutter.count
+        assert lease is not None
+        lease.release(wait=True)
+    assert steps >= 2, f"{steps} counted operations"
+    return steps
+
+
+def _cut_each_step(
+    cutter: _Cutter,
+    broker: Callable[[], Broker],
+    lock: Lock,
+    steps: int,
+    *,
+    blocking: bool = True,
+    timeout: float | None = 30,
+    twice: bool = False,
+) -> set[int]:
+    """For n = 1..`steps`, on a fresh connection each time: ``lock(b, n)``'s acquire with
+    the connection ended before its n-th operation (`twice`: and before the next, the
+    first on the new connection), granted on a new connection. Returns the n so cut.
+
+    Paths differ (a lock name has its own fence shard; a later acquire can skip a lookup
+    the first one made; the connection's background work may fall in the count): a cut
+    past a run's path does not fire, and that run's count is its whole path. Every step
+    of the shortest path seen must have been cut (twice: a first cut within the path
+    always has a second, the retry's first step)."""
+    cut, paths = set(), [steps]
+    for n in range(1, steps + 1):
+        with contextlib.closing(broker()) as b:
+            first = b.core.run(b.core.session())
+            lease = cutter.acquire(b, lock(b, n), blocking, timeout, (n, n + 1) if twice else n)
+            if lease is None and not blocking:
+                # The retry may come before the broker saw the cut connection end, which
+                # then still held what it was being granted: "busy" is the truth then.
+                # It must not last: the lock is granted once the broker has seen it.
+                lease = lock(b, n).acquire(timeout=10)
+            assert lease is not None, f"cut before operation {n} of {steps}: not granted"
+            lease.release(wait=True)
+            if not cutter.fired:
+                paths.append(cutter.count)
+            elif cutter.fired == (2 if twice else 1):
+                cut.add(n)
+                assert b.core._session is not first  # granted on a new connection
+    shortest = min(paths)
+    assert set(range(1, shortest + 1)) <= cut, f"cut before {sorted(cut)}, paths {paths}"
+    return cut
+
+
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
 @pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster-mode"])
 @pytest.mark.parametrize("kind", KINDS)
@@ -150,45 +208,19 @@ def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
     def broker() -> Broker:
         return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
 
+    def lock(b: Broker, n: int) -> Any:
+        return lock_of(b, kind, name)
+
     with contextlib.closing(broker()) as admin:
         prepare_fences(admin)
         set_up(admin, kind, name)
-    with contextlib.closing(broker()) as b:
-        b.core.run(b.core.session())
-        lease = raw_cutter.acquire(b, lock_of(b, kind, name), blocking, timeout, None)
-        steps = raw_cutter.count
-        assert lease is not None
-        lease.release(wait=True)
-    assert steps >= 2, f"{kind}: {steps} counted operations"
-    cut, paths = set(), [steps]
-    for n in range(1, steps + 1):
-        with contextlib.closing(broker()) as b:
-            first = b.core.run(b.core.session())
-            lease = raw_cutter.acquire(b, lock_of(b, kind, name), blocking, timeout, n)
-            if lease is None and not blocking:
-                # The retry may come before the broker saw the cut connection end, which
-                # then still held what it was being granted: "busy" is the truth then.
-                # It must not last: the lock is granted once the broker has seen it.
-                lease = lock_of(b, kind, name).acquire(timeout=10)
-            assert lease is not None, f"{kind}: cut before operation {n} of {steps}: not granted"
-            lease.release(wait=True)
-            if not raw_cutter.fired:
-                # A later acquire can take fewer steps than the first one counted (a
-                # connection's first fence take looks its shard up; the connection's
-                # background work may fall in the count): this run's count is its path.
-                paths.append(raw_cutter.count)
-                continue
-            cut.add(n)
-            assert b.core._session is not first  # granted on a new connection
+    steps = _count_steps(raw_cutter, broker, lock, blocking, timeout)
+    cut = _cut_each_step(raw_cutter, broker, lock, steps, blocking=blocking, timeout=timeout)
     # Counted on 4.3.6 and 3.10.8 (the same on both), blocking and non-blocking: mutex 20
     # and 12 steps (single, cluster mode), semaphore 22 and 2-3, token 2-3, read 13-14
-    # and 11, write 14-16 and 13; the library's own writes (RAW_WRITES) included. Every
-    # step of the shortest path seen was cut.
-    shortest = min(paths)
-    assert set(range(1, shortest + 1)) <= cut, f"{kind}: cut before {sorted(cut)}, paths {paths}"
-    cuts = len(cut)
+    # and 11, write 14-16 and 13; the library's own writes (RAW_WRITES) included.
     mode = "cluster" if cluster else "single"
-    print(f"\n{kind} ({mode}, {'' if blocking else 'non-'}blocking): {steps} steps, {cuts} cut")
+    print(f"\n{kind} ({mode}, {'' if blocking else 'non-'}blocking): {steps} steps, {len(cut)} cut")
 
 
 @pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster-mode"])
@@ -205,35 +237,15 @@ def test_a_connection_lost_at_any_step_of_a_first_use_is_waited_through(
     def broker() -> Broker:
         return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
 
+    def lock(b: Broker, n: int) -> Any:
+        return lock_of(b, kind, f"{name}-{n}")
+
     with contextlib.closing(broker()) as admin:
         prepare_fences(admin)
-    with contextlib.closing(broker()) as b:
-        b.core.run(b.core.session())
-        lease = raw_cutter.acquire(b, lock_of(b, kind, f"{name}-0"), True, 30, None)
-        steps = raw_cutter.count
-        assert lease is not None
-        lease.release(wait=True)
-    assert steps >= 2, f"{kind}: {steps} counted operations"
-    # Names differ in their paths (each has its fence shard; the broker's background work
-    # may fall in the count): a cut past a name's path does not fire, and that run's
-    # count is its whole path. Every step of the shortest path seen must have been cut.
-    cut, paths = set(), [steps]
-    for n in range(1, steps + 1):
-        with contextlib.closing(broker()) as b:
-            first = b.core.run(b.core.session())
-            lease = raw_cutter.acquire(b, lock_of(b, kind, f"{name}-{n}"), True, 30, n)
-            assert lease is not None, f"{kind}: cut before operation {n} of {steps}: not granted"
-            lease.release(wait=True)
-            if not raw_cutter.fired:
-                paths.append(raw_cutter.count)  # this name's making took fewer steps
-                continue
-            cut.add(n)
-            assert b.core._session is not first  # granted on a new connection
-    shortest = min(paths)
-    assert set(range(1, shortest + 1)) <= cut, f"{kind}: cut before {sorted(cut)}, paths {paths}"
-    cuts = len(cut)
+    steps = _count_steps(raw_cutter, broker, lock, True, 30)
+    cut = _cut_each_step(raw_cutter, broker, lock, steps)
     mode = "cluster" if cluster else "single"
-    print(f"\n{kind} ({mode}): first use of {steps} steps, {cuts} cut")
+    print(f"\n{kind} ({mode}): first use of {steps} steps, {len(cut)} cut")
 
 
 #: One kind per retry loop: waiting.acquire_loop (a mutex on one node; the persistent
@@ -259,29 +271,13 @@ def test_a_connection_lost_twice_in_a_row_is_waited_through_by_a_blocking_acquir
     def broker() -> Broker:
         return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
 
+    def lock(b: Broker, n: int) -> Any:
+        return lock_of(b, kind, name)
+
     with contextlib.closing(broker()) as admin:
         prepare_fences(admin)
         set_up(admin, kind, name)
-    with contextlib.closing(broker()) as b:
-        b.core.run(b.core.session())
-        lease = raw_cutter.acquire(b, lock_of(b, kind, name), True, 30, None)
-        steps = raw_cutter.count
-        assert lease is not None
-        lease.release(wait=True)
-    doubled, paths = set(), [steps]
-    for n in range(1, steps + 1):
-        with contextlib.closing(broker()) as b:
-            b.core.run(b.core.session())
-            lease = raw_cutter.acquire(b, lock_of(b, kind, name), True, 30, (n, n + 1))
-            assert lease is not None, f"{kind}: cut before operations {n} and {n + 1}"
-            lease.release(wait=True)
-            if raw_cutter.fired == 2:
-                doubled.add(n)
-            elif not raw_cutter.fired:
-                paths.append(raw_cutter.count)  # a shorter path (as in the test above)
-    # A first cut within the path always has a second: the retry's first step.
-    shortest = min(paths)
-    assert set(range(1, shortest + 1)) <= doubled, f"{kind}: {sorted(doubled)}, paths {paths}"
-    twice = len(doubled)
+    steps = _count_steps(raw_cutter, broker, lock, True, 30)
+    cut = _cut_each_step(raw_cutter, broker, lock, steps, twice=True)
     mode = "cluster" if cluster else "single"
-    print(f"\n{kind} ({mode}): {steps} steps, {twice} cut twice")
+    print(f"\n{kind} ({mode}): {steps} steps, {len(cut)} cut twice")

@@ -24,9 +24,10 @@ import pytest
 
 import amqp_locks.transport.channel_ops
 import amqp_locks.transport.queue_ops
-from amqp_locks import Broker, prepare_fences
+from amqp_locks import Broker, ReleaseUnconfirmed, prepare_fences
 from amqp_locks.held import HeldState
 from amqp_locks.lease import Lease
+from amqp_locks_dev import devbroker
 
 from .cluster.locks import lock_of, set_up
 
@@ -153,6 +154,22 @@ def _count_steps(
     return steps
 
 
+def _release(lease: Lease, lock: Any) -> None:
+    """Give a granted lease back. On RabbitMQ 4.2+ a release's wake-up notice can meet the
+    name's wake-up queue in the instant of its delete (here: the cut connection's
+    subscription ending), and the broker closes the releasing connection (506
+    "failed to deliver message: {not_found, ...}"; docs/protocol.md, known and not
+    removed): the release is unconfirmed, and the lock must be free again all the same,
+    granted to the next acquire as soon as the broker has seen that connection end."""
+    try:
+        lease.release(wait=True)
+    except ReleaseUnconfirmed as exc:
+        assert devbroker.default_version() == "4.3" and "failed to deliver" in str(exc), exc
+        again = lock.acquire(timeout=30)
+        assert again is not None, f"not granted again after {exc}"
+        again.release(wait=True)
+
+
 def _cut_each_step(
     cutter: _Cutter,
     broker: Callable[[], Broker],
@@ -183,7 +200,7 @@ def _cut_each_step(
                 # It must not last: the lock is granted once the broker has seen it.
                 lease = lock(b, n).acquire(timeout=10)
             assert lease is not None, f"cut before operation {n} of {steps}: not granted"
-            lease.release(wait=True)
+            _release(lease, lock(b, n))
             if not cutter.fired:
                 paths.append(cutter.count)
             elif cutter.fired == (2 if twice else 1):

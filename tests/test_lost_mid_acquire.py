@@ -159,8 +159,10 @@ def _release(lease: Lease, lock: Any) -> None:
     name's wake-up queue in the instant of its delete (here: the cut connection's
     subscription ending), and the broker closes the releasing connection (506
     "failed to deliver message: {not_found, ...}"; docs/protocol.md, known and not
-    removed): the release is unconfirmed, and the lock must be free again all the same,
-    granted to the next acquire as soon as the broker has seen that connection end."""
+    removed). A mutex's or persistent semaphore's release is confirmed all the same (its
+    notice follows the delete: tests/test_release_notice_race.py); another kind's is
+    unconfirmed, and the lock must be free again all the same, granted to the next
+    acquire as soon as the broker has seen that connection end."""
     try:
         lease.release(wait=True)
     except ReleaseUnconfirmed as exc:

@@ -5,7 +5,6 @@ is finished (or taken back) by the next administration action."""
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from amqp_locks import Broker, PersistentSemaphore, SemaphoreAdmin
 from amqp_locks.names import holder_queue, quorum_marker, slot_queue, slot_tombstone
 from amqp_locks.semaphore import burial
+from amqp_locks.transport.errors import undelivered_to
 from amqp_locks.transport.line_args import parse_version
 from amqp_locks_dev import devbroker
 from benchmarks.slot_churn import CLIENTS, SLOTS, churn
@@ -49,12 +49,7 @@ def _holder_delete_race(reason: str, name: str) -> bool:
     """Whether a connection's end is RabbitMQ 4.2+'s 506 for a probe that met a holder
     queue `B[k]` of semaphore `name` as it was deleted (the target found by routing, the
     queue record gone by the time the channel looks it up)."""
-    found = re.search(
-        r'failed to deliver message: \{not_found,\s*\{resource,<<"[^"]*">>,'
-        r'queue,\s*<<"([^"]+)">>',
-        reason,
-    )
-    return found is not None and found[1] in {holder_queue(name, k) for k in range(1, SLOTS + 1)}
+    return undelivered_to(reason) in {holder_queue(name, k) for k in range(1, SLOTS + 1)}
 
 
 def test_the_holder_delete_race_is_told_from_a_burial_failure() -> None:

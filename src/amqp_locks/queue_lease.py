@@ -27,7 +27,7 @@ from .transport.channel_ops import (
     declare_on,
     publish_plain,
 )
-from .transport.errors import channel_error
+from .transport.errors import channel_error, undelivered_to
 from .transport.features import helper_queue
 from .transport.shield import close_quietly
 from .transport.wakeups import HOLDER_PRIORITY
@@ -225,6 +225,18 @@ class LeaseState(HeldState):
         except BaseException as exc:
             self._let_go(watch)
             if isinstance(exc, ConnectionLost) and not session.alive:
+                if undelivered_to(session.lost_reason or "") == self.notice_key:
+                    # Our notice met the wake-up queue in the instant of its delete (its
+                    # last waiter left; RabbitMQ 4.2+ then closes the connection): the
+                    # broker handled the delete before it, on the same channel. Released,
+                    # and our sentinel, returned with the connection, wakes any waiter.
+                    log.info(
+                        "released %r; its wake-up notice met the wake-up queue being "
+                        "deleted, and the broker closed the connection: %s",
+                        self.name,
+                        session.lost_reason,
+                    )
+                    return
                 # The connection died under the release: the broker deletes the exclusive
                 # queue with it, so the lock is free all the same. No waiter notice.
                 log.debug("connection lost releasing %r: released by the broker", self.name)

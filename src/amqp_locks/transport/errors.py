@@ -131,3 +131,21 @@ def connect_error(exc: BaseException, url: URL) -> AmqpLocksError:
     if isinstance(exc, OSError | ex.AMQPConnectionError):
         return BrokerUnreachable(f"cannot connect to broker {where}: {_text(exc)}")
     return BrokerError(f"cannot connect to broker {where}: {type(exc).__name__}: {_text(exc)}")
+
+
+#: RabbitMQ 4.2+'s 506 for a publish that met a queue in the instant of its delete, written
+#: by ``rabbit_channel:deliver_to_queues`` with ``~tp`` (pretty-printed: line breaks where
+#: the term is long; a non-ASCII name as ``<<"..."/utf8>>``).
+_UNDELIVERED = re.compile(
+    r'failed to deliver message: \{not_found,\s*\{resource,\s*<<"[^"]*"(?:/utf8)?>>,\s*'
+    r'queue,\s*<<"(?P<queue>[^"\\]*)"'
+)
+
+
+def undelivered_to(reason: str) -> str | None:
+    """The queue a publish could not be delivered to, when a connection ended with RabbitMQ
+    4.2+'s 506 "failed to deliver message: {not_found, ...}" (docs/protocol.md: the
+    publish met that queue in the instant of its delete; the broker closes the
+    publisher's connection); None for any other end, or a text cut short (252 bytes)."""
+    found = _UNDELIVERED.search(reason)
+    return None if found is None else found["queue"]

@@ -225,7 +225,7 @@ class LeaseState(HeldState):
         except BaseException as exc:
             self._let_go(watch)
             if isinstance(exc, ConnectionLost) and not session.alive:
-                if undelivered_to(session.lost_reason or "") == self.notice_key:
+                if undelivered_to(f"{session.lost_reason} {exc}") == self.notice_key:
                     # Our notice met the wake-up queue in the instant of its delete (its
                     # last waiter left; RabbitMQ 4.2+ then closes the connection): the
                     # broker handled the delete before it, on the same channel. Released,

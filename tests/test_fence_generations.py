@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -870,3 +871,86 @@ def test_a_cold_take_beside_a_marker_not_running_keeps_the_connection(
         _marker_member(node, k, "restart_server")
     with Broker(amqp_url) as b:  # the restarted marker is read again
         assert _take(b, name) > before
+
+
+def test_a_search_that_meets_leftovers_below_a_rebuilt_run_reads_the_hints_whole(
+    amqp_url: str, node: devbroker.NodeInfo, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A counter deleted by hand right after a renewal and rebuilt far above (repair_fence)
+    leaves its superseded generation 0 and its tombstone below the run, out of a wide
+    scan's reach: a cold search finds the run only from the marker's hints. Other cold
+    readers hold the hints a few round trips each, and a search that read none twice
+    called the healthy counter gone (CI of stop 60, RabbitMQ 4.0.5, 8 racers on a fresh
+    name: CounterGone "g0 superseded, none above it; marker hint None"). Here another
+    connection holds every hint until the search comes to its verdict's read, which waits
+    them out: the take is granted from the rebuilt run."""
+    from pamqp.commands import Queue
+
+    from amqp_locks import fencing
+
+    k = fence_shard_index(name)
+    far = 1000
+    assert far > 1 + fencing.SCAN_WINDOW * fencing.SCAN_WINDOWS  # beyond a wide scan from 1
+    left = [fence_generation(k, 0), fence_tombstone(k, 0)]
+    doomed = [*_known(k), fence_generation(k, far), fence_tombstone(k, far)]
+    _reset_shard(node, amqp_url, k)
+
+    def write(g: int, after: str, bury: bool) -> Callable[[Session], Awaitable[int]]:
+        async def go(s: Session) -> int:  # a creation write, without any retire
+            check = Queue.Declare(queue=after, passive=True, nowait=True)
+            return int(await fencing._write_creation(s, k, g, [check], bury=bury))
+
+        return go
+
+    verdict, held = threading.Event(), threading.Event()
+    settled: list[float] = []  # the verdict reads' patience
+    real = fencing._read_hint
+
+    async def watched(session: Session, shard: int, settle: float = 0.0) -> int | None:
+        if settle and shard == k:
+            settled.append(settle)
+            verdict.set()
+        return await (real(session, shard, settle) if settle else real(session, shard))
+
+    def hold(taken: list[int]) -> None:
+        """Every hint of the marker taken on another connection, held until the verdict."""
+
+        async def go() -> None:
+            conn = await asyncio.wait_for(aiormq.connect(amqp_url), 30)
+            try:
+                ch = await conn.channel()
+                while True:
+                    got = await ch.basic_get(fence_marker(k), no_ack=False)
+                    if type(got.delivery).__name__ != "GetOk":
+                        break
+                    taken.append(int(got.body))
+                held.set()
+                await asyncio.get_running_loop().run_in_executor(None, verdict.wait, 60)
+            finally:
+                await conn.close()  # the hints go back
+
+        asyncio.run(go())
+
+    try:
+        with Broker(amqp_url) as b:
+            _take(b, name)  # generation 0, hint 0
+            assert _run(b, write(1, fence_generation(k, 0), bury=True)) == 1  # a renewal
+            _delete(amqp_url, [fence_generation(k, 1)])  # deleted by hand
+            assert _run(b, write(far, fence_marker(k), bury=False)) == 1  # repair's write
+        assert set(_existing(amqp_url, doomed)) == {fence_marker(k), *left, fencing._gen(k, far)}
+        taken: list[int] = []
+        holder = threading.Thread(target=hold, args=(taken,))
+        holder.start()
+        try:
+            assert held.wait(30), "the holder did not take the hints"
+            assert taken == [far] * fencing.HINTS_KEPT  # the newest, in every copy
+            monkeypatch.setattr(fencing, "_read_hint", watched)
+            with Broker(amqp_url) as cold:
+                token = _take(cold, name, timeout=60)
+        finally:
+            verdict.set()
+            holder.join(30)
+        assert token >= fencing.shard_token(far, 0)
+        assert settled, "granted without a verdict's read: the hints were not held"
+    finally:
+        _delete(amqp_url, doomed)

@@ -63,13 +63,17 @@ when active clients have moved past it, and searches start from the newest (belo
 
 **Finding the current generation.** A process keeps the newest G it saw per shard
 (``Session.fence_gens``). A client with none reads the marker's hints first (every
-creation write ends with a publish of its number to the marker, which keeps the newest
-HINTS_KEPT; read once a passive declare shows one, since a get or consume on a marker
-still starting closes the connection, 541), probes FIRST_WINDOW names from the highest
-(else from 0) in one round trip, and asks whether the marker exists (a passive declare:
-a probe would be a message, pushing the marker's hints out); if nothing is found and the
-marker exists, it reads the hints again and probes SCAN_WINDOW names a round trip from
-there.
+creation write ends with HINTS_KEPT publishes of its number to the marker, which keeps
+the newest HINTS_KEPT; read once a passive declare shows one, since a get or consume on a
+marker still starting closes the connection, 541), probes FIRST_WINDOW names from the
+highest (else from 0) in one round trip, and asks whether the marker exists (a passive
+declare: a probe would be a message, pushing the marker's hints out); if nothing is found
+and the marker exists, it reads the hints again and probes SCAN_WINDOW names a round trip
+from there. Readers hold the hints they took for a few round trips, so a cold read beside
+others may see some or none: harmless for a start (a low hint costs a wider scan), but a
+verdict (the counter gone; a rebuild's generation) rests on a read that saw the marker
+whole, HINTS_KEPT of them, waiting up to HINT_SETTLE for it (a counter rebuilt far above
+its leftovers is found only from the hints: CI of stop 60, 4.0.5).
 
 **Never touching a generation being deleted.** RabbitMQ closes the whole connection of a
 client that publishes to a quorum queue while it is deleted: 3.10.8 with 541 (40 of 40
@@ -124,6 +128,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 import time
@@ -202,10 +207,18 @@ RENEW_AFTER = 4096
 #: longer than a live taker holds it (one round trip), so only a lost message, or one a
 #: frozen or cut-off taker holds, costs a generation. The bound on healing.
 HEAL_AFTER = 5.0
-#: Hint messages the marker keeps (a reader takes the highest).
+#: Hint messages the marker keeps (a reader takes the highest). Each hint is written this
+#: many times, so a marker is full from its first hint on: a read that took HINTS_KEPT
+#: saw every hint there, none held by another reader.
 HINTS_KEPT = 4
 #: Tries to read the marker's hints while other readers hold them (about 1 s in all).
 HINT_TRIES = 10
+#: How long a read the search's verdict rests on (a counter gone, a rebuild's generation)
+#: keeps reading the hints until it has seen all HINTS_KEPT: every cold reader holds the
+#: ones it took for a few round trips, so eight racing on one shard can each see some or
+#: none (CI of stop 60, 4.0.5: a racer read none twice and called a healthy counter
+#: gone, "g0 superseded, none above it; marker hint None").
+HINT_SETTLE = 2.0
 #: The longest wait for the marker to show a hint before it is read (a marker just made
 #: may be starting: :func:`_read_hint`); in cluster mode (hints read by a consumer) also
 #: the longest wait for them, HINT_QUIET how long after the last the burst is complete.
@@ -653,6 +666,7 @@ async def _discover(
     was deleted by hand and must be rebuilt from a floor (:func:`repair_fence`)."""
     hint_read = False
     looked_above: int | None = None
+    dead: int | None = None  # a superseded top seen with nothing above it
     gone_looks = 0
     hint = start if start is not None else session.fence_gens.get(k, 0)
     if start is None and k not in session.fence_gens and not session.cluster:
@@ -665,8 +679,11 @@ async def _discover(
         # 5-node split: the write lock's waiter was never granted in 70 s); the search
         # from 0 reads the marker only when the run is not found there.
         hint = await _read_hint(session, k) or 0
+    scanned: set[int] = set()  # where wide scans started
     while True:
         top, marker_found, low = await _scan(session, k, hint, wide=hint_read)
+        if hint_read:
+            scanned.add(hint)
         if top is not None and (await session.probe([fence_tombstone(k, top)]))[0]:
             if looked_above != top:
                 # G's tombstone is written after G+1, in the same creation write: a
@@ -679,9 +696,11 @@ async def _discover(
                     hint = above
                     continue
             # Superseded, its successor gone. Dead leftovers below a rebuilt counter look
-            # so from 0: the marker's hint says where the live run is.
-            got = None if hint_read else await _read_hint(session, k)
-            hint_read = True
+            # so from 0 (a counter deleted by hand just after a renewal, then rebuilt far
+            # above by repair_fence): the marker's hints say where the live run is, read
+            # until seen whole (other readers may hold them) before any verdict.
+            got = await _read_hint(session, k, settle=_settle_within(deadline))
+            hint_read, dead = True, top
             if got is None or got <= top:
                 seen = f"g{top} superseded, none above it; marker hint {got}"
                 raise _counter_gone(k, dead=top, seen=seen)
@@ -724,7 +743,13 @@ async def _discover(
             await asyncio.sleep(GONE_PAUSE)
             hint, hint_read = 0, False
         else:
-            raise _counter_gone(k)
+            # The verdict: only once the marker's hints, read whole, point nowhere new.
+            got = await _read_hint(session, k, settle=_settle_within(deadline))
+            if got is None or got in scanned:
+                was = "" if dead is None else f"g{dead} superseded, none above it; "
+                seen = f"{was}marker hint {got}, scanned from {sorted(scanned)}"
+                raise _counter_gone(k, dead=dead, seen=seen)
+            hint = got
         if time.monotonic() >= deadline:
             raise FenceMissing(f"fence shard {k:02d}: no generation found in time")
 
@@ -807,49 +832,68 @@ async def _marker_usable(session: Session, k: int) -> bool:
     return True
 
 
-async def _read_hint(session: Session, k: int) -> int | None:
+async def _read_hint(session: Session, k: int, settle: float = 0.0) -> int | None:
     """The highest generation number the marker holds (None: none there, or all held by
-    other readers for a few tries): every hint taken on one channel, then returned by
-    closing it."""
+    other readers for a few tries). Every cold reader takes the hints and holds them a few
+    round trips, so a read may see some or none: without `settle` the first read that saw
+    any answers (a search starts from it: a low hint costs a wider scan, never a lower
+    token); with it, reads go on until one sees all HINTS_KEPT or `settle` seconds pass,
+    and the highest seen answers (what a verdict rests on: :func:`_discover`)."""
     marker = fence_marker(k)
+    until = time.monotonic() + settle
     try:
         # A marker a genesis just declared may be starting: a get or a consume before its
         # Raft member runs closes the whole connection, with every lease on it (541
         # noproc: a consume, and a basic.get, "Cannot get a message ...: noproc", in CI
-        # rehearsal 62 on 3.10.8). One with no hint has nothing to read.
-        if not await session.wait_running(marker, HINT_WAIT):
+        # rehearsal 62 on 3.10.8). One with no hint ready has nothing to read: none, or
+        # others hold them all (so a settled read waits for them as long).
+        if not await session.wait_running(marker, max(HINT_WAIT, settle)):
             return None
     except (QueueNotFound, ResourceLocked):
         return None  # missing, or another's stand-in (405)
-    if session.cluster:
-        return await _read_hint_pushed(session, marker)
-    for attempt in range(HINT_TRIES):
+    read = _read_hints_pushed if session.cluster else _read_hints
+    best: int | None = None
+    for attempt in itertools.count():
         if attempt:
-            # Another reader holds the hints for one round trip: try again a little later.
-            await asyncio.sleep(random.uniform(0.01, 0.05) * attempt)
-        ch = await session.open_channel()
-        seen: list[int] = []
-        try:
-            for _ in range(HINTS_KEPT * 2):
-                message = await take(ch, marker)
-                if message is None:
-                    break
-                text = message.body.decode(errors="replace")
-                if text.isdigit():
-                    seen.append(int(text))
-        except AMQPError:
-            return None  # missing (404), or another's stand-in (405)
-        finally:
-            with contextlib.suppress(Exception):
-                await ch.close()
-        if seen:
-            return max(seen)
-    return None
+            # Another reader holds the hints for a few round trips: try again a little later.
+            await asyncio.sleep(random.uniform(0.01, 0.05) * min(attempt, HINT_TRIES))
+        seen = await read(session, marker)
+        if seen is None:
+            return best  # missing (404), or another's stand-in (405)
+        best = max([*seen, *([] if best is None else [best])], default=None)
+        if len(seen) >= HINTS_KEPT:
+            return best  # all of them: nobody else held any
+        if not settle and (best is not None or session.cluster):
+            return best  # a consumer's read already waited HINT_WAIT for them
+        if attempt + 1 >= (1 if session.cluster else HINT_TRIES) and time.monotonic() >= until:
+            return best
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _read_hint_pushed(session: Session, marker: str) -> int | None:
-    """:func:`_read_hint` in cluster mode, by a consumer: never ``basic.get`` there (while a
-    quorum queue has no leader, RabbitMQ answers a get with 541 "nodedown", which closes
+async def _read_hints(session: Session, marker: str) -> list[int] | None:
+    """One read of the marker's hints: every one taken on one channel, then returned by
+    closing it. None when the marker is missing or another's stand-in."""
+    ch = await session.open_channel()
+    seen: list[int] = []
+    try:
+        for _ in range(HINTS_KEPT * 2):
+            message = await take(ch, marker)
+            if message is None:
+                break
+            text = message.body.decode(errors="replace")
+            if text.isdigit():
+                seen.append(int(text))
+    except AMQPError:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await ch.close()
+    return seen
+
+
+async def _read_hints_pushed(session: Session, marker: str) -> list[int] | None:
+    """:func:`_read_hints` in cluster mode, by a consumer: never ``basic.get`` there (while
+    a quorum queue has no leader, RabbitMQ answers a get with 541 "nodedown", which closes
     the whole connection: measured on a 5-node 4.3.6 split). The hints arrive in one burst
     (prefetch HINTS_KEPT * 2); the wait ends HINT_QUIET after the last, at most HINT_WAIT
     after the consume; closing the channel returns them."""
@@ -875,11 +919,16 @@ async def _read_hint_pushed(session: Session, marker: str) -> int | None:
             arrived.clear()
             wait = min(HINT_QUIET, deadline - time.monotonic())
     except AMQPError:
-        return None  # missing (404), or another's stand-in (405)
+        return None
     finally:
         with contextlib.suppress(Exception):
             await ch.close()
-    return max(seen) if seen else None
+    return seen
+
+
+def _settle_within(deadline: float) -> float:
+    """A verdict's hint read: HINT_SETTLE, within what is left of the caller's time."""
+    return max(0.0, min(HINT_SETTLE, deadline - time.monotonic()))
 
 
 async def _ensure_marker(session: Session, k: int) -> None:
@@ -890,10 +939,17 @@ async def _ensure_marker(session: Session, k: int) -> None:
 
 
 async def _hint(session: Session, k: int, g: int) -> None:
-    """Leave `g` in the marker for clients that look for the shard's generation (best
-    effort: a lost hint costs a later client a wider search)."""
+    """Leave `g` in the marker for clients that look for the shard's generation, HINTS_KEPT
+    copies (:func:`_write_creation`; best effort: a lost hint costs a later client a
+    wider search)."""
+    text = str(g).encode()
     with contextlib.suppress(AmqpLocksError, AMQPError):
-        await session.publish("", fence_marker(k), str(g).encode(), persistent=True)
+        await asyncio.gather(
+            *(
+                session.publish("", fence_marker(k), text, persistent=True)
+                for _ in range(HINTS_KEPT)
+            )
+        )
 
 
 async def _write_creation(
@@ -932,21 +988,21 @@ async def _write_creation(
                 )
             )
         if hint:
+            # HINTS_KEPT copies: the marker is full from its first hint on, so a reader
+            # that took HINTS_KEPT knows it saw them all (:func:`_read_hint`).
             text = str(g).encode()
             frames += [
                 Basic.Publish(exchange="", routing_key=fence_marker(k)),
                 ContentHeader(properties=Basic.Properties(delivery_mode=2), body_size=len(text)),
                 ContentBody(text),
-            ]
-        # The counter's publish is returnable (mandatory, matched by its id); the hint's
-        # is not.
-        ids = [props.message_id] + ([None] if hint else [])
+            ] * HINTS_KEPT
+        # The counter's publish is returnable (mandatory, matched by its id); the hints'
+        # are not.
+        ids = [props.message_id] + [None] * (HINTS_KEPT if hint else 0)
         confirms = await write_confirmed(ch, frames, ids)
         try:
-            await confirms[0]  # the counter is in; the hint is best effort
-            if hint:
-                with contextlib.suppress(Exception):
-                    await confirms[1]
+            await confirms[0]  # the counter is in; the hints are best effort
+            await asyncio.gather(*confirms[1:], return_exceptions=True)
         finally:
             forget_returns(ch, ids)
 
@@ -1215,7 +1271,8 @@ async def repair_fence(session: Session, name: str, floor: int) -> bool:
             await session.delete(_gen(k, x))
             await session.delete(fence_tombstone(k, x))
             x -= 1
-    hint = max(await _read_hint(session, k) or 0, session.fence_gens.get(k, 0), (dead or 0) + 1)
+    hints = await _read_hint(session, k, settle=HINT_SETTLE)
+    hint = max(hints or 0, session.fence_gens.get(k, 0), (dead or 0) + 1)
     # Above the newest generation this broker and process know of, and above the floor:
     # the floor is what proves it (it is at least every token handed out).
     g = max(hint + 1, generation_for_floor(floor))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -161,30 +162,24 @@ def fence_messages(broker: Broker, name: str) -> int:
     return on_session(broker, count)
 
 
-def drop_fence_shard(broker: Broker, name: str) -> None:
-    """Put the lock's fence shard back to "never made": its marker, every generation up
-    to two above the current one with its tombstone, and a pre-generation shard queue
-    deleted (queue.delete is idempotent). Every one from 0, not a window near the current:
-    under load retires lag (each waits RETIRE_AFTER), and a generation left below a window
-    read as a superseded top to the run made again from 0 (rehearsal 43: CounterGone,
-    "g1 superseded, none above it", in every later test on that shard)."""
-    from amqp_locks.names import (
-        fence_generation,
-        fence_marker,
-        fence_shard,
-        fence_shard_index,
-        fence_tombstone,
-    )
+def drop_fence_shard(node: devbroker.NodeInfo, broker: Broker, name: str) -> None:
+    """Put the lock's fence shard back to "never made": its marker, every generation and
+    tombstone of it the node lists, and a pre-generation shard queue deleted. Listed, not
+    a range of numbers: under load retires lag, and a generation left below a window read
+    as a superseded top to the run made again from 0 (rehearsal 43: CounterGone, "g1
+    superseded, none above it", in every later test on that shard); and a shard rebuilt
+    far up (test_transport's repair_fence: generation 65,537) made a range from 0 131,000
+    deletes."""
+    from amqp_locks.names import fence_marker, fence_shard, fence_shard_index
 
     k = fence_shard_index(name)
-    current = int(fence_counter(broker, name).rsplit("-g", 1)[1])
+    out = devbroker.rabbitmqctl(node, "list_queues", "name", "--no-table-headers", "--quiet")
+    mine = re.compile(rf"^amqp-locks-fence-{k:02d}-g\d+(-done)?$")
+    listed = [q.strip() for q in out.splitlines() if mine.match(q.strip())]
 
     async def drop(session: Session) -> None:
         session.fence_gens.pop(k, None)
-        doomed = [fence_shard(name), fence_marker(k)]
-        for g in range(current + 3):
-            doomed += [fence_generation(k, g), fence_tombstone(k, g)]
-        for q in doomed:
+        for q in [fence_shard(name), fence_marker(k), *listed]:
             await session.call(None, lambda ch, q=q: ch.queue_delete(q))
 
     on_session(broker, drop)

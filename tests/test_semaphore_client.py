@@ -503,7 +503,7 @@ def test_a_deleted_fence_counter_is_rebuilt_once_from_a_floor_and_tokens_keep_ri
     """A semaphore whose fence counter was deleted by hand refuses typed (FenceMissing)
     rather than restart low; once rebuilt from the floor, two holders racing on two
     connections leave exactly one fence message, with tokens above the floor."""
-    drop_fence_shard(broker, name)
+    drop_fence_shard(node, broker, name)
     SemaphoreAdmin(broker, name).create(2)
     first = PersistentSemaphore(broker, name).acquire(timeout=10)
     assert first is not None and first.fencing_token > 0

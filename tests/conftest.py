@@ -162,24 +162,32 @@ def fence_messages(broker: Broker, name: str) -> int:
     return on_session(broker, count)
 
 
+def fence_shard_listed(node: devbroker.NodeInfo, k: int) -> list[str]:
+    """Every queue of fence shard `k` the node lists: the pre-generation shard queue, the
+    marker, generations and tombstones. Listed, not a range of numbers: a shard rebuilt far
+    up (test_transport's repair_fence: generation 65,537) would make a range from 0 131,000
+    names."""
+    out = devbroker.rabbitmqctl(node, "list_queues", "name", "--no-table-headers", "--quiet")
+    mine = re.compile(
+        rf"^(amqp-locks-shard-{k:02d}-fence|amqp-locks-fence-{k:02d}(-g\d+(-done)?)?)$"
+    )
+    return [q.strip() for q in out.splitlines() if mine.match(q.strip())]
+
+
 def drop_fence_shard(node: devbroker.NodeInfo, broker: Broker, name: str) -> None:
-    """Put the lock's fence shard back to "never made": its marker, every generation and
-    tombstone of it the node lists, and a pre-generation shard queue deleted. Listed, not
-    a range of numbers: under load retires lag, and a generation left below a window read
-    as a superseded top to the run made again from 0 (rehearsal 43: CounterGone, "g1
-    superseded, none above it", in every later test on that shard); and a shard rebuilt
-    far up (test_transport's repair_fence: generation 65,537) made a range from 0 131,000
-    deletes."""
-    from amqp_locks.names import fence_marker, fence_shard, fence_shard_index
+    """Put the lock's fence shard back to "never made": every queue of it the node lists
+    deleted (:func:`fence_shard_listed`). All of them: under load retires lag, and a
+    generation left below a window read as a superseded top to the run made again from 0
+    (rehearsal 43: CounterGone, "g1 superseded, none above it", in every later test on
+    that shard)."""
+    from amqp_locks.names import fence_shard_index
 
     k = fence_shard_index(name)
-    out = devbroker.rabbitmqctl(node, "list_queues", "name", "--no-table-headers", "--quiet")
-    mine = re.compile(rf"^amqp-locks-fence-{k:02d}-g\d+(-done)?$")
-    listed = [q.strip() for q in out.splitlines() if mine.match(q.strip())]
+    listed = fence_shard_listed(node, k)
 
     async def drop(session: Session) -> None:
         session.fence_gens.pop(k, None)
-        for q in [fence_shard(name), fence_marker(k), *listed]:
+        for q in listed:
             await session.call(None, lambda ch, q=q: ch.queue_delete(q))
 
     on_session(broker, drop)

@@ -44,7 +44,7 @@ from amqp_locks.transport.session import Session
 from amqp_locks_dev import devbroker
 
 from . import waiting
-from .conftest import fence_messages
+from .conftest import fence_messages, fence_shard_listed
 from .faultproxy import FaultProxy
 
 #: How soon a name grants again after any cut (fencing.HEAL_AFTER is 5 s, plus a few
@@ -56,13 +56,8 @@ T = TypeVar("T")
 
 def _shard_queues(node: devbroker.NodeInfo, k: int) -> dict[str, int]:
     """Every queue of fence shard `k` (old and new names, tombstones too) -> its ready
-    messages, exactly
-    (declare-ok; list_queues' counts of quorum queues lag by seconds)."""
-    out = devbroker.rabbitmqctl(node, "list_queues", "name", "--no-table-headers")
-    pattern = re.compile(
-        rf"^(amqp-locks-shard-{k:02d}-fence|amqp-locks-fence-{k:02d}(-g\d+(-done)?)?)$"
-    )
-    return _existing(node.url, [n.strip() for n in out.splitlines() if pattern.match(n.strip())])
+    messages, exactly (declare-ok; list_queues' counts of quorum queues lag by seconds)."""
+    return _existing(node.url, fence_shard_listed(node, k))
 
 
 def _existing(url: str, names: list[str]) -> dict[str, int]:

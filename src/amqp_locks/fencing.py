@@ -128,7 +128,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import random
 import time
@@ -853,21 +852,21 @@ async def _read_hint(session: Session, k: int, settle: float = 0.0) -> int | Non
         return None  # missing, or another's stand-in (405)
     read = _read_hints_pushed if session.cluster else _read_hints
     best: int | None = None
-    for attempt in itertools.count():
-        if attempt:
-            # Another reader holds the hints for a few round trips: try again a little later.
-            await asyncio.sleep(random.uniform(0.01, 0.05) * min(attempt, HINT_TRIES))
+    tries = 1 if session.cluster else HINT_TRIES  # a consumer's read waits HINT_WAIT itself
+    attempt = 0
+    while True:
         seen = await read(session, marker)
         if seen is None:
             return best  # missing (404), or another's stand-in (405)
-        best = max([*seen, *([] if best is None else [best])], default=None)
+        if seen:
+            best = max(seen) if best is None else max(best, *seen)
+        attempt += 1
         if len(seen) >= HINTS_KEPT:
             return best  # all of them: nobody else held any
-        if not settle and (best is not None or session.cluster):
-            return best  # a consumer's read already waited HINT_WAIT for them
-        if attempt + 1 >= (1 if session.cluster else HINT_TRIES) and time.monotonic() >= until:
-            return best
-    raise AssertionError("unreachable")  # pragma: no cover
+        if (best is not None and not settle) or (attempt >= tries and time.monotonic() >= until):
+            return best  # any hint will do for a start; else out of tries and patience
+        # Another reader holds the hints for a few round trips: try again a little later.
+        await asyncio.sleep(random.uniform(0.01, 0.05) * min(attempt, HINT_TRIES))
 
 
 async def _read_hints(session: Session, marker: str) -> list[int] | None:
@@ -880,9 +879,7 @@ async def _read_hints(session: Session, marker: str) -> list[int] | None:
             message = await take(ch, marker)
             if message is None:
                 break
-            text = message.body.decode(errors="replace")
-            if text.isdigit():
-                seen.append(int(text))
+            seen += _hint_of(message)
     except AMQPError:
         return None
     finally:
@@ -901,9 +898,7 @@ async def _read_hints_pushed(session: Session, marker: str) -> list[int] | None:
     arrived = asyncio.Event()
 
     async def on_message(message: DeliveredMessage) -> None:
-        text = message.body.decode(errors="replace")
-        if text.isdigit():
-            seen.append(int(text))
+        seen.extend(_hint_of(message))
         arrived.set()
 
     ch = await session.open_channel()
@@ -926,6 +921,12 @@ async def _read_hints_pushed(session: Session, marker: str) -> list[int] | None:
     return seen
 
 
+def _hint_of(message: DeliveredMessage) -> list[int]:
+    """The generation number a marker message holds ([] for anything else)."""
+    text = message.body.decode(errors="replace")
+    return [int(text)] if text.isdigit() else []
+
+
 def _settle_within(deadline: float) -> float:
     """A verdict's hint read: HINT_SETTLE, within what is left of the caller's time."""
     return max(0.0, min(HINT_SETTLE, deadline - time.monotonic()))
@@ -943,13 +944,12 @@ async def _hint(session: Session, k: int, g: int) -> None:
     copies (:func:`_write_creation`; best effort: a lost hint costs a later client a
     wider search)."""
     text = str(g).encode()
-    with contextlib.suppress(AmqpLocksError, AMQPError):
-        await asyncio.gather(
-            *(
-                session.publish("", fence_marker(k), text, persistent=True)
-                for _ in range(HINTS_KEPT)
-            )
-        )
+    marker = fence_marker(k)
+    copies = (session.publish("", marker, text, persistent=True) for _ in range(HINTS_KEPT))
+    # Every copy awaited (none left running); a broker's refusal is best effort, as above.
+    for out in await asyncio.gather(*copies, return_exceptions=True):
+        if isinstance(out, BaseException) and not isinstance(out, AmqpLocksError | AMQPError):
+            raise out
 
 
 async def _write_creation(

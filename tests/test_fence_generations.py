@@ -46,6 +46,7 @@ from amqp_locks_dev import devbroker
 from . import waiting
 from .conftest import fence_messages, fence_shard_listed
 from .faultproxy import FaultProxy
+from .threads import run_together
 
 #: How soon a name grants again after any cut (fencing.HEAL_AFTER is 5 s, plus a few
 #: round trips and a queue creation); the issue's ceiling is 30 s.
@@ -134,6 +135,13 @@ def _reset_shard(node: devbroker.NodeInfo, url: str, k: int) -> None:
     _delete(url, list(_shard_queues(node, k)))
 
 
+def _fresh_shard(node: devbroker.NodeInfo, url: str, name: str) -> int:
+    """The index of `name`'s fence shard, reset to never seen (:func:`_reset_shard`)."""
+    k = fence_shard_index(name)
+    _reset_shard(node, url, k)
+    return k
+
+
 def _known(k: int, upto: int = 8) -> list[str]:
     """Shard `k`'s marker, generations 0..`upto` and their tombstones."""
     gens = [q for g in range(upto + 1) for q in (fence_generation(k, g), fence_tombstone(k, g))]
@@ -195,8 +203,7 @@ def test_case3_a_creator_cut_after_any_frame_leaves_a_name_that_grants_again(
     """Issue 36 case 3 and the creation path of the harness: the first fenced grant of a
     never-made shard, cut after each frame it sends. On 71753d0 the cut between the
     declaration and the publish left the shard empty: FenceMissing after 30 s, every try."""
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     cuts = _cut_every_frame(
         node,
         amqp_url,
@@ -363,8 +370,7 @@ def test_case4_a_deleted_counter_never_restarts_from_a_clock_behind(
     process whose clock is 10 minutes behind. On 71753d0 the shard was made again with
     the clock as base: the next token was lower. Now grants refuse typed (no advice to
     delete anything) until an operator rebuilds from a floor, and then rise above it."""
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     with Broker(amqp_url) as b:
         before = [_take(b, name) for _ in range(3)]
     _delete(amqp_url, _counter_queues(node, k))
@@ -389,8 +395,7 @@ def test_case5_a_frozen_taker_and_repair_never_make_tokens_go_back(
     must still get a token (71753d0: FenceMissing after 30 s), repair_fence must not put
     a second counter (71753d0 did), and when the frozen taker's connection ends the
     tokens of one lock keep rising (71753d0: ...376, ...383, ...377, ...384)."""
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     first = _take(broker, name)
     held = _shard_queues(node, k)
     [counter] = [q for q in _counter_queues(node, k) if held[q] == 1]
@@ -437,8 +442,7 @@ def test_a_stale_renewer_or_creator_cannot_make_a_deleted_generation_again(
     from amqp_locks.fencing import _genesis, _retire, _supersede
     from amqp_locks.names import fence_generation
 
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     with Broker(amqp_url) as b:
         before = _take(b, name)  # generation 0
 
@@ -481,8 +485,7 @@ def test_the_current_generation_deleted_right_after_a_renewal_refuses_typed(
     from amqp_locks.fencing import _supersede
     from amqp_locks.names import fence_generation
 
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     with Broker(amqp_url) as b:
         tokens = [_take(b, name) for _ in range(3)]
         _run(b, lambda s: _supersede(s, k, 0))  # type: ignore[arg-type, return-value]
@@ -529,8 +532,7 @@ def test_fresh_clients_never_see_a_counter_gone_while_it_is_renewed(
     G+1 in the same creation write, before the marker holds G+1's hint. It must look
     above G, never report the counter gone."""
 
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     first = _take(broker, name)
     stop = time.monotonic() + 12.0
     failures: list[BaseException] = []
@@ -549,11 +551,7 @@ def test_fresh_clients_never_see_a_counter_gone_while_it_is_renewed(
     # a renewal a second (in use: one per 4,096 takes)
     threads = [threading.Thread(target=_renew_until, args=(broker, k, stop, 1.0, failures, []))]
     threads += [threading.Thread(target=fresh_client) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads)
+    run_together(threads, 60)
     assert not failures, failures[:2]
     assert seen and min(seen) > first
 
@@ -602,8 +600,7 @@ def test_warm_cluster_takes_beside_renewals_and_retires_keep_their_connection(
         return await recheck(*args)
 
     monkeypatch.setattr(fencing, "_recheck", counted_recheck)
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     first = _take(broker, name)
     stop = time.monotonic() + 15.0
     failures: list[BaseException] = []
@@ -628,11 +625,7 @@ def test_warm_cluster_takes_beside_renewals_and_retires_keep_their_connection(
 
     renewer = threading.Thread(target=_renew_until, args=(broker, k, stop, 0.2, failures, renewals))
     threads = [renewer] + [threading.Thread(target=taker, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=90)
-    assert not any(t.is_alive() for t in threads)
+    run_together(threads, 90)
     assert not failures, failures[:2]
     assert len(renewals) >= 10, renewals
     assert len(takes) >= 20, takes
@@ -656,8 +649,7 @@ def test_cold_searches_beside_a_retiring_generation_keep_their_connection(
     four at a time, while generation 0 is deleted (generation 1 made), and the searcher
     keeps its connection in every round (fencing._generations_exist: a buried generation
     is never probed, on every version)."""
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     outcomes = [_search_while_retiring(node, amqp_url, name, k) for _ in range(RETIRE_ROUNDS)]
     lost = [o for o in outcomes if not o[0]]
     assert not lost, (len(lost), RETIRE_ROUNDS, lost[0][2][:2])
@@ -741,8 +733,7 @@ def test_a_retire_keeps_a_generation_whose_tombstone_it_has_not_known_long(
     from amqp_locks.names import fence_generation
 
     monkeypatch.setattr(fencing, "RETIRE_AFTER", 3.0)
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
 
     async def make_1(s: Session) -> int:  # _supersede's write, without its retire
         check = Queue.Declare(queue=fencing._gen(k, 0), passive=True, nowait=True)
@@ -777,8 +768,7 @@ def test_a_retire_of_a_generation_another_retired_leaves_no_tombstone(
     from amqp_locks.names import fence_generation, fence_tombstone
 
     monkeypatch.setattr(fencing, "RETIRE_AFTER", 3.0)
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
     zero = [fence_generation(k, 0), fence_tombstone(k, 0)]
     with Broker(amqp_url) as first, Broker(amqp_url) as second:
         before = _take(first, name)  # generation 0
@@ -800,8 +790,7 @@ def test_a_retire_drops_the_tombstone_a_dead_retire_left_below_the_run(
     from amqp_locks import fencing
     from amqp_locks.names import fence_generation, fence_tombstone
 
-    k = fence_shard_index(name)
-    _reset_shard(node, amqp_url, k)
+    k = _fresh_shard(node, amqp_url, name)
 
     def make(g: int) -> Callable[[Session], Awaitable[int]]:
         async def write(s: Session) -> int:  # _supersede's write, without its retire

@@ -213,6 +213,26 @@ def _cut_each_step(
     return cut
 
 
+def _prepared(
+    amqp_url: str, cluster: bool, kind: str, name: str, *, fresh_names: bool = False
+) -> tuple[Callable[[], Broker], Lock]:
+    """A test's two factories: a broker (heartbeat 5 s) and its lock of ``kind``, with the
+    fence shards made. The lock is set up beforehand, or with ``fresh_names`` each cut ``n``
+    gets a name never used (``NAME-n``), so the acquire makes it."""
+
+    def broker() -> Broker:
+        return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
+
+    def lock(b: Broker, n: int) -> Any:
+        return lock_of(b, kind, f"{name}-{n}" if fresh_names else name)
+
+    with contextlib.closing(broker()) as admin:
+        prepare_fences(admin)
+        if not fresh_names:
+            set_up(admin, kind, name)
+    return broker, lock
+
+
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
 @pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster-mode"])
 @pytest.mark.parametrize("kind", KINDS)
@@ -223,16 +243,7 @@ def test_a_connection_lost_at_any_step_of_an_acquire_is_waited_through(
     the broker has not yet seen the cut connection end (then a blocking acquire is granted
     within 10 s: nothing was left held)."""
     timeout = 30 if blocking else None
-
-    def broker() -> Broker:
-        return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
-
-    def lock(b: Broker, n: int) -> Any:
-        return lock_of(b, kind, name)
-
-    with contextlib.closing(broker()) as admin:
-        prepare_fences(admin)
-        set_up(admin, kind, name)
+    broker, lock = _prepared(amqp_url, cluster, kind, name)
     steps = _count_steps(raw_cutter, broker, lock, blocking, timeout)
     cut = _cut_each_step(raw_cutter, broker, lock, steps, blocking=blocking, timeout=timeout)
     # Counted on 4.3.6 and 3.10.8 (the same on both), blocking and non-blocking: mutex 20
@@ -252,15 +263,7 @@ def test_a_connection_lost_at_any_step_of_a_first_use_is_waited_through(
     lock's queues made by test-and-sets; cluster mode's token queue) or of the wait after
     it. Before the fix a read-write lock's making ran outside the acquire's retry, so a
     connection lost there reached the caller as ``ConnectionLost``."""
-
-    def broker() -> Broker:
-        return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
-
-    def lock(b: Broker, n: int) -> Any:
-        return lock_of(b, kind, f"{name}-{n}")
-
-    with contextlib.closing(broker()) as admin:
-        prepare_fences(admin)
+    broker, lock = _prepared(amqp_url, cluster, kind, name, fresh_names=True)
     steps = _count_steps(raw_cutter, broker, lock, True, 30)
     cut = _cut_each_step(raw_cutter, broker, lock, steps)
     mode = "cluster" if cluster else "single"
@@ -286,16 +289,7 @@ def test_a_connection_lost_twice_in_a_row_is_waited_through_by_a_blocking_acquir
     non-blocking acquire gives up after asking once more. Before the fix a single-node
     mutex's or persistent semaphore's first attempt asked once more and raised the second
     loss (``ConnectionLost``) whatever time was left."""
-
-    def broker() -> Broker:
-        return Broker(amqp_url, cluster=cluster, heartbeat=5.0)
-
-    def lock(b: Broker, n: int) -> Any:
-        return lock_of(b, kind, name)
-
-    with contextlib.closing(broker()) as admin:
-        prepare_fences(admin)
-        set_up(admin, kind, name)
+    broker, lock = _prepared(amqp_url, cluster, kind, name)
     steps = _count_steps(raw_cutter, broker, lock, True, 30)
     cut = _cut_each_step(raw_cutter, broker, lock, steps, twice=True)
     mode = "cluster" if cluster else "single"

@@ -41,3 +41,14 @@ def start_catching(
     thread = threading.Thread(target=_catching(target, errors), daemon=daemon)
     thread.start()
     return thread, errors
+
+
+def run_together(threads: list[threading.Thread], join_timeout: float) -> None:
+    """Starts ``threads``, joins each (``join_timeout`` seconds at most) and asserts that
+    none is still running: a thread left hanging is a failure, not a slow pass."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+    hung = [t.name for t in threads if t.is_alive()]
+    assert not hung, f"threads still running after {join_timeout} s: {hung}"

@@ -883,8 +883,7 @@ async def _read_hints(session: Session, marker: str) -> list[int] | None:
     except AMQPError:
         return None
     finally:
-        with contextlib.suppress(Exception):
-            await ch.close()
+        await close_quietly(ch)
     return seen
 
 
@@ -916,8 +915,7 @@ async def _read_hints_pushed(session: Session, marker: str) -> list[int] | None:
     except AMQPError:
         return None
     finally:
-        with contextlib.suppress(Exception):
-            await ch.close()
+        await close_quietly(ch)
     return seen
 
 
@@ -1475,8 +1473,7 @@ async def _replace(
         )
         return base
     finally:
-        with contextlib.suppress(Exception):
-            await ch.close()
+        await close_quietly(ch)
 
 
 async def _first_pushed(ch: AbstractChannel, queue: str, timeout: float) -> DeliveredMessage:

@@ -93,10 +93,20 @@ def test_master_killed_standby_takes_over(target: Target, run_dir: Path) -> None
         leaked, free_after = leak_check_after(run, target)
         v = run.verdict(leaked)
         run.report(f"kill {target.label}", v, takeover=took, fresh_lock=free_after)
-        # Rehearsal 18 (lease-postgresql, load ~15) counted 3 grants, no overlap: the
-        # history, timed from the kill, says whose and why.
+        # The history, timed from the kill, says whose grant was when and why.
         history = [(round(e.t - killed_at, 3), e.kind, e.grant, e.detail) for e in run.events()]
-        assert v.grants == 2 and v.overlaps == 0 and v.key_overlaps == 0, history
+        assert v.overlaps == 0 and v.key_overlaps == 0, history
+        # The kill's takeover is exactly one grant, the standby's. Before the kill only a
+        # holds it, though maybe more than once: a lease master starved of CPU past its
+        # lease margin demotes itself and may win the lock back before b's next try
+        # (rehearsals 18 and 101, lease-postgresql on a machine far busier than the suite:
+        # a-1 granted, lost 2.8 s later, a-2 granted 0.4 s after that) — safe, the point
+        # of the margin, and not this scenario.
+        before = [e.grant for e in run.grants() if e.t < killed_at]
+        after = [e.grant for e in run.grants() if e.t >= killed_at]
+        assert before and all(g.startswith("a-") for g in before), history
+        assert len(after) == 1 and after[0].startswith("b-"), history
+        assert v.grants == len(before) + 1
         assert v.stale_accepted == 0 and v.token_regressions == 0
         assert took < target.detection
         assert v.leaked == 0

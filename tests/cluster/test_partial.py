@@ -30,11 +30,13 @@ turn: ``write``); ``-m slow`` runs every primitive:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import json
 import logging
 import subprocess
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -162,20 +164,45 @@ def guard_queue(mc: MeshCluster, index: int) -> str:
     return probe_queue(url.host, url.port)
 
 
-def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, float]:
-    """One cut (`fault`: "partial" or "split"); returns (told, granted) seconds after it.
-    Heals before returning (also on failure)."""
+@contextlib.contextmanager
+def _held_across(
+    mc: MeshCluster, kind: str, name: str, *, holder_at: int, waiter_at: int
+) -> Iterator[tuple[Broker, Broker, subprocess.Popen[str], int]]:
+    """A scenario's sides: the lock set up through node 2, held by a process in node
+    `holder_at`'s namespace, and a waiter's broker connected to node `waiter_at`; yields
+    (admin, waiter's broker, holder, its token). At the end, passed or failed: links
+    healed, the holder killed, the brokers closed, and the cluster whole again (at most
+    120 s) for the next scenario."""
     admin = Broker([mc.node_url(2)], cluster=True, heartbeat=5)
-    waiter_broker = Broker([mc.node_url(3)], cluster=True, heartbeat=5)
+    waiter_broker = Broker([mc.node_url(waiter_at)], cluster=True, heartbeat=5)
     holder: subprocess.Popen[str] | None = None
     try:
         set_up(admin, kind, name)
         waiter_broker.connect()
         holder, [token] = spawn_held(
             "tests.cluster.partition_holder",
-            *(mc.node_url(1), name, kind, "0", "0"),
-            popen=functools.partial(mc.run_in_namespace, 1),
+            *(mc.node_url(holder_at), name, kind, "0", "0"),
+            popen=functools.partial(mc.run_in_namespace, holder_at),
         )
+        yield admin, waiter_broker, holder, token
+    finally:
+        mc.heal()
+        if holder is not None:
+            holder.kill()
+            holder.wait(30)
+        admin.close()
+        waiter_broker.close()
+        deadline = time.monotonic() + 120
+        while len(mc.running_nodes(2)) < mc.size:
+            assert time.monotonic() < deadline, "the cluster did not join up after the heal"
+            time.sleep(0.5)
+
+
+def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, float]:
+    """One cut (`fault`: "partial" or "split"); returns (told, granted) seconds after it.
+    Heals before returning (also on failure)."""
+    with _held_across(mc, kind, name, holder_at=1, waiter_at=3) as sides:
+        admin, waiter_broker, holder, token = sides
         if fault == "split":
             # Every queue of the lock (its fence too, made by the first grant) and the
             # waiter's probe queue on {1, 2, 3}: their majority is on the small side of
@@ -215,17 +242,6 @@ def scenario(mc: MeshCluster, kind: str, name: str, fault: str) -> tuple[float, 
         assert box["held"].lease.fencing_token > token
         box["held"].release()
         return told, granted
-    finally:
-        mc.heal()
-        if holder is not None:
-            holder.kill()
-            holder.wait(30)
-        admin.close()
-        waiter_broker.close()
-        deadline = time.monotonic() + 120
-        while len(mc.running_nodes(2)) < mc.size:
-            assert time.monotonic() < deadline, "the cluster did not join up after the heal"
-            time.sleep(0.5)
 
 
 #: How long the far waiter (:func:`far_waiter`) must wait through the split without a
@@ -245,17 +261,8 @@ def far_waiter(mc: MeshCluster, kind: str, name: str, caplog: pytest.LogCaptureF
     node 1, and its next first use makes a second token): no grant during the split, the
     holder never told; once the split heals and the holder dies, the waiter is granted a
     higher fencing token."""
-    admin = Broker([mc.node_url(2)], cluster=True, heartbeat=5)
-    waiter_broker = Broker([mc.node_url(4)], cluster=True, heartbeat=5)
-    holder: subprocess.Popen[str] | None = None
-    try:
-        set_up(admin, kind, name)
-        waiter_broker.connect()
-        holder, [token] = spawn_held(
-            "tests.cluster.partition_holder",
-            *(mc.node_url(3), name, kind, "0", "0"),
-            popen=functools.partial(mc.run_in_namespace, 3),
-        )
+    with _held_across(mc, kind, name, holder_at=3, waiter_at=4) as sides:
+        _, waiter_broker, holder, token = sides
         listed = listing(mc)
         wants = {q: {1, 2, 3} for q in lock_queues(listed, name)}
         wants |= {guard_queue(mc, 3): {1, 2, 3}, guard_queue(mc, 4): {1, 4, 5}}
@@ -288,17 +295,6 @@ def far_waiter(mc: MeshCluster, kind: str, name: str, caplog: pytest.LogCaptureF
         )
         assert box["held"].lease.fencing_token > token
         box["held"].release()
-    finally:
-        mc.heal()
-        if holder is not None:
-            holder.kill()
-            holder.wait(30)
-        admin.close()
-        waiter_broker.close()
-        deadline = time.monotonic() + 120
-        while len(mc.running_nodes(2)) < mc.size:
-            assert time.monotonic() < deadline, "the cluster did not join up after the heal"
-            time.sleep(0.5)
 
 
 def _run(make: MakeMesh, size: int, fault: str, kinds: list[str], name: str) -> MeshCluster:

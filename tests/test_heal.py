@@ -176,6 +176,93 @@ def test_every_crash_point_of_a_creation_grants_all_permits_again(
     )
 
 
+def _replace_at_once(broker: Broker, semaphore: str, permits: int) -> None:
+    """Delete the token queue and make it again with all its tokens in the next round trip
+    (as a fast creator does right behind a heal's delete, or an operator's script)."""
+
+    async def go() -> None:
+        session = await broker.core.session()
+        await session.delete(token_queue(semaphore))
+        await session.declare_and_publish(
+            token_queue(semaphore),
+            fresh.fresh_arguments(session, stamps.new_stamp(permits), broker.core.cluster),
+            [
+                (str(k).encode(), token_properties(semaphore, k, {"amqp-locks-fencing": "shard"}))
+                for k in range(1, permits + 1)
+            ],
+        )
+
+    broker.core.run(go())
+
+
+#: What waiters of a queue replaced under them may take to be granted: the next sample
+#: of each (SAMPLE_EVERY, +20 %), a new channel and consume; generous for a loaded machine.
+REPLACED_BOUND = 2 * 1.2 * heal.SAMPLE_EVERY + ALLOWANCE
+
+
+def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
+    cluster_broker: Broker, amqp_url: str, name: str
+) -> None:
+    """Two waiters wait on a first-use queue with no token; the queue is deleted and made
+    again with both tokens in the next round trip. Both are granted within REPLACED_BOUND,
+    never more than 2 at once, and 2 tokens are left. RabbitMQ 3.10.8 tells them nothing
+    and moves their consumers onto the new queue, where they take both tokens and are
+    handed none (heal.moved_without_cancel): CI of rehearsal 102 saw a heal's creator do
+    this to one waiter of three (2 held at once). Before the fix they waited to their
+    timeout; 4.x cancels them and they consume again."""
+    make_partial(cluster_broker, name, 2, 0)
+    brokers = [heal_broker(amqp_url) for _ in range(2)]
+    lock = threading.Lock()
+    held = [0, 0]  # now, most at once
+    got: list[float] = []
+    errors: list[BaseException] = []
+    both = threading.Barrier(2, timeout=BOUND + ALLOWANCE + REPLACED_BOUND)
+
+    def worker(b: Broker) -> None:
+        try:
+            lease = TokenSemaphore(b, name, first_use=True, permits=2).acquire(
+                timeout=BOUND + REPLACED_BOUND
+            )
+            if lease is None:
+                return
+            with lock:
+                held[0] += 1
+                held[1] = max(held[1], held[0])
+                got.append(time.monotonic())
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both.wait()
+            with lock:
+                held[0] -= 1
+            lease.release(wait=True)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in brokers]
+    try:
+        for t in threads:
+            t.start()
+        waiting.wait_until(  # both consume the token queue and are registered as waiters
+            lambda: _consumers(cluster_broker, token_waiting_queue(name)) == 2,
+            BOUND,
+            "two registered waiters",
+        )
+        replaced_at = time.monotonic()
+        _replace_at_once(cluster_broker, name, 2)
+        for t in threads:
+            t.join(BOUND + REPLACED_BOUND + 30)
+    finally:
+        for b in brokers:
+            b.close()
+    assert not errors, errors
+    assert len(got) == 2, f"{len(got)} of 2 waiters granted"
+    took = max(got) - replaced_at
+    assert took <= REPLACED_BOUND, f"granted {took:.1f}s after the replacement"
+    assert held[1] == 2
+    waiting.wait_until(
+        lambda: counts(cluster_broker, token_queue(name)) == (2, 0), 10, "2 tokens"
+    )
+
+
 def test_a_token_held_longer_than_the_period_is_not_taken(
     cluster_broker: Broker, amqp_url: str, name: str
 ) -> None:

@@ -99,7 +99,9 @@ async def acquire_permit(
     try:
         consumer_tag = await waiter.consume(priority)
         healer = (
-            session.spawn(heal_watch(session, token_plan(session, name), waiter.delivered))
+            session.spawn(
+                heal_watch(session, token_plan(session, name, waiter.replaced), waiter.delivered)
+            )
             if heal and blocking and timeout != NONBLOCKING_GRACE
             else None
         )
@@ -180,6 +182,15 @@ class _Waiter:
         elif not self.delivered.done():
             self.delivered.set_exception(
                 DeletedWhileWaiting(f"{self.queue!r} was deleted while we waited for a token")
+            )
+
+    def replaced(self) -> None:
+        """The queue was replaced and the broker told us nothing (tokens/heal.py,
+        ``moved_without_cancel``): wait again as after a cancel, on a new channel; closing
+        this one returns a token the hollow consumer took."""
+        if self.state is None and not self.delivered.done():
+            self.delivered.set_exception(
+                DeletedWhileWaiting(f"{self.queue!r} was replaced while we waited for a token")
             )
 
     def on_closed(self, _: Any) -> None:

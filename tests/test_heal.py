@@ -115,6 +115,53 @@ def _cancels_reach_holders(broker: Broker) -> bool:
     return broker.core.run(go())
 
 
+class _Holders:
+    """Workers that each acquire one permit of the first-use semaphore `name` and, with
+    `all_at_once`, hold it until `permits` of them hold together (or the barrier times
+    out): the most held at once, when each was granted, and what they raised."""
+
+    def __init__(
+        self, name: str, permits: int, timeout: float, all_at_once: bool, barrier: float
+    ) -> None:
+        self.name, self.permits, self.timeout = name, permits, timeout
+        self.all_at_once = all_at_once
+        self.lock = threading.Lock()
+        self.held = [0, 0]  # now, most at once
+        self.barrier = threading.Barrier(permits, timeout=barrier)
+        self.got: list[float] = []  # monotonic instants of the grants
+        self.errors: list[BaseException] = []
+
+    def worker(self, b: Broker) -> None:
+        try:
+            sem = TokenSemaphore(b, self.name, first_use=True, permits=self.permits)
+            lease = sem.acquire(timeout=self.timeout)
+            if lease is None:
+                return
+            with self.lock:
+                self.held[0] += 1
+                self.held[1] = max(self.held[1], self.held[0])
+                self.got.append(time.monotonic())
+            if self.all_at_once:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    self.barrier.wait()
+            with self.lock:
+                self.held[0] -= 1
+            lease.release(wait=True)
+        except BaseException as exc:  # reported by end()
+            self.errors.append(exc)
+
+    def end(self, threads: list[threading.Thread], brokers: list[Broker], timeout: float) -> None:
+        """Join the workers (`timeout` each at most), close their brokers, and fail with
+        what any of them raised."""
+        try:
+            for t in threads:
+                t.join(timeout)
+        finally:
+            for b in brokers:
+                b.close()
+        assert not self.errors, self.errors
+
+
 @pytest.mark.parametrize(("permits", "published"), [(1, 0), (3, 0), (3, 1), (3, 2)])
 def test_every_crash_point_of_a_creation_grants_all_permits_again(
     cluster_broker: Broker, amqp_url: str, name: str, permits: int, published: int
@@ -127,48 +174,19 @@ def test_every_crash_point_of_a_creation_grants_all_permits_again(
     make_partial(cluster_broker, name, permits, published)
     whole = published == 0 or _cancels_reach_holders(cluster_broker)
     brokers = [heal_broker(amqp_url) for _ in range(permits + 1)]
-    lock = threading.Lock()
-    held = [0, 0]  # now, most at once
-    all_held = threading.Barrier(permits, timeout=BOUND + ALLOWANCE + 10)
-    errors: list[BaseException] = []
-    got: list[float] = []
+    run = _Holders(name, permits, BOUND + ALLOWANCE, whole, BOUND + ALLOWANCE + 10)
     started = time.monotonic()
-
-    def worker(b: Broker) -> None:
-        try:
-            sem = TokenSemaphore(b, name, first_use=True, permits=permits)
-            lease = sem.acquire(timeout=BOUND + ALLOWANCE)
-            if lease is None:
-                return
-            with lock:
-                held[0] += 1
-                held[1] = max(held[1], held[0])
-                got.append(time.monotonic() - started)
-            if whole:
-                with contextlib.suppress(threading.BrokenBarrierError):
-                    all_held.wait()
-            with lock:
-                held[0] -= 1
-            lease.release(wait=True)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(b,)) for b in brokers]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(BOUND + ALLOWANCE + 30)
-    finally:
-        for b in brokers:
-            b.close()
-    assert not errors, errors
+    threads = [threading.Thread(target=run.worker, args=(b,)) for b in brokers]
+    for t in threads:
+        t.start()
+    run.end(threads, brokers, BOUND + ALLOWANCE + 30)
+    most, got = run.held[1], [t - started for t in run.got]
     if whole:
-        assert held[1] == permits, f"at most {held[1]} held at once, want {permits}"
+        assert most == permits, f"at most {most} held at once, want {permits}"
         assert len(got) >= permits
         assert max(got[:permits]) <= BOUND + ALLOWANCE
     else:
-        assert 1 <= held[1] <= published, held
+        assert 1 <= most <= published, run.held
         assert len(got) == permits + 1, "every waiter is granted in turn"
     left = permits if whole else published
     waiting.wait_until(
@@ -212,35 +230,11 @@ def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
     timeout; 4.x cancels them and they consume again."""
     make_partial(cluster_broker, name, 2, 0)
     brokers = [heal_broker(amqp_url) for _ in range(2)]
-    lock = threading.Lock()
-    held = [0, 0]  # now, most at once
-    got: list[float] = []
-    errors: list[BaseException] = []
-    both = threading.Barrier(2, timeout=BOUND + ALLOWANCE + REPLACED_BOUND)
-
-    def worker(b: Broker) -> None:
-        try:
-            lease = TokenSemaphore(b, name, first_use=True, permits=2).acquire(
-                timeout=BOUND + REPLACED_BOUND
-            )
-            if lease is None:
-                return
-            with lock:
-                held[0] += 1
-                held[1] = max(held[1], held[0])
-                got.append(time.monotonic())
-            with contextlib.suppress(threading.BrokenBarrierError):
-                both.wait()
-            with lock:
-                held[0] -= 1
-            lease.release(wait=True)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(b,)) for b in brokers]
+    run = _Holders(name, 2, BOUND + REPLACED_BOUND, True, BOUND + ALLOWANCE + REPLACED_BOUND)
+    threads = [threading.Thread(target=run.worker, args=(b,)) for b in brokers]
+    for t in threads:
+        t.start()
     try:
-        for t in threads:
-            t.start()
         waiting.wait_until(  # both consume the token queue and are registered as waiters
             lambda: _consumers(cluster_broker, token_waiting_queue(name)) == 2,
             BOUND,
@@ -248,16 +242,12 @@ def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
         )
         replaced_at = time.monotonic()
         _replace_at_once(cluster_broker, name, 2)
-        for t in threads:
-            t.join(BOUND + REPLACED_BOUND + 30)
     finally:
-        for b in brokers:
-            b.close()
-    assert not errors, errors
-    assert len(got) == 2, f"{len(got)} of 2 waiters granted"
-    took = max(got) - replaced_at
+        run.end(threads, brokers, BOUND + REPLACED_BOUND + 30)
+    assert len(run.got) == 2, f"{len(run.got)} of 2 waiters granted"
+    took = max(run.got) - replaced_at
     assert took <= REPLACED_BOUND, f"granted {took:.1f}s after the replacement"
-    assert held[1] == 2
+    assert run.held[1] == 2
     waiting.wait_until(
         lambda: counts(cluster_broker, token_queue(name)) == (2, 0), 10, "2 tokens"
     )

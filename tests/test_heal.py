@@ -225,7 +225,7 @@ def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
     again with both tokens in the next round trip. Both are granted within REPLACED_BOUND,
     never more than 2 at once, and 2 tokens are left. RabbitMQ 3.10.8 tells them nothing
     and moves their consumers onto the new queue, where they take both tokens and are
-    handed none (heal.moved_without_cancel): CI of rehearsal 102 saw a heal's creator do
+    handed none (heal.cancels_reach_holders): CI of rehearsal 102 saw a heal's creator do
     this to one waiter of three (2 held at once). Before the fix they waited to their
     timeout; 4.x cancels them and they consume again."""
     make_partial(cluster_broker, name, 2, 0)

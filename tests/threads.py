@@ -25,11 +25,15 @@ def run_in_threads(
     seconds at most) and returns what the threads raised, in the order they raised it."""
     errors: list[BaseException] = []
     threads = [threading.Thread(target=_catching(target, errors)) for _ in range(count)]
+    _start_and_join(threads, join_timeout)
+    return errors
+
+
+def _start_and_join(threads: list[threading.Thread], join_timeout: float) -> None:
     for t in threads:
         t.start()
     for t in threads:
         t.join(join_timeout)
-    return errors
 
 
 def start_catching(
@@ -46,9 +50,6 @@ def start_catching(
 def run_together(threads: list[threading.Thread], join_timeout: float) -> None:
     """Starts ``threads``, joins each (``join_timeout`` seconds at most) and asserts that
     none is still running: a thread left hanging is a failure, not a slow pass."""
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(join_timeout)
+    _start_and_join(threads, join_timeout)
     hung = [t.name for t in threads if t.is_alive()]
     assert not hung, f"threads still running after {join_timeout} s: {hung}"

@@ -179,18 +179,20 @@ class _Waiter:
     def on_cancel(self, _: Basic.Cancel) -> None:
         if self.state is not None:
             self.state.on_broker_cancel()
-        elif not self.delivered.done():
-            self.delivered.set_exception(
-                DeletedWhileWaiting(f"{self.queue!r} was deleted while we waited for a token")
-            )
+        else:
+            self._gone("was deleted")
 
     def replaced(self) -> None:
         """The queue was replaced and the broker told us nothing (tokens/heal.py,
-        ``moved_without_cancel``): wait again as after a cancel, on a new channel; closing
+        ``cancels_reach_holders``): wait again as after a cancel, on a new channel; closing
         this one returns a token the hollow consumer took."""
-        if self.state is None and not self.delivered.done():
+        if self.state is None:
+            self._gone("was replaced")
+
+    def _gone(self, what: str) -> None:
+        if not self.delivered.done():
             self.delivered.set_exception(
-                DeletedWhileWaiting(f"{self.queue!r} was replaced while we waited for a token")
+                DeletedWhileWaiting(f"{self.queue!r} {what} while we waited for a token")
             )
 
     def on_closed(self, _: Any) -> None:

@@ -155,28 +155,21 @@ Sample = tuple[int, int, int]
 
 
 def cancels_reach_holders(session: Session) -> bool:
-    """Whether deleting a queue that is made again at once still tells its holders
-    (basic.cancel). RabbitMQ 3.10.8 loses the cancel of a quorum queue's consumers when a
-    queue of the same name is declared right after the delete (measured: 0 of 3 holders
-    told, on the deleting connection or another; with 0.2 s between them, told), which a
-    waiter's first use does; 4.0.5 and 4.3.6 told 3 of 3. Before 4.0 a queue is replaced
-    only while nobody holds one of its tokens."""
+    """Whether deleting a queue that is made again at once still tells its consumers
+    (basic.cancel): 4.0.5 and 4.3.6 told 3 of 3 holders. RabbitMQ 3.x's channel, when a
+    queue it consumes ends, consumes it again by name instead (rabbit_channel
+    ``queue_down_consumer_action``, meant for mirrored queues' failover; a quorum queue
+    refuses ``x-cancel-on-ha-failover``, the consume argument that would turn it off),
+    and for a quorum queue the consumer it makes is hollow. Measured on 3.10.8, with the
+    queue declared again in the next round trip: 0 of 3 holders told, on the deleting
+    connection or another; 3 waiters took the new queue's 3 tokens (0 ready, 3
+    consumers) and were handed none, until their channels' close returned them. With
+    0.2 s between the delete and the declaration, every consumer was cancelled. So before
+    4.0 a queue is replaced only while nobody holds one of its tokens, and a waiter
+    checks, while its queue is short of tokens, whether the queue's stamp (fresh.py: each
+    creation's own) is still the one it waited on, and else waits again on a new channel
+    (:data:`Plan.on_replaced`)."""
     return broker_version(session) >= (4, 0)
-
-
-def moved_without_cancel(session: Session) -> bool:
-    """Whether the broker may move a waiting consumer onto a queue deleted and declared
-    again at once, without a cancel. RabbitMQ 3.x's channel, when a queue it consumes
-    ends, consumes again by name (rabbit_channel ``queue_down_consumer_action``: meant
-    for mirrored queues' failover; a quorum queue refuses the consume argument that would
-    turn it off, ``x-cancel-on-ha-failover``). For a quorum queue the consumer it makes
-    is hollow: measured on 3.10.8, three waiters of a queue deleted and declared again
-    with 3 tokens at once took all 3 (0 ready, 3 consumers) and were handed none;
-    their channels' close returned them. 0.2 s between the delete and the declaration:
-    every waiter was cancelled. So on 3.x a waiter checks, while its queue is short of
-    tokens, whether the queue's stamp (fresh.py: each creation's own) is still the one
-    it waited on, and else waits again on a new channel (:data:`Plan.on_replaced`)."""
-    return broker_version(session) < (4, 0)
 
 
 @dataclass(frozen=True)
@@ -192,7 +185,7 @@ class Plan:
     visible: Callable[[], Awaitable[Sample | None]]
     delete: Callable[[], Awaitable[None]]
     #: The queue's stamp (fresh.py), and what ends the wait when it changed under a waiter
-    #: that got no cancel (:func:`moved_without_cancel`); None: not checked.
+    #: that got no cancel (:func:`cancels_reach_holders`); None: not checked.
     stamp: Callable[[], Awaitable[int | None]] | None = None
     on_replaced: Callable[[], None] | None = None
 
@@ -300,24 +293,30 @@ async def turn_is_free(session: Session, queue: str, waiting: str) -> bool | Non
     return turns > 0 or consumers <= registered
 
 
-async def stamped_permits(session: Session, queue: str, arguments: dict[str, Any]) -> int | None:
-    """A first-use queue's permit count from its stamp (read without changing anything);
-    None for a queue not made on first use."""
+async def stamp_of(session: Session, queue: str, arguments: dict[str, Any]) -> int | None:
+    """A first-use queue's stamp (fresh.py; read without changing anything); None for a
+    queue not made on first use."""
     stamp = await session.held_max_length(queue, arguments)
-    return permits_of(stamp) if stamp is not None and is_stamp(stamp) else None
+    return stamp if stamp is not None and is_stamp(stamp) else None
+
+
+async def stamped_permits(session: Session, queue: str, arguments: dict[str, Any]) -> int | None:
+    """A first-use queue's permit count from its stamp (:func:`stamp_of`)."""
+    stamp = await stamp_of(session, queue, arguments)
+    return None if stamp is None else permits_of(stamp)
 
 
 def token_plan(
     session: Session, name: str, on_replaced: Callable[[], None] | None = None
 ) -> Plan:
     """A waiter of the first-use token semaphore `name` (cluster mode's mutex included);
-    `on_replaced` ends its wait as a cancel would (:func:`moved_without_cancel`)."""
+    `on_replaced` ends its wait as a cancel would (:func:`cancels_reach_holders`)."""
     queue, waiting = token_queue(name), token_waiting_queue(name)
 
     async def stamp() -> int | None:
         for quorum in session.queue_types:  # a queue of either type
-            held = await session.held_max_length(queue, fresh_arguments(session, 0, quorum))
-            if held is not None and is_stamp(held):
+            held = await stamp_of(session, queue, fresh_arguments(session, 0, quorum))
+            if held is not None:
                 return held
         return None
 
@@ -351,7 +350,8 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
     registration is withdrawn (its channel closed) before the cancellation completes."""
     await asyncio.sleep(REGISTER_AFTER)
     stamp = None
-    if plan.stamp is not None and plan.on_replaced is not None and moved_without_cancel(session):
+    checks_stamp = plan.on_replaced is not None and not cancels_reach_holders(session)
+    if plan.stamp is not None and checks_stamp:
         stamp = await plan.stamp()
         permits = None if stamp is None else permits_of(stamp)
     else:
@@ -400,7 +400,7 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
                     await plan.delete()
                     if plan.on_replaced is not None:
                         # Our own consumer of it too: 3.x may move it onto the queue the
-                        # next creator makes at once (moved_without_cancel).
+                        # next creator makes at once (cancels_reach_holders).
                         plan.on_replaced()
                     return
             await asyncio.sleep(sample_interval(registered) * random.uniform(0.8, 1.2))

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -115,15 +115,32 @@ def _cancels_reach_holders(broker: Broker) -> bool:
     return broker.core.run(go())
 
 
+def _token_permit(b: Broker, name: str, permits: int) -> Any:
+    return TokenSemaphore(b, name, first_use=True, permits=permits)
+
+
+def _read_permit(b: Broker, name: str, permits: int) -> Any:
+    from amqp_locks import ReadWriteLock
+
+    return ReadWriteLock(b, name, readers=permits).read_lock
+
+
 class _Holders:
-    """Workers that each acquire one permit of the first-use semaphore `name` and, with
-    `all_at_once`, hold it until `permits` of them hold together (or the barrier times
-    out): the most held at once, when each was granted, and what they raised."""
+    """Workers that each acquire one permit of `name` (`lock`: of the first-use token
+    semaphore, or a read-write lock's reader tokens) and, with `all_at_once`, hold it
+    until `permits` of them hold together (or the barrier times out): the most held at
+    once, when each was granted, and what they raised."""
 
     def __init__(
-        self, name: str, permits: int, timeout: float, all_at_once: bool, barrier: float
+        self,
+        name: str,
+        permits: int,
+        timeout: float,
+        all_at_once: bool,
+        barrier: float,
+        lock: Callable[[Broker, str, int], Any] = _token_permit,
     ) -> None:
-        self.name, self.permits, self.timeout = name, permits, timeout
+        self.name, self.permits, self.timeout, self.lock_of = name, permits, timeout, lock
         self.all_at_once = all_at_once
         self.lock = threading.Lock()
         self.held = [0, 0]  # now, most at once
@@ -133,8 +150,7 @@ class _Holders:
 
     def worker(self, b: Broker) -> None:
         try:
-            sem = TokenSemaphore(b, self.name, first_use=True, permits=self.permits)
-            lease = sem.acquire(timeout=self.timeout)
+            lease = self.lock_of(b, self.name, self.permits).acquire(timeout=self.timeout)
             if lease is None:
                 return
             with self.lock:
@@ -213,44 +229,84 @@ def _replace_at_once(broker: Broker, semaphore: str, permits: int) -> None:
     broker.core.run(go())
 
 
+def _replace_readers_at_once(broker: Broker, name: str, readers: int) -> None:
+    """The same for a read-write lock's readers queue, made again by the library's own
+    creation (rwlock/admin.ensure_readers) in the next round trip."""
+    from amqp_locks.rwlock.admin import ensure_readers, readers_queue
+
+    async def go() -> None:
+        session = await broker.core.session()
+        await session.delete(readers_queue(name))
+        await ensure_readers(session, name, readers, broker.core.cluster)
+
+    broker.core.run(go())
+
+
+def _reader_queues(name: str) -> tuple[str, str]:
+    from amqp_locks.rwlock.admin import readers_queue, waiting_queue
+
+    return readers_queue(name), waiting_queue(readers_queue(name))
+
+
+#: Per kind: how the lock is left without tokens, how its queue is replaced at once, the
+#: waiters' permit, and (its queue, its waiting queue).
+_REPLACED: dict[str, tuple[Callable[..., None], Callable[..., None], Any, Any]] = {
+    "tokens": (
+        lambda b, name: make_partial(b, name, 2, 0),
+        _replace_at_once,
+        _token_permit,
+        lambda name: (token_queue(name), token_waiting_queue(name)),
+    ),
+    "readers": (
+        lambda b, name: make_rwlock(b, name, 2, 0, True),
+        _replace_readers_at_once,
+        _read_permit,
+        _reader_queues,
+    ),
+}
+
 #: What waiters of a queue replaced under them may take to be granted: the next sample
 #: of each (SAMPLE_EVERY, +20 %), a new channel and consume; generous for a loaded machine.
 REPLACED_BOUND = 2 * 1.2 * heal.SAMPLE_EVERY + ALLOWANCE
 
 
+@pytest.mark.parametrize("kind", sorted(_REPLACED))
 def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
-    cluster_broker: Broker, amqp_url: str, name: str
+    cluster_broker: Broker, amqp_url: str, name: str, kind: str
 ) -> None:
-    """Two waiters wait on a first-use queue with no token; the queue is deleted and made
-    again with both tokens in the next round trip. Both are granted within REPLACED_BOUND,
+    """Two waiters wait on a first-use queue with no token (a token semaphore's, or a
+    read-write lock's readers queue, its turn free); the queue is deleted and made again
+    with both tokens in the next round trip. Both are granted within REPLACED_BOUND,
     never more than 2 at once, and 2 tokens are left. RabbitMQ 3.10.8 tells them nothing
     and moves their consumers onto the new queue, where they take both tokens and are
     handed none (heal.cancels_reach_holders): CI of rehearsal 102 saw a heal's creator do
     this to one waiter of three (2 held at once). Before the fix they waited to their
     timeout; 4.x cancels them and they consume again."""
-    make_partial(cluster_broker, name, 2, 0)
+    leave_empty, replace, permit, queues = _REPLACED[kind]
+    queue, waiting_on = queues(name)
+    leave_empty(cluster_broker, name)
     brokers = [heal_broker(amqp_url) for _ in range(2)]
-    run = _Holders(name, 2, BOUND + REPLACED_BOUND, True, BOUND + ALLOWANCE + REPLACED_BOUND)
+    run = _Holders(
+        name, 2, BOUND + REPLACED_BOUND, True, BOUND + ALLOWANCE + REPLACED_BOUND, permit
+    )
     threads = [threading.Thread(target=run.worker, args=(b,)) for b in brokers]
     for t in threads:
         t.start()
     try:
-        waiting.wait_until(  # both consume the token queue and are registered as waiters
-            lambda: _consumers(cluster_broker, token_waiting_queue(name)) == 2,
+        waiting.wait_until(  # both consume the queue and are registered as waiters
+            lambda: _consumers(cluster_broker, waiting_on) == 2,
             BOUND,
             "two registered waiters",
         )
         replaced_at = time.monotonic()
-        _replace_at_once(cluster_broker, name, 2)
+        replace(cluster_broker, name, 2)
     finally:
         run.end(threads, brokers, BOUND + REPLACED_BOUND + 30)
     assert len(run.got) == 2, f"{len(run.got)} of 2 waiters granted"
     took = max(run.got) - replaced_at
     assert took <= REPLACED_BOUND, f"granted {took:.1f}s after the replacement"
     assert run.held[1] == 2
-    waiting.wait_until(
-        lambda: counts(cluster_broker, token_queue(name)) == (2, 0), 10, "2 tokens"
-    )
+    waiting.wait_until(lambda: counts(cluster_broker, queue) == (2, 0), 10, "2 tokens")
 
 
 def test_a_token_held_longer_than_the_period_is_not_taken(

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ from ..fencing import take_token
 from ..held import HeldState
 from ..shape import READERS, WRITER, Expected
 from ..shape import check as check_shape
+from ..stamps import permits_of
 from ..tokens import heal
 from ..tokens.fresh import saw_running, until_running
 from ..transport.broker import BrokerCore
@@ -98,6 +99,15 @@ class _Inbox:
             self.deleted = True
             self._end(f"the broker cancelled our consumer on {self.queue!r} (queue deleted?)")
 
+    def replaced(self) -> None:
+        """The queue was replaced while we waited and the broker told us nothing
+        (tokens/heal.py, ``cancels_reach_holders``): end the wait as a cancel does, so that
+        the acquire consumes again; closing the channel returns what the hollow consumer
+        took. A holder is not ended here."""
+        if not self.full.done():
+            self.deleted = True
+            self._end(f"{self.queue!r} was replaced while we waited")
+
     def _closed(self, fut: asyncio.Future[Any]) -> None:
         exc = None if fut.cancelled() else fut.exception()
         self._end(f"channel consuming {self.queue!r} closed" + (f": {exc}" if exc else ""))
@@ -130,12 +140,35 @@ def _ended(session: Session, name: str, exc: _Ended, *boxes: _Inbox | None) -> E
 # --- healing a lock that lost tokens at its creation (tokens/heal.py) ---------------------
 
 
-async def _stamped(session: Session, queue: str, readers: bool) -> int | None:
+async def _stamp(session: Session, queue: str, readers: bool) -> int | None:
+    """The stamp of the readers (or writer) queue `queue`, of either queue type."""
     for quorum in session.queue_types:
-        count = await heal.stamped_permits(session, queue, lock_arguments(session, quorum, readers))
-        if count is not None:
-            return count
+        stamp = await heal.stamp_of(session, queue, lock_arguments(session, quorum, readers))
+        if stamp is not None:
+            return stamp
     return None
+
+
+def _plan(
+    session: Session,
+    queue: str,
+    readers: bool,
+    register: str | None,
+    visible: Callable[[], Awaitable[heal.Sample | None]],
+    delete: Callable[[], Awaitable[None]],
+    box: _Inbox,
+) -> heal.Plan:
+    """A heal plan judging `queue`, whose stamp ends `box`'s wait when it changes under it
+    (heal.Plan.on_replaced)."""
+
+    async def stamp() -> int | None:
+        return await _stamp(session, queue, readers)
+
+    async def permits() -> int | None:
+        held = await stamp()
+        return None if held is None else permits_of(held)
+
+    return heal.Plan(queue, register, permits, visible, delete, stamp, box.replaced)
 
 
 async def _replace_both(session: Session, name: str) -> None:
@@ -146,13 +179,10 @@ async def _replace_both(session: Session, name: str) -> None:
     await session.delete(readers_queue(name))
 
 
-def reader_plan(session: Session, name: str) -> heal.Plan:
+def reader_plan(session: Session, name: str, box: _Inbox) -> heal.Plan:
     """A reader waiting for a reader token. A writer with the turn holds any number of
     tokens on one consumer, so a reader judges only while nobody holds the turn."""
     readers, writer = readers_queue(name), writer_queue(name)
-
-    async def permits() -> int | None:
-        return await _stamped(session, readers, True)
 
     async def visible() -> heal.Sample | None:
         if not await heal.turn_is_free(session, writer, waiting_queue(writer)):
@@ -162,15 +192,12 @@ def reader_plan(session: Session, name: str) -> heal.Plan:
     async def delete() -> None:
         await _replace_both(session, name)
 
-    return heal.Plan(readers, waiting_queue(readers), permits, visible, delete)
+    return _plan(session, readers, True, waiting_queue(readers), visible, delete, box)
 
 
-def turn_plan(session: Session, name: str) -> heal.Plan:
+def turn_plan(session: Session, name: str, box: _Inbox) -> heal.Plan:
     """A writer waiting for the turn (one token in the writer queue)."""
     writer = writer_queue(name)
-
-    async def permits() -> int | None:
-        return await _stamped(session, writer, False)
 
     async def visible() -> heal.Sample | None:
         return await heal.visible_tokens(session, writer, waiting_queue(writer))
@@ -178,16 +205,13 @@ def turn_plan(session: Session, name: str) -> heal.Plan:
     async def delete() -> None:
         await session.delete(writer)
 
-    return heal.Plan(writer, waiting_queue(writer), permits, visible, delete)
+    return _plan(session, writer, False, waiting_queue(writer), visible, delete, box)
 
 
 def gather_plan(session: Session, name: str, tokens: _Inbox) -> heal.Plan:
     """The writer with the turn, gathering all R reader tokens on one consumer of its own
     (not registered: it counts what it holds itself)."""
     readers = readers_queue(name)
-
-    async def permits() -> int | None:
-        return await _stamped(session, readers, True)
 
     async def visible() -> heal.Sample | None:
         return await heal.visible_tokens(
@@ -197,7 +221,7 @@ def gather_plan(session: Session, name: str, tokens: _Inbox) -> heal.Plan:
     async def delete() -> None:
         await _replace_both(session, name)
 
-    return heal.Plan(readers, None, permits, visible, delete)
+    return _plan(session, readers, True, None, visible, delete, tokens)
 
 
 def _watch(
@@ -353,7 +377,7 @@ async def acquire_read(
     healer = None
     try:
         await shielded(box.consume(READER_PRIORITY), lambda _: close_quietly(ch))
-        healer = _watch(session, reader_plan(session, name), box, nonblocking)
+        healer = _watch(session, reader_plan(session, name, box), box, nonblocking)
         try:
             got = await box.wait(deadline)
             # Withdraw our registration before we hold, or stop consuming.
@@ -418,7 +442,7 @@ async def acquire_write(
     healer = None
     try:
         await shielded(turn.consume(READER_PRIORITY), lambda _: close_quietly(turn_ch))
-        healer = _watch(session, turn_plan(session, name), turn, nonblocking)
+        healer = _watch(session, turn_plan(session, name, turn), turn, nonblocking)
         got = await turn.wait(deadline)
         await heal.stop(healer, strict=got)  # withdrawn before we hold the turn
         if not got:

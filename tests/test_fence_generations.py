@@ -31,7 +31,7 @@ import aiormq
 import pytest
 from yarl import URL
 
-from amqp_locks import Broker, Mutex, SemaphoreAdmin
+from amqp_locks import Broker, Mutex, SemaphoreAdmin, fencing
 from amqp_locks.errors import AmqpLocksError, FenceMissing
 from amqp_locks.names import (
     FENCE_SHARDS,
@@ -508,7 +508,6 @@ def _renew_until(
     """Renew shard `k` (make its next generation; the old one is retired RETIRE_AFTER
     later) every `pause` seconds until monotonic time `stop`, on a thread: each renewed
     generation into `out`, an error into `failures`."""
-    from amqp_locks import fencing
 
     async def renew(session: Session) -> int:
         g = session.fence_gens[k]
@@ -938,3 +937,45 @@ def test_a_search_that_meets_leftovers_below_a_rebuilt_run_reads_the_hints_whole
         assert settled, "granted without a verdict's read: the hints were not held"
     finally:
         _delete(amqp_url, doomed)
+
+
+class _SlowProbes:
+    """A session whose probes answer after `slow[i]` seconds of a fake clock (the last
+    figure for every later probe): finds nothing."""
+
+    def __init__(self, clock: list[float], slow: list[float]) -> None:
+        self.clock, self.slow, self.probes = clock, slow, 0
+
+    async def probe(self, names: list[str]) -> list[bool]:
+        self.clock[0] += self.slow[min(self.probes, len(self.slow) - 1)]
+        self.probes += 1
+        return [False] * len(names)
+
+
+@pytest.mark.parametrize(
+    ("slow", "probes", "raises"),
+    [([fencing.RETIRE_AFTER], 3, True), ([fencing.RETIRE_AFTER, 0.1], 3, False)],
+    ids=["always-slow", "slow-once"],
+)
+def test_a_search_keeps_its_deadline_when_every_probe_answers_slowly(
+    monkeypatch: pytest.MonkeyPatch, slow: list[float], probes: int, raises: bool
+) -> None:
+    """fencing._generations_exist asks the tombstones again when their probe took over
+    RETIRE_AFTER / 2 (a retire may have gone on meanwhile). A broker that answers every
+    probe that slowly gets BrokerTimeout at the search's deadline, not a caller held for
+    ever (without the deadline this test never ends); one slow answer is asked again and
+    the search goes on (fake session and clock: the loop's logic)."""
+    from types import SimpleNamespace
+
+    from amqp_locks.errors import BrokerTimeout
+
+    clock = [1000.0]
+    monkeypatch.setattr(fencing, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    session: Any = _SlowProbes(clock, slow)
+    search = fencing._generations_exist(session, 3, [0, 1], deadline=1025.0)
+    if raises:
+        with pytest.raises(BrokerTimeout, match="fence shard 03"):
+            asyncio.run(search)
+    else:
+        assert asyncio.run(search) == [False, False]
+    assert session.probes == probes

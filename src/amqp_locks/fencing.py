@@ -138,6 +138,7 @@ from typing import Any
 
 from .errors import (
     AmqpLocksError,
+    BrokerTimeout,
     FenceMissing,
     LockError,
     PreconditionFailed,
@@ -331,7 +332,9 @@ def _neighbours(k: int, g: int) -> list[str]:
 TOMBSTONE_ARGS: dict[str, Any] = {"x-max-length": 0}
 
 
-async def _generations_exist(session: Session, k: int, gs: list[int]) -> list[bool]:
+async def _generations_exist(
+    session: Session, k: int, gs: list[int], deadline: float
+) -> list[bool]:
     """Whether each generation of `gs` exists: two round trips of probes (mandatory
     publishes), the tombstones first (classic queues: a publish to one being deleted is
     harmless but in the instant of its delete on 4.2+), then only the generations without
@@ -340,13 +343,20 @@ async def _generations_exist(session: Session, k: int, gs: list[int]) -> list[bo
     the search only wants the run's top). One without a tombstone is not deleted for
     RETIRE_AFTER after that was seen (:func:`_retire` buries a generation before deleting
     it, and waits RETIRE_AFTER when it had to): its probe follows within RETIRE_AFTER / 2,
-    or the tombstones are asked again."""
+    or the tombstones are asked again, until `deadline` (then BrokerTimeout: a broker
+    answering that slowly must not hold a caller past its timeout)."""
     names = [_gen(k, g) for g in gs]
     while True:
         asked = time.monotonic()
         buried = await session.probe([fence_tombstone(k, g) for g in gs])
-        if time.monotonic() - asked < RETIRE_AFTER / 2:
+        took = time.monotonic() - asked
+        if took < RETIRE_AFTER / 2:
             break
+        if time.monotonic() >= deadline:
+            raise BrokerTimeout(
+                f"fence shard {k:02d}: each probe of its generations took over "
+                f"{RETIRE_AFTER / 2:g}s (last {took:.1f}s) until the deadline"
+            )
     for g, b in zip(gs, buried, strict=True):
         if b:
             _saw_buried(session, k, g)
@@ -680,7 +690,7 @@ async def _discover(
         hint = await _read_hint(session, k) or 0
     scanned: set[int] = set()  # where wide scans started
     while True:
-        top, marker_found, low = await _scan(session, k, hint, wide=hint_read)
+        top, marker_found, low = await _scan(session, k, hint, deadline, wide=hint_read)
         if hint_read:
             scanned.add(hint)
         if top is not None and (await session.probe([fence_tombstone(k, top)]))[0]:
@@ -690,7 +700,7 @@ async def _discover(
                 # (the run's top never goes down, and G+1 is deleted only after G's
                 # tombstone), never at the marker's hints alone: they are written last.
                 looked_above = top
-                above, _, _ = await _scan(session, k, top + 1, wide=True)
+                above, _, _ = await _scan(session, k, top + 1, deadline, wide=True)
                 if above is not None:
                     hint = above
                     continue
@@ -754,7 +764,7 @@ async def _discover(
 
 
 async def _scan(
-    session: Session, k: int, base: int, *, wide: bool
+    session: Session, k: int, base: int, deadline: float, *, wide: bool
 ) -> tuple[int | None, bool, int | None]:
     """(the highest generation of the run found from `base` up, whether the marker exists,
     the lowest generation seen).
@@ -767,7 +777,9 @@ async def _scan(
     marker = asyncio.ensure_future(_marker_exists(session, k))
     try:
         for _ in range(windows):
-            gens = await _generations_exist(session, k, [base + i for i in range(width)])
+            gens = await _generations_exist(
+                session, k, [base + i for i in range(width)], deadline
+            )
             if any(gens):
                 top = base + max(i for i, there in enumerate(gens) if there)
                 if low is None:
@@ -781,7 +793,8 @@ async def _scan(
     finally:
         marker.cancel()
     if top is not None and gens[-1] and not wide:
-        more, _, _ = await _scan(session, k, base, wide=True)  # the run goes on past the window
+        # The run goes on past the window.
+        more, _, _ = await _scan(session, k, base, deadline, wide=True)
         top = more if more is not None else top
     return top, marker_found, low
 

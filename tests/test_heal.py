@@ -24,6 +24,7 @@ from amqp_locks import Broker, Mutex, TokenSemaphore, stamps
 from amqp_locks.names import quorum_mutex_name, token_queue, token_waiting_queue
 from amqp_locks.tokens import fresh, heal
 from amqp_locks.tokens.message import token_properties
+from amqp_locks.transport import features
 from amqp_locks.transport.quorum_guard import MIN_MARGIN
 
 from . import waiting
@@ -110,7 +111,7 @@ def test_a_mutex_whose_creator_died_before_its_token_grants_again(
 
 def _cancels_reach_holders(broker: Broker) -> bool:
     async def go() -> bool:
-        return heal.cancels_reach_holders(await broker.core.session())
+        return features.cancels_reach_holders(await broker.core.session())
 
     return broker.core.run(go())
 
@@ -184,7 +185,7 @@ def test_every_crash_point_of_a_creation_grants_all_permits_again(
 ) -> None:
     """Cut after the declaration and `published` token publishes: `permits` waiters all
     hold at once within the bound, never more than `permits`, then exactly `permits`
-    tokens are left. RabbitMQ 3.x (heal.cancels_reach_holders): a queue left with some of
+    tokens are left. RabbitMQ 3.x (features.cancels_reach_holders): a queue left with some of
     its tokens is not replaced while they are held, so there every waiter is granted in
     turn on the tokens that are left, never more at once, and they stay as they are."""
     make_partial(cluster_broker, name, permits, published)
@@ -279,7 +280,7 @@ def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
     with both tokens in the next round trip. Both are granted within REPLACED_BOUND,
     never more than 2 at once, and 2 tokens are left. RabbitMQ 3.10.8 tells them nothing
     and moves their consumers onto the new queue, where they take both tokens and are
-    handed none (heal.cancels_reach_holders): CI of rehearsal 102 saw a heal's creator do
+    handed none (features.cancels_reach_holders): CI of rehearsal 102 saw a heal's creator do
     this to one waiter of three (2 held at once). Before the fix they waited to their
     timeout; 4.x cancels them and they consume again."""
     leave_empty, replace, permit, queues = _REPLACED[kind]
@@ -579,7 +580,7 @@ def test_repair_replaces_a_first_use_queue_and_never_duplicates_a_held_token(
     """`TokenAdmin.repair` of a first-use queue short of tokens replaces the queue (a
     missing token that may still come back dies with it): with one of 2 permits held,
     the holder is told (consumer cancelled) and the queue has exactly 2 tokens, never 3.
-    RabbitMQ 3.x would not tell the holder (heal.cancels_reach_holders): repair refuses."""
+    RabbitMQ 3.x would not tell the holder (features.cancels_reach_holders): repair refuses."""
     from amqp_locks import LockError, TokenAdmin
 
     make_partial(cluster_broker, name, 2, 2)

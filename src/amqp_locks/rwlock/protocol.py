@@ -101,9 +101,9 @@ class _Inbox:
 
     def replaced(self) -> None:
         """The queue was replaced while we waited and the broker told us nothing
-        (tokens/heal.py, ``cancels_reach_holders``): end the wait as a cancel does, so that
-        the acquire consumes again; closing the channel returns what the hollow consumer
-        took. A holder is not ended here."""
+        (transport/features.py, ``cancels_reach_holders``): end the wait as a cancel does,
+        so that the acquire consumes again; closing the channel returns what the hollow
+        consumer took. A holder is not ended here."""
         if not self.full.done():
             self.deleted = True
             self._end(f"{self.queue!r} was replaced while we waited")

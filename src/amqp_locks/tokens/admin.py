@@ -20,7 +20,7 @@ from ..replication import choose_quorum
 from ..shape import MUTEX, SEMAPHORE, shape_headers
 from ..transport.broker import BrokerCore, BrokerLike
 from ..transport.channel_ops import publish_all
-from ..transport.features import min_lock_delay_ms
+from ..transport.features import cancels_reach_holders, min_lock_delay_ms
 from ..transport.line_args import DISCONNECTED
 from ..transport.session import Session
 from ..transport.shield import admin_deadline, answered
@@ -29,7 +29,6 @@ from . import fresh
 from .arguments import token_arguments
 from .drain import collect, drain
 from .fencing import mint_headers, shard_headers
-from .heal import cancels_reach_holders
 from .ledger import (
     Audit,
     Ledger,

@@ -183,7 +183,7 @@ class _Waiter:
             self._gone("was deleted")
 
     def replaced(self) -> None:
-        """The queue was replaced and the broker told us nothing (tokens/heal.py,
+        """The queue was replaced and the broker told us nothing (transport/features.py,
         ``cancels_reach_holders``): wait again as after a cancel, on a new channel; closing
         this one returns a token the hollow consumer took."""
         if self.state is None:

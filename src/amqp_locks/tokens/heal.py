@@ -41,7 +41,7 @@ Why that is safe.
   heartbeats) it is seen, and once it is gone its token is back in the queue, ready.
 - Holders of the tokens that are left (K > 1) are told by the delete (their consumers are
   cancelled), except on RabbitMQ 3.x, which loses a quorum consumer's cancel when the
-  queue is declared again at once (:func:`cancels_reach_holders`): there a queue is
+  queue is declared again at once (``features.cancels_reach_holders``): there a queue is
   replaced only in samples where nobody holds one of its tokens.
 - A count that did not come from the queue's leader is never evidence. RabbitMQ answers
   a passive declare of a quorum queue with 0 ready and 0 consumers when the node cannot
@@ -90,7 +90,7 @@ from ..names import token_queue, token_waiting_queue
 from ..stamps import is_stamp, permits_of
 from ..transport.channel_ops import take
 from ..transport.exchanges import consume_on_own_channel
-from ..transport.features import HELPER_EXPIRES_MS, broker_version
+from ..transport.features import HELPER_EXPIRES_MS, cancels_reach_holders
 from ..transport.session import Session
 from ..transport.shield import close_quietly, shielded
 from ..transport.wire import AbstractChannel
@@ -154,24 +154,6 @@ WAITING_QUEUE: dict[str, Any] = {
 Sample = tuple[int, int, int]
 
 
-def cancels_reach_holders(session: Session) -> bool:
-    """Whether deleting a queue that is made again at once still tells its consumers
-    (basic.cancel): 4.0.5 and 4.3.6 told 3 of 3 holders. RabbitMQ 3.x's channel, when a
-    queue it consumes ends, consumes it again by name instead (rabbit_channel
-    ``queue_down_consumer_action``, meant for mirrored queues' failover; a quorum queue
-    refuses ``x-cancel-on-ha-failover``, the consume argument that would turn it off),
-    and for a quorum queue the consumer it makes is hollow. Measured on 3.10.8, with the
-    queue declared again in the next round trip: 0 of 3 holders told, on the deleting
-    connection or another; 3 waiters took the new queue's 3 tokens (0 ready, 3
-    consumers) and were handed none, until their channels' close returned them. With
-    0.2 s between the delete and the declaration, every consumer was cancelled. So before
-    4.0 a queue is replaced only while nobody holds one of its tokens, and a waiter
-    checks, while its queue is short of tokens, whether the queue's stamp (fresh.py: each
-    creation's own) is still the one it waited on, and else waits again on a new channel
-    (:data:`Plan.on_replaced`)."""
-    return broker_version(session) >= (4, 0)
-
-
 @dataclass(frozen=True)
 class Plan:
     """What one waiter watches: the queue whose tokens it judges, the waiting queue it
@@ -185,7 +167,7 @@ class Plan:
     visible: Callable[[], Awaitable[Sample | None]]
     delete: Callable[[], Awaitable[None]]
     #: The queue's stamp (fresh.py), and what ends the wait when it changed under a waiter
-    #: that got no cancel (:func:`cancels_reach_holders`); None: not checked.
+    #: that got no cancel (``features.cancels_reach_holders``); None: not checked.
     stamp: Callable[[], Awaitable[int | None]] | None = None
     on_replaced: Callable[[], None] | None = None
 
@@ -310,7 +292,7 @@ def token_plan(
     session: Session, name: str, on_replaced: Callable[[], None] | None = None
 ) -> Plan:
     """A waiter of the first-use token semaphore `name` (cluster mode's mutex included);
-    `on_replaced` ends its wait as a cancel would (:func:`cancels_reach_holders`)."""
+    `on_replaced` ends its wait as a cancel would (``features.cancels_reach_holders``)."""
     queue, waiting = token_queue(name), token_waiting_queue(name)
 
     async def stamp() -> int | None:

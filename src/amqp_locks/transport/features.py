@@ -15,6 +15,8 @@ One place for every version rule (docs/compatibility.md has the table and the so
 - 4.3 moved the "returned this many times" count from ``x-delivery-count`` to the new
   ``x-acquired-count`` (``x-delivery-count`` now counts failed deliveries only).
 - ``x-consumer-timeout`` is accepted per queue from 3.12; 4.3 refuses it on classic queues.
+- Before 4.0 a queue deleted and declared again at once does not cancel its consumers:
+  the channel consumes the new queue by name, hollow (:func:`cancels_reach_holders`).
 """
 
 from __future__ import annotations
@@ -112,3 +114,21 @@ def helper_queue(session: Session, *, wakeups: bool) -> dict[str, Any]:
     if wakeups:
         args["x-message-ttl"] = NOTICE_TTL_MS
     return {"durable": True, "arguments": args}
+
+
+def cancels_reach_holders(session: Session) -> bool:
+    """Whether deleting a queue that is made again at once still tells its consumers
+    (basic.cancel): 4.0.5 and 4.3.6 told 3 of 3 holders. RabbitMQ 3.x's channel, when a
+    queue it consumes ends, consumes it again by name instead (rabbit_channel
+    ``queue_down_consumer_action``, meant for mirrored queues' failover; a quorum queue
+    refuses ``x-cancel-on-ha-failover``, the consume argument that would turn it off),
+    and for a quorum queue the consumer it makes is hollow. Measured on 3.10.8, with the
+    queue declared again in the next round trip: 0 of 3 holders told, on the deleting
+    connection or another; 3 waiters took the new queue's 3 tokens (0 ready, 3
+    consumers) and were handed none, until their channels' close returned them. With
+    0.2 s between the delete and the declaration, every consumer was cancelled. So before
+    4.0 a queue is replaced only while nobody holds one of its tokens, and a waiter
+    checks, while its queue is short of tokens, whether the queue's stamp (fresh.py: each
+    creation's own) is still the one it waited on, and else waits again on a new channel
+    (tokens/heal.py, ``Plan.on_replaced``)."""
+    return broker_version(session) >= (4, 0)

@@ -128,7 +128,6 @@ ROOT_LINES: dict[str, RootLine] = {
 _AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 
 
-
 class DevBrokerError(RuntimeError):
     """The private broker could not be installed, started, stopped or queried."""
 
@@ -315,8 +314,13 @@ def _debootstrap(version: str, line: RootLine, root: Path, mirror: str) -> None:
     partial = root.with_name(root.name + ".partial")
     _remove_root(partial)
     cmd = [
-        "debootstrap", "--variant=minbase", "--include=rabbitmq-server",
-        line.suite, str(partial), mirror, *([line.script] if line.script else []),
+        "debootstrap",
+        "--variant=minbase",
+        "--include=rabbitmq-server",
+        line.suite,
+        str(partial),
+        mirror,
+        *([line.script] if line.script else []),
     ]
     print(f"building the RabbitMQ {version} root: {' '.join(cmd)}", file=sys.stderr)
     try:
@@ -375,6 +379,7 @@ def node_dir(
 
 # -------------------------------------------------------------------------- liveness
 
+
 def _amqp_ping(port: int, timeout: float = 2.0, host: str = HOST) -> bool:
     """True if something on ``port`` answers the AMQP 0-9-1 header with Connection.Start."""
     try:
@@ -390,7 +395,6 @@ def _amqp_ping(port: int, timeout: float = 2.0, host: str = HOST) -> bool:
         return False
     # frame type 1 (method) on channel 0, class 10 (connection) method 10 (start)
     return data[0] == 1 and data[1:3] == b"\x00\x00" and data[7:11] == b"\x00\x0a\x00\x0a"
-
 
 
 # -------------------------------------------------------------------- process control
@@ -476,7 +480,7 @@ def _extra_config(base_dir: Path) -> str:
 #: Run in a private mount namespace: bind /dev, /proc and the node's directory (same path)
 #: into the root, then chroot into it. The mounts vanish with the namespace's last process.
 _CHROOT_SCRIPT = (
-    'r=$1; b=$2; shift 2; '
+    "r=$1; b=$2; shift 2; "
     'mount --rbind /dev "$r/dev" && mount -t proc proc "$r/proc" '
     '&& mkdir -p "$r$b" && mount --bind "$b" "$r$b" || exit 125; '
     'exec chroot "$r" "$@"'
@@ -491,8 +495,19 @@ def _command(info: NodeInfo, program: str, *args: str) -> list[str]:
     root = ensure_root(info.version)
     return [
         *netns,
-        "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _CHROOT_SCRIPT,
-        "sh", str(root), str(info.base_dir), str(_CHROOT_SBIN / program), *args,
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        _CHROOT_SCRIPT,
+        "sh",
+        str(root),
+        str(info.base_dir),
+        str(_CHROOT_SBIN / program),
+        *args,
     ]
 
 
@@ -524,7 +539,6 @@ def rabbitmqctl(info: NodeInfo, *args: str, timeout: float = 60) -> str:
             f"{(proc.stderr or proc.stdout).strip()}"
         )
     return proc.stdout
-
 
 
 #: How a 4.0.5 node's boot fails when its deprecated-feature check loses a race.
@@ -719,7 +733,9 @@ def ctl(argv: Sequence[str]) -> int:
     parser.add_argument("--name", default=DEFAULT_NAME, help="node name (default: %(default)s)")
     parser.add_argument("--base-dir", type=Path, default=None, help="node directory")
     parser.add_argument(
-        "--version", choices=VERSIONS, default=None,
+        "--version",
+        choices=VERSIONS,
+        default=None,
         help=f"RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else {HOST_VERSION})",
     )
     parser.add_argument("args", nargs=argparse.REMAINDER, help="rabbitmqctl's arguments")
@@ -757,10 +773,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         status=lambda a: status(a.name, a.base_dir, version=a.version),
     )
     return cli(
-        argv, parser, commands, DevBrokerError,
-        default_name=DEFAULT_NAME, what="node", port_help="AMQP port for start",
+        argv,
+        parser,
+        commands,
+        DevBrokerError,
+        default_name=DEFAULT_NAME,
+        what="node",
+        port_help="AMQP port for start",
         arguments=lambda p: p.add_argument(
-            "--version", choices=VERSIONS, default=None,
+            "--version",
+            choices=VERSIONS,
+            default=None,
             help=f"RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else {HOST_VERSION})",
         ),
     )

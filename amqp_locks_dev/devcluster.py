@@ -55,10 +55,7 @@ __all__ = [
 DEFAULT_NAME = "amqplocksc"
 DEFAULT_SIZE = 3
 #: Appended to every node's rabbitmq.conf (devbroker.EXTRA_CONFIG).
-CLUSTER_CONFIG = (
-    "# amqp_locks_dev.devcluster\n"
-    "cluster_partition_handling = pause_minority\n"
-)
+CLUSTER_CONFIG = "# amqp_locks_dev.devcluster\ncluster_partition_handling = pause_minority\n"
 
 T = TypeVar("T")
 
@@ -115,8 +112,8 @@ def _size(base: Path) -> int | None:
 def _version(base: Path, version: str | None = None) -> str:
     """The line of the cluster in `base`: the recorded one, else `version` or the default."""
     recorded = _recorded(base)
-    return recorded[1] if recorded else devbroker.check_version(
-        version or devbroker.default_version()
+    return (
+        recorded[1] if recorded else devbroker.check_version(version or devbroker.default_version())
     )
 
 
@@ -221,7 +218,11 @@ def _pick_ports(count: int) -> list[int]:
 
 
 def _start_one(
-    base: Path, name: str, index: int, wait: float, ports: tuple[int, int] | None = None,
+    base: Path,
+    name: str,
+    index: int,
+    wait: float,
+    ports: tuple[int, int] | None = None,
     version: str | None = None,
 ) -> NodeInfo:
     """Start node `index` on its previous ports (clients hold every node's URL), else on
@@ -255,8 +256,11 @@ def _start_one(
 
 
 def start(
-    name: str = DEFAULT_NAME, size: int = DEFAULT_SIZE, base_dir: Path | None = None,
-    wait: float = 180.0, version: str | None = None,
+    name: str = DEFAULT_NAME,
+    size: int = DEFAULT_SIZE,
+    base_dir: Path | None = None,
+    wait: float = 180.0,
+    version: str | None = None,
 ) -> ClusterInfo:
     """Start every node that is not running and join them into one cluster (idempotent).
 
@@ -327,7 +331,9 @@ def _index(cluster: ClusterInfo, index: int) -> NodeInfo:
 
 
 def kill_node(
-    name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None,
+    name: str = DEFAULT_NAME,
+    index: int = 1,
+    base_dir: Path | None = None,
     version: str | None = None,
 ) -> bool:
     """SIGKILL node `index`'s VM (a crash: no clean shutdown, sockets reset by the kernel).
@@ -336,7 +342,9 @@ def kill_node(
 
 
 def stop_node(
-    name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None,
+    name: str = DEFAULT_NAME,
+    index: int = 1,
+    base_dir: Path | None = None,
     version: str | None = None,
 ) -> bool:
     """Stop node `index` cleanly (`rabbitmqctl stop`); returns whether it was running."""
@@ -345,7 +353,10 @@ def stop_node(
 
 
 def start_node(
-    name: str = DEFAULT_NAME, index: int = 1, base_dir: Path | None = None, wait: float = 180.0,
+    name: str = DEFAULT_NAME,
+    index: int = 1,
+    base_dir: Path | None = None,
+    wait: float = 180.0,
     version: str | None = None,
 ) -> NodeInfo:
     """Start node `index` again on its old ports; it rejoins the cluster from its data."""
@@ -357,9 +368,7 @@ def start_node(
     return node
 
 
-def stop(
-    name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None
-) -> int:
+def stop(name: str = DEFAULT_NAME, base_dir: Path | None = None, version: str | None = None) -> int:
     """Stop every node (concurrently); returns how many were running."""
     base = _base(name, base_dir, version)
     size = _size(base) or 0
@@ -397,7 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-dir", type=Path, default=None, help="cluster directory")
     parser.add_argument("--wait", type=float, default=180.0, help="startup timeout (s)")
     parser.add_argument(
-        "--version", choices=devbroker.VERSIONS, default=None,
+        "--version",
+        choices=devbroker.VERSIONS,
+        default=None,
         help="RabbitMQ line (default: $AMQP_LOCKS_RABBITMQ, else "
         f"{devbroker.HOST_VERSION}); a cluster keeps the line it was made with",
     )

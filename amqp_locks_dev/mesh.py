@@ -199,8 +199,13 @@ def _ns_ip(ns: str, *args: str) -> str:
 def _route_args(net: MeshNetwork, i: int, j: int) -> list[str]:
     """Namespace `i`'s route to node `j`: over link (i, j), from node i's address."""
     return [
-        f"{net.address(j)}/32", "via", net.link_end(j, i),
-        "dev", net.link_veth(i, j), "src", net.address(i),
+        f"{net.address(j)}/32",
+        "via",
+        net.link_end(j, i),
+        "dev",
+        net.link_veth(i, j),
+        "src",
+        net.address(i),
     ]
 
 
@@ -226,8 +231,16 @@ def _create_network(size: int) -> MeshNetwork:
                 _ns_ip(ns, "link", "add", sink, "type", "veth", "peer", "name", sink + "x")
                 _ns_ip(ns, "link", "set", sink, "arp", "off", "up")
                 _ns_ip(
-                    ns, "route", "add", str(net.block), "dev", sink, "src", net.address(i),
-                    "metric", str(_BLACKHOLE_METRIC),
+                    ns,
+                    "route",
+                    "add",
+                    str(net.block),
+                    "dev",
+                    sink,
+                    "src",
+                    net.address(i),
+                    "metric",
+                    str(_BLACKHOLE_METRIC),
                 )
                 # host link i
                 host, inner = net.host_veth(i), net.host_ns_veth(i)
@@ -238,18 +251,38 @@ def _create_network(size: int) -> MeshNetwork:
                 _ns_ip(ns, "addr", "add", f"{net.host_ns_end(i)}/30", "dev", inner)
                 _ns_ip(ns, "link", "set", inner, "up")
                 _ip(
-                    "route", "add", f"{net.address(i)}/32", "via", net.host_ns_end(i),
-                    "dev", host, "src", net.host_end(i),
+                    "route",
+                    "add",
+                    f"{net.address(i)}/32",
+                    "via",
+                    net.host_ns_end(i),
+                    "dev",
+                    host,
+                    "src",
+                    net.host_end(i),
                 )
             for i, j in net.pairs:
                 _ns_ip(
-                    net.ns(i), "link", "add", net.link_veth(i, j), "type", "veth",
-                    "peer", "name", net.link_veth(j, i), "netns", net.ns(j),
+                    net.ns(i),
+                    "link",
+                    "add",
+                    net.link_veth(i, j),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    net.link_veth(j, i),
+                    "netns",
+                    net.ns(j),
                 )
                 for a, b in ((i, j), (j, i)):
                     _ns_ip(
-                        net.ns(a), "addr", "add", f"{net.link_end(a, b)}/30",
-                        "dev", net.link_veth(a, b),
+                        net.ns(a),
+                        "addr",
+                        "add",
+                        f"{net.link_end(a, b)}/30",
+                        "dev",
+                        net.link_veth(a, b),
                     )
             for i, j in net.pairs:
                 _link_up(net, i, j)
@@ -518,8 +551,11 @@ class MeshCluster(ClusterNodes):
         self.epmd_port, *ports = devcluster._pick_ports(1 + 2 * self.size)
         for i in net.indexes:
             argv = [
-                *_epmd_argv(version), "-port", str(self.epmd_port),
-                "-address", f"{HOST},{net.address(i)}",
+                *_epmd_argv(version),
+                "-port",
+                str(self.epmd_port),
+                "-address",
+                f"{HOST},{net.address(i)}",
             ]
             self._epmds.append(_spawn_epmd(["ip", "netns", "exec", net.ns(i), *argv]))
         _update_record(net, epmds=[p.pid for p in self._epmds])
@@ -535,8 +571,14 @@ class MeshCluster(ClusterNodes):
             d = self._node_dir(name, i)
             templates.append(
                 NodeInfo(
-                    devcluster._node_name(name, i), 0, 0, d, version, net.address(i),
-                    net.ns(i), self.epmd_port,
+                    devcluster._node_name(name, i),
+                    0,
+                    0,
+                    d,
+                    version,
+                    net.address(i),
+                    net.ns(i),
+                    self.epmd_port,
                 )
             )
 

@@ -61,8 +61,12 @@ def _holder(urls: list[str], locks: int, seconds: float, out: Any) -> None:
                 checked = max(checked, session.guard.checked)
         lost = [(lease.name, lease.lost_reason) for lease in leases if lease.lost.is_set()]
         out.send(
-            {"held": len(leases), "lost": lost, "slowest_check_s": round(slowest, 3),
-             "checks_answered": checked}
+            {
+                "held": len(leases),
+                "lost": lost,
+                "slowest_check_s": round(slowest, 3),
+                "checks_answered": checked,
+            }
         )
         for lease in leases:
             if not lease.lost.is_set():

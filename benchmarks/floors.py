@@ -395,8 +395,7 @@ async def _probe(ch: AbstractChannel, queues: list[str]) -> list[bool]:
     """Mandatory publishes to `queues` on a confirm channel: which exist (a return says
     not), all written before the first answer is awaited."""
     sent = [
-        asyncio.ensure_future(ch.basic_publish(PING, routing_key=q, mandatory=True))
-        for q in queues
+        asyncio.ensure_future(ch.basic_publish(PING, routing_key=q, mandatory=True)) for q in queues
     ]
     answers = await asyncio.gather(*sent, return_exceptions=True)
     for a in answers:
@@ -405,9 +404,7 @@ async def _probe(ch: AbstractChannel, queues: list[str]) -> list[bool]:
     return [not isinstance(a, aiormq.exceptions.PublishError) for a in answers]
 
 
-async def _acquire_floor(
-    url: str, samples: int, reps: int, semaphore: bool
-) -> list[list[float]]:
+async def _acquire_floor(url: str, samples: int, reps: int, semaphore: bool) -> list[list[float]]:
     """:data:`RAW`'s ``mutex_acquire`` / ``semaphore_acquire``: the held queue's steps as
     the library's grant makes them (queue_lease.grant), with raw aiormq on one connection."""
     what = "semaphore acquire" if semaphore else "mutex acquire"

@@ -42,6 +42,7 @@ def _limit() -> float:
     the 8 s allowance was 2-3 s in truth (grants took 10-11 s against 12.8 s)."""
     return heal_bound(LOCK_DELAY) + ALLOWANCE
 
+
 pytestmark = pytest.mark.usefixtures("quick_heal")
 
 

@@ -334,7 +334,6 @@ def test_concurrent_readers(amqp_url: str, broker: Broker, name: str) -> None:
     want = sorted((lease.number, lease.fencing_token) for lease in leases if lease)
     results: list[Any] = []
     with Broker(amqp_url) as shared:
-
         # holders() keeps its timeout (1 s by default) whatever the broker does: beside a
         # loaded rehearsal (load 17 on 2 cores) all 10 reads, 5 of them connecting first,
         # raised BrokerTimeout. The holders here answer at once; what is tested is that

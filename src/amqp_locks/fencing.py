@@ -777,9 +777,7 @@ async def _scan(
     marker = asyncio.ensure_future(_marker_exists(session, k))
     try:
         for _ in range(windows):
-            gens = await _generations_exist(
-                session, k, [base + i for i in range(width)], deadline
-            )
+            gens = await _generations_exist(session, k, [base + i for i in range(width)], deadline)
             if any(gens):
                 top = base + max(i for i, there in enumerate(gens) if there)
                 if low is None:

@@ -47,8 +47,7 @@ def _connections(info: devdb.DbInfo) -> set[int]:
     (PostgreSQL: backend pids; MariaDB: connection ids, never reused)."""
     engine = create_engine(info.url)
     sql = (
-        "SELECT pid FROM pg_stat_activity WHERE usename = 'amqplocks'"
-        " AND pid <> pg_backend_pid()"
+        "SELECT pid FROM pg_stat_activity WHERE usename = 'amqplocks' AND pid <> pg_backend_pid()"
         if info.kind == "postgresql"
         else "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = 'amqplocks'"
         " AND ID <> CONNECTION_ID()"

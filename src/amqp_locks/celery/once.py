@@ -377,7 +377,7 @@ class Mark:
             log.error(
                 "%s: the key's claim was deleted as this call bound to it (RabbitMQ on "
                 "Khepri); the name is unusable until an operator runs: rabbitmqctl eval "
-                "'rabbit_khepri:delete([rabbitmq,vhosts,<<\"VHOST\">>,exchanges,<<\"%s\">>]).'",
+                '\'rabbit_khepri:delete([rabbitmq,vhosts,<<"VHOST">>,exchanges,<<"%s">>]).\'',
                 self.exchange,
                 self.exchange,
             )

@@ -120,9 +120,7 @@ async def _claim(
     return state
 
 
-async def claim_slot(
-    core: BrokerCore, session: Session, name: str, k: int
-) -> LeaseState | None:
+async def claim_slot(core: BrokerCore, session: Session, name: str, k: int) -> LeaseState | None:
     """Hold slot k itself when it exists and is free (None when not): for tools that place
     holders at chosen slots (benchmarks/latency.py); ``acquire()`` searches instead."""
     seen = await look(session, name, [k], holders=True)

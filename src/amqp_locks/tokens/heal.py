@@ -288,9 +288,7 @@ async def stamped_permits(session: Session, queue: str, arguments: dict[str, Any
     return None if stamp is None else permits_of(stamp)
 
 
-def token_plan(
-    session: Session, name: str, on_replaced: Callable[[], None] | None = None
-) -> Plan:
+def token_plan(session: Session, name: str, on_replaced: Callable[[], None] | None = None) -> Plan:
     """A waiter of the first-use token semaphore `name` (cluster mode's mutex included);
     `on_replaced` ends its wait as a cancel would (``features.cancels_reach_holders``)."""
     queue, waiting = token_queue(name), token_waiting_queue(name)

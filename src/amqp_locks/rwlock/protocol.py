@@ -17,7 +17,6 @@ from ..fencing import take_token
 from ..held import HeldState
 from ..shape import READERS, WRITER, Expected
 from ..shape import check as check_shape
-from ..stamps import permits_of
 from ..tokens import heal
 from ..tokens.fresh import saw_running, until_running
 from ..transport.broker import BrokerCore
@@ -140,15 +139,6 @@ def _ended(session: Session, name: str, exc: _Ended, *boxes: _Inbox | None) -> E
 # --- healing a lock that lost tokens at its creation (tokens/heal.py) ---------------------
 
 
-async def _stamp(session: Session, queue: str, readers: bool) -> int | None:
-    """The stamp of the readers (or writer) queue `queue`, of either queue type."""
-    for quorum in session.queue_types:
-        stamp = await heal.stamp_of(session, queue, lock_arguments(session, quorum, readers))
-        if stamp is not None:
-            return stamp
-    return None
-
-
 def _plan(
     session: Session,
     queue: str,
@@ -158,17 +148,15 @@ def _plan(
     delete: Callable[[], Awaitable[None]],
     box: _Inbox,
 ) -> heal.Plan:
-    """A heal plan judging `queue`, whose stamp ends `box`'s wait when it changes under it
-    (heal.Plan.on_replaced)."""
+    """A heal plan judging the readers (or writer) queue `queue`, whose stamp ends `box`'s
+    wait when it changes under it (heal.Plan.on_replaced)."""
 
     async def stamp() -> int | None:
-        return await _stamp(session, queue, readers)
+        return await heal.stamp_of_either(
+            session, queue, lambda quorum: lock_arguments(session, quorum, readers)
+        )
 
-    async def permits() -> int | None:
-        held = await stamp()
-        return None if held is None else permits_of(held)
-
-    return heal.Plan(queue, register, permits, visible, delete, stamp, box.replaced)
+    return heal.Plan(queue, register, stamp, visible, delete, box.replaced)
 
 
 async def _replace_both(session: Session, name: str) -> None:

@@ -157,19 +157,18 @@ Sample = tuple[int, int, int]
 @dataclass(frozen=True)
 class Plan:
     """What one waiter watches: the queue whose tokens it judges, the waiting queue it
-    registers on (None: it registers nowhere, e.g. a writer that holds the turn), how many
-    tokens the queue should have (None: not a queue this module heals), how many it can
-    see now (None: it cannot judge now, which breaks the run), and how to replace it."""
+    registers on (None: it registers nowhere, e.g. a writer that holds the turn), the
+    queue's stamp (fresh.py: its permit count and each creation's own; None: not a queue
+    this module heals), how many tokens it can see now (None: it cannot judge now, which
+    breaks the run), how to replace it, and what ends the wait when the queue was replaced
+    under a waiter that got no cancel (``features.cancels_reach_holders``)."""
 
     queue: str
     register: str | None
-    permits: Callable[[], Awaitable[int | None]]
+    stamp: Callable[[], Awaitable[int | None]]
     visible: Callable[[], Awaitable[Sample | None]]
     delete: Callable[[], Awaitable[None]]
-    #: The queue's stamp (fresh.py), and what ends the wait when it changed under a waiter
-    #: that got no cancel (``features.cancels_reach_holders``); None: not checked.
-    stamp: Callable[[], Awaitable[int | None]] | None = None
-    on_replaced: Callable[[], None] | None = None
+    on_replaced: Callable[[], None]
 
 
 async def queue_counts(session: Session, queue: str, waiting: str) -> tuple[int, int, int]:
@@ -282,27 +281,24 @@ async def stamp_of(session: Session, queue: str, arguments: dict[str, Any]) -> i
     return stamp if stamp is not None and is_stamp(stamp) else None
 
 
-async def stamped_permits(session: Session, queue: str, arguments: dict[str, Any]) -> int | None:
-    """A first-use queue's permit count from its stamp (:func:`stamp_of`)."""
-    stamp = await stamp_of(session, queue, arguments)
-    return None if stamp is None else permits_of(stamp)
+async def stamp_of_either(
+    session: Session, queue: str, arguments: Callable[[bool], dict[str, Any]]
+) -> int | None:
+    """:func:`stamp_of` a queue of either type (`arguments(quorum)`: its declaration)."""
+    for quorum in session.queue_types:
+        stamp = await stamp_of(session, queue, arguments(quorum))
+        if stamp is not None:
+            return stamp
+    return None
 
 
-def token_plan(session: Session, name: str, on_replaced: Callable[[], None] | None = None) -> Plan:
+def token_plan(session: Session, name: str, on_replaced: Callable[[], None]) -> Plan:
     """A waiter of the first-use token semaphore `name` (cluster mode's mutex included);
     `on_replaced` ends its wait as a cancel would (``features.cancels_reach_holders``)."""
     queue, waiting = token_queue(name), token_waiting_queue(name)
 
     async def stamp() -> int | None:
-        for quorum in session.queue_types:  # a queue of either type
-            held = await stamp_of(session, queue, fresh_arguments(session, 0, quorum))
-            if held is not None:
-                return held
-        return None
-
-    async def permits() -> int | None:
-        held = await stamp()
-        return None if held is None else permits_of(held)
+        return await stamp_of_either(session, queue, lambda q: fresh_arguments(session, 0, q))
 
     async def visible() -> Sample | None:
         return await visible_tokens(session, queue, waiting)
@@ -310,7 +306,7 @@ def token_plan(session: Session, name: str, on_replaced: Callable[[], None] | No
     async def delete() -> None:
         await session.delete(queue)
 
-    return Plan(queue, waiting, permits, visible, delete, stamp, on_replaced)
+    return Plan(queue, waiting, stamp, visible, delete, on_replaced)
 
 
 async def _register(session: Session, queue: str) -> AbstractChannel:
@@ -329,15 +325,11 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
     The caller cancels it when the wait ends, and must await it (:func:`stop`): its
     registration is withdrawn (its channel closed) before the cancellation completes."""
     await asyncio.sleep(REGISTER_AFTER)
-    stamp = None
-    checks_stamp = plan.on_replaced is not None and not cancels_reach_holders(session)
-    if plan.stamp is not None and checks_stamp:
-        stamp = await plan.stamp()
-        permits = None if stamp is None else permits_of(stamp)
-    else:
-        permits = await plan.permits()
-    if permits is None:
+    stamp = await plan.stamp()
+    if stamp is None:
         return
+    permits = permits_of(stamp)
+    cancels = cancels_reach_holders(session)  # else a waiter checks the stamp
     ch = await _register(session, plan.register) if plan.register is not None else None
     try:
         # Kept on the session across acquire calls, so that a waiter retrying short
@@ -349,9 +341,9 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
             now = time.monotonic()
             run = runs.get(plan.queue)
             seen, holders, registered = sample if sample is not None else (permits, 0, 0)
-            if seen < permits and stamp is not None and plan.stamp is not None:
+            if not cancels and seen < permits:
                 now_stamp = await plan.stamp()
-                if now_stamp is not None and now_stamp != stamp and plan.on_replaced:
+                if now_stamp is not None and now_stamp != stamp:
                     log.warning(
                         "%r was replaced while we waited on it and no cancel came: "
                         "consuming it again (RabbitMQ 3.x moves such a consumer onto the "
@@ -360,7 +352,7 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
                     )
                     plan.on_replaced()
                     return
-            if seen >= permits or (holders and not cancels_reach_holders(session)):
+            if seen >= permits or (holders and not cancels):
                 runs.pop(plan.queue, None)
             elif run is None or now - run.last > MAX_GAP:
                 runs[plan.queue] = _Run(now, now, random.uniform(0.0, HEAL_JITTER))
@@ -378,10 +370,9 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
                         now - run.since,
                     )
                     await plan.delete()
-                    if plan.on_replaced is not None:
-                        # Our own consumer of it too: 3.x may move it onto the queue the
-                        # next creator makes at once (cancels_reach_holders).
-                        plan.on_replaced()
+                    # Our own consumer of it too: 3.x may move it onto the queue the next
+                    # creator makes at once (cancels_reach_holders).
+                    plan.on_replaced()
                     return
             await asyncio.sleep(sample_interval(registered) * random.uniform(0.8, 1.2))
     finally:

@@ -167,6 +167,13 @@ class _Holders:
         except BaseException as exc:  # reported by end()
             self.errors.append(exc)
 
+    def start(self, brokers: list[Broker]) -> list[threading.Thread]:
+        """One started worker per broker."""
+        threads = [threading.Thread(target=self.worker, args=(b,)) for b in brokers]
+        for t in threads:
+            t.start()
+        return threads
+
     def end(self, threads: list[threading.Thread], brokers: list[Broker], timeout: float) -> None:
         """Join the workers (`timeout` each at most), close their brokers, and fail with
         what any of them raised."""
@@ -193,9 +200,7 @@ def test_every_crash_point_of_a_creation_grants_all_permits_again(
     brokers = [heal_broker(amqp_url) for _ in range(permits + 1)]
     run = _Holders(name, permits, BOUND + ALLOWANCE, whole, BOUND + ALLOWANCE + 10)
     started = time.monotonic()
-    threads = [threading.Thread(target=run.worker, args=(b,)) for b in brokers]
-    for t in threads:
-        t.start()
+    threads = run.start(brokers)
     run.end(threads, brokers, BOUND + ALLOWANCE + 30)
     most, got = run.held[1], [t - started for t in run.got]
     if whole:
@@ -290,9 +295,7 @@ def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
     run = _Holders(
         name, 2, BOUND + REPLACED_BOUND, True, BOUND + ALLOWANCE + REPLACED_BOUND, permit
     )
-    threads = [threading.Thread(target=run.worker, args=(b,)) for b in brokers]
-    for t in threads:
-        t.start()
+    threads = run.start(brokers)
     try:
         waiting.wait_until(  # both consume the queue and are registered as waiters
             lambda: _consumers(cluster_broker, waiting_on) == 2,

@@ -108,6 +108,8 @@ class LeaseState(HeldState):
 
         async def hold(message: DeliveredMessage) -> None:
             tag = getattr(message.delivery, "delivery_tag", None)
+            if self.released:  # delivered after the release: `_drop_sentinel` acks it
+                return
             if isinstance(tag, int) and message.channel is not None:
                 self._sentinel_tag = tag
                 # consumer_timeout would close a channel holding it for 30 min: re-arm
@@ -132,13 +134,9 @@ class LeaseState(HeldState):
                 # time we might die, and our own consumer takes it either way.
                 session.spawn(_publish_quietly(ch, queue, str(self.number).encode()))
                 if self.released and self._sentinel_ch is ch:
-                    # Released meanwhile, and `_drop_sentinel` has not run yet (the release
-                    # is awaiting its delete): take the channel from it and close it here.
-                    # Closing it while leaving it set made the release recycle it too: a
-                    # closing channel in the ready pool, and the next lease that took it as
-                    # its watch channel was lost at once (CLI admin commands under load).
-                    self._sentinel_ch = self._sentinel_tag = self._sentinel_consumer = None
-                    session.spawn(close_quietly(ch))
+                    # Released while the consume was in flight (`_drop_sentinel` left the
+                    # channel to us): clean it here, the one way every release does.
+                    self._drop_sentinel()
                 return
             except Exception as exc:
                 session.sentinels_declared.discard(queue)  # expired? declare next time
@@ -302,18 +300,24 @@ class LeaseState(HeldState):
         """A clean end wakes a waiter by its notice: cancel our sentinel consumer, then
         ack the sentinel (in that order: nothing else can be pushed to us in between, and
         closing first would hand it to a waiter); the channel, clean again, goes back to
-        the session's ready channels."""
+        the session's ready channels. Released before the sentinel came back to us, the
+        same two methods: the cancel waits for its answer (whatever was pushed to us came
+        before it) and the ack takes every delivery (tag 0, multiple), if any. Released
+        before the consume was answered, `hold_sentinel` calls this again once it is."""
         ch, tag, consumer = self._sentinel_ch, self._sentinel_tag, self._sentinel_consumer
+        if ch is not None and consumer is None and not ch.is_closed:
+            return  # the consume is in flight: hold_sentinel drops it once answered
         self._sentinel_ch = self._sentinel_tag = self._sentinel_consumer = None
-        if ch is None or ch.is_closed:
-            return
-        if tag is None or consumer is None:  # not delivered yet: closing returns it
-            self.session.spawn(close_quietly(ch))
+        if ch is None or consumer is None or ch.is_closed:
             return
 
         async def clean() -> None:
-            await cancel(ch, consumer, answered=False)
-            await ack(ch, tag)
+            if tag is None:  # not delivered yet
+                await cancel(ch, consumer, answered=True)
+                await ack_through(ch, 0)
+            else:
+                await cancel(ch, consumer, answered=False)
+                await ack(ch, tag)
 
         self.session.recycle_ready(ch, clean)
 

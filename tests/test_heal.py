@@ -275,10 +275,47 @@ _REPLACED: dict[str, tuple[Callable[..., None], Callable[..., None], Any, Any]] 
 #: of each (SAMPLE_EVERY, +20 %), a new channel and consume; generous for a loaded machine.
 REPLACED_BOUND = 2 * 1.2 * heal.SAMPLE_EVERY + ALLOWANCE
 
+#: Which read of a waiter's watch lands between the replacement's delete and its
+#: declaration, and so is answered 404 (each waiter's `n`-th call of that function).
+_WINDOWS: dict[str, tuple[str, int]] = {
+    "first stamp": ("stamp_of_either", 1),
+    "sample": ("visible_tokens", 1),
+    "stamp check": ("stamp_of_either", 2),
+}
 
+
+def _answer_404_once(monkeypatch: pytest.MonkeyPatch, window: str) -> list[Any]:
+    """Make the `window` read of each waiter's watch (one per session) raise QueueNotFound,
+    as the broker answers a read that falls between a replacement's delete and its
+    declaration (rehearsal stop 63 on 3.10.8: both waiters sampled in that round trip,
+    their watches ended, and neither was ever granted). Returns the sessions it hit."""
+    from amqp_locks.errors import QueueNotFound
+
+    function, nth = _WINDOWS[window]
+    real = getattr(heal, function)
+    calls: dict[int, int] = {}
+    hit: list[Any] = []
+
+    async def answered_404(session: Any, queue: str, *args: Any, **kwargs: Any) -> Any:
+        calls[id(session)] = calls.get(id(session), 0) + 1
+        if calls[id(session)] == nth:
+            hit.append(session)
+            raise QueueNotFound(f"no queue {queue!r} (between a delete and its declaration)")
+        return await real(session, queue, *args, **kwargs)
+
+    monkeypatch.setattr(heal, function, answered_404)
+    return hit
+
+
+@pytest.mark.parametrize("window", ["none", *_WINDOWS])
 @pytest.mark.parametrize("kind", sorted(_REPLACED))
 def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
-    cluster_broker: Broker, amqp_url: str, name: str, kind: str
+    cluster_broker: Broker,
+    amqp_url: str,
+    name: str,
+    kind: str,
+    window: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two waiters wait on a first-use queue with no token (a token semaphore's, or a
     read-write lock's readers queue, its turn free); the queue is deleted and made again
@@ -287,10 +324,14 @@ def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
     and moves their consumers onto the new queue, where they take both tokens and are
     handed none (features.cancels_reach_holders): CI of rehearsal 102 saw a heal's creator do
     this to one waiter of three (2 held at once). Before the fix they waited to their
-    timeout; 4.x cancels them and they consume again."""
+    timeout; 4.x cancels them and they consume again. `window`: a read of each waiter's
+    watch lands between the delete and the declaration (answered 404); the watch goes on
+    (before, it ended, and on 3.10.8 its waiter was never granted). 4.x reads no stamp
+    while it waits (the cancel tells it), so there the stamp check is never hit."""
     leave_empty, replace, permit, queues = _REPLACED[kind]
     queue, waiting_on = queues(name)
     leave_empty(cluster_broker, name)
+    hit = [] if window == "none" else _answer_404_once(monkeypatch, window)
     brokers = [heal_broker(amqp_url) for _ in range(2)]
     run = _Holders(
         name, 2, BOUND + REPLACED_BOUND, True, BOUND + ALLOWANCE + REPLACED_BOUND, permit
@@ -311,6 +352,8 @@ def test_waiters_of_a_queue_replaced_at_once_are_granted_its_tokens(
     assert took <= REPLACED_BOUND, f"granted {took:.1f}s after the replacement"
     assert run.held[1] == 2
     waiting.wait_until(lambda: counts(cluster_broker, queue) == (2, 0), 10, "2 tokens")
+    checks_stamps = window != "stamp check" or not _cancels_reach_holders(cluster_broker)
+    assert len(hit) == (2 if window != "none" and checks_stamps else 0), hit
 
 
 def test_a_token_held_longer_than_the_period_is_not_taken(

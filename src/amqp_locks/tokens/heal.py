@@ -83,7 +83,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConnectionLost, QueueNotFound
 from ..names import token_queue, token_waiting_queue
@@ -97,6 +97,8 @@ from ..transport.wire import AbstractChannel
 from .fresh import fresh_arguments
 
 log = logging.getLogger("amqp_locks.tokens")
+
+_T = TypeVar("_T")
 
 #: Seconds a waiter waits for its token before it registers and starts sampling.
 REGISTER_AFTER = 1.0
@@ -316,6 +318,31 @@ async def _register(session: Session, queue: str) -> AbstractChannel:
     return await consume_on_own_channel(session, queue, **WAITING_QUEUE)  # never published to
 
 
+async def _gone_is_none(queue: str, read: Awaitable[_T]) -> _T | None:
+    """`read`'s answer, or None when the queue was deleted under it: a sample (or stamp
+    check) that falls between a replacement's delete and its declaration (one round trip)
+    judges nothing, and the watch goes on. Ending it there left a 3.x waiter waiting for
+    ever: its consumer moved onto the new queue, hollow, and nobody read the new stamp
+    (``features.cancels_reach_holders``; stop 63's CI, 3.10.8)."""
+    try:
+        return await read
+    except QueueNotFound:
+        log.debug("%r was not found (deleted; perhaps being made again): not judged", queue)
+        return None
+
+
+async def _first_stamp(plan: Plan, still_waiting: asyncio.Future[Any]) -> int | None:
+    """The stamp of the queue we wait on, read once its queue answers (a replacement may
+    be between its delete and its declaration: :func:`_gone_is_none`); None for a queue
+    this module does not heal, or once the wait is over."""
+    while not still_waiting.done():
+        try:
+            return await plan.stamp()
+        except QueueNotFound:
+            await asyncio.sleep(SAMPLE_EVERY * random.uniform(0.8, 1.2))
+    return None
+
+
 async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]) -> None:
     """Run beside a waiter until cancelled: register, sample, and replace the queue once
     a token was missing in every sample for the whole period (module docstring).
@@ -325,7 +352,7 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
     The caller cancels it when the wait ends, and must await it (:func:`stop`): its
     registration is withdrawn (its channel closed) before the cancellation completes."""
     await asyncio.sleep(REGISTER_AFTER)
-    stamp = await plan.stamp()
+    stamp = await _first_stamp(plan, still_waiting)
     if stamp is None:
         return
     permits = permits_of(stamp)
@@ -337,12 +364,12 @@ async def watch(session: Session, plan: Plan, still_waiting: asyncio.Future[Any]
         # carried to the session that replaces a lost one (Session.carry_from).
         runs = session.heal_runs
         while not still_waiting.done():
-            sample = await plan.visible()
+            sample = await _gone_is_none(plan.queue, plan.visible())
             now = time.monotonic()
             run = runs.get(plan.queue)
             seen, holders, registered = sample if sample is not None else (permits, 0, 0)
             if not cancels and seen < permits:
-                now_stamp = await plan.stamp()
+                now_stamp = await _gone_is_none(plan.queue, plan.stamp())
                 if now_stamp is not None and now_stamp != stamp:
                     log.warning(
                         "%r was replaced while we waited on it and no cancel came: "

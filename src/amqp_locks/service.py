@@ -346,10 +346,15 @@ class LockableService:
             limits.append(self._pending_since + self.keep_alive_timeout - now)
         try:
             ok = signals.result(call, max(0.0, min(limits)) if limits else None)
-        except concurrent.futures.TimeoutError as exc:
-            if call.done():  # the keep-alive's own answer (BrokerTimeout is one): an error
+        except concurrent.futures.TimeoutError:
+            if call.done():
+                # Its own answer: an error (BrokerTimeout is one), or it answered as the
+                # wait ran out (signals.result), which is no timeout.
                 self._pending = None
-                return self._policy(exc)
+                own = call.exception()
+                if own is not None:
+                    return self._policy(own)
+                return self._renewed(call.result())
             if deadline is not None and time.monotonic() >= deadline:
                 events.emit(events.keep_alive(self.locker, self._pending_since, None))
                 log.error(
@@ -366,6 +371,10 @@ class LockableService:
             self._pending = None
             return self._policy(exc)
         self._pending = None
+        return self._renewed(ok)
+
+    def _renewed(self, ok: bool) -> bool:
+        """The keep-alive's answer, reported."""
         events.emit(events.keep_alive(self.locker, self._pending_since, ok))
         return ok
 

@@ -12,7 +12,7 @@ released). The race is forced here by a future that finishes inside the timed-ou
 from __future__ import annotations
 
 import concurrent.futures
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +45,13 @@ class _FinishedAsItRanOut(concurrent.futures.Future[Any]):
         return super().result(timeout)
 
 
-def _in_thread(fn: Any) -> Any:
-    """`fn()` in a thread other than the main one (one slice: the whole timeout)."""
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as exc:
-            box.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(10)
-    return box[0]
+def _called_in(thread: str, fn: Callable[[], Any]) -> Any:
+    """`fn()` in the main thread (waits in slices), or in another one (one slice: the
+    whole timeout); its error raised as itself."""
+    if thread == "main":
+        return fn()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result(10)
 
 
 @pytest.mark.parametrize(
@@ -71,11 +64,7 @@ def test_a_future_that_finished_as_a_slice_ran_out_gives_its_result(
     thread: str, timeout: float | None
 ) -> None:
     fut = _FinishedAsItRanOut("granted")
-    got = (
-        signals.result(fut, timeout)
-        if thread == "main"
-        else _in_thread(lambda: signals.result(fut, timeout))
-    )
+    got = _called_in(thread, lambda: signals.result(fut, timeout))
     assert fut.timed_out == 1
     assert got == "granted"
 
@@ -84,13 +73,9 @@ def test_a_future_that_finished_as_a_slice_ran_out_gives_its_result(
 def test_a_timeout_error_the_future_holds_is_raised_as_it_is(thread: str) -> None:
     held = BrokerTimeout("the broker answered nothing in time")
     fut = _FinishedAsItRanOut(held)
-    if thread == "main":
-        with pytest.raises(BrokerTimeout) as caught:
-            signals.result(fut, 5.0)
-        got: Any = caught.value
-    else:
-        got = _in_thread(lambda: signals.result(fut, 5.0))
-    assert got is held
+    with pytest.raises(BrokerTimeout) as caught:
+        _called_in(thread, lambda: signals.result(fut, 5.0))
+    assert caught.value is held
 
 
 def test_a_wait_that_runs_out_still_raises_timeout_error() -> None:

@@ -6,21 +6,27 @@ the wait's own slice (``Future.result(0.2)``, "raise TimeoutError()"), not in th
 acquire: the slice ran out with the future unfinished, the future finished before the next
 bytecode asked ``fut.done()``, and the slice's error was raised as if the future held it.
 A caller so answered loses what the call returned (a granted lease, held and never
-released). The race is forced here by a future that finishes inside the timed-out wait.
+released). The race is forced here by a future that finishes inside the timed-out wait;
+the same future forces it where a `with` block's exit waits for its release's confirmation
+(``BrokerCore.release_leaving``), which logged a confirmed release as late.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from amqp_locks import BrokerTimeout, signals
+from amqp_locks import BrokerTimeout, ReleaseUnconfirmed, signals
 from amqp_locks.lockers import SharedFileLocker
 from amqp_locks.service import LockableService
+from amqp_locks.transport import core as core_module
+from amqp_locks.transport.core import BrokerCore
 
 from .lockers.test_keep_alive_timeout import RecordingPolicy
 
@@ -142,3 +148,52 @@ def test_a_keep_alive_that_answers_just_after_the_wait_ran_out_is_its_answer(
         assert never.done() and policy.errors == []
     finally:
         locker.close()
+
+
+def _leave(fut: concurrent.futures.Future[Any]) -> None:
+    """BrokerCore.release_leaving (a `with` block's exit) with `fut` as its release."""
+    state = SimpleNamespace(kind="mutex", number=1, name="orders")
+    core = SimpleNamespace(_closed=False, submit_release=lambda _state, _wait: fut)
+    BrokerCore.release_leaving(core, state)  # type: ignore[arg-type]
+
+
+def test_a_release_confirmed_as_the_block_s_wait_ran_out_is_not_reported_late(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fut = _FinishedAsItRanOut(None)
+    with caplog.at_level(logging.WARNING, logger="amqp_locks"):
+        _leave(fut)
+    assert fut.timed_out == 1
+    assert caplog.records == []
+
+
+def test_a_release_still_unconfirmed_after_the_wait_is_reported(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core_module, "RELEASE_HANDOFF", 0.2)
+    never: concurrent.futures.Future[None] = concurrent.futures.Future()
+    with caplog.at_level(logging.WARNING, logger="amqp_locks"):
+        _leave(never)
+    [record] = caplog.records
+    assert "release of mutex 1 of 'orders' not confirmed within 0 s" in record.getMessage()
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ReleaseUnconfirmed("release of mutex 1 of 'orders' not confirmed: channel closed"),
+        BrokerTimeout("the broker answered nothing in time"),
+    ],
+    ids=["unconfirmed", "broker-timeout"],
+)
+def test_a_release_that_failed_as_the_wait_ran_out_is_reported_as_its_failure(
+    caplog: pytest.LogCaptureFixture, failure: Exception
+) -> None:
+    """Logged with the release's own reason, never raised over the block's outcome."""
+    fut = _FinishedAsItRanOut(failure)
+    with caplog.at_level(logging.WARNING, logger="amqp_locks"):
+        _leave(fut)
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "release of mutex 1 of 'orders' not confirmed" in message
+    assert str(failure) in message and "within" not in message

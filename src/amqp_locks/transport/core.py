@@ -382,9 +382,9 @@ class BrokerCore:
         if self._closed:
             return
         fut = self.submit_release(state, True)
-        try:
+        with contextlib.suppress(concurrent.futures.TimeoutError):
             fut.result(timeout=RELEASE_HANDOFF)
-        except concurrent.futures.TimeoutError:
+        if not fut.done():  # asked after the wait: a release confirmed as it ran out counts
             log.warning(
                 "release of %s %s of %r not confirmed within %.0f s: it goes on in the background",
                 state.kind,
@@ -392,8 +392,19 @@ class BrokerCore:
                 state.name,
                 RELEASE_HANDOFF,
             )
+            return
+        try:
+            fut.result(0)
         except ReleaseUnconfirmed as exc:
             log.warning("%s", exc)
+        except concurrent.futures.TimeoutError as exc:  # the release's own, e.g. BrokerTimeout
+            log.warning(
+                "release of %s %s of %r not confirmed: %s",
+                state.kind,
+                state.number,
+                state.name,
+                exc,
+            )
 
     # --- closing ------------------------------------------------------------------------
 

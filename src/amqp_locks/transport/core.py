@@ -70,6 +70,25 @@ if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def _handed_off(fut: concurrent.futures.Future[None], state: Releasable, what: str) -> bool:
+    """Whether release `fut` ended within RELEASE_HANDOFF, asked after the wait (a release
+    that ended as the wait ran out counts: tests/test_signal_waits.py); else logged as
+    going on in the background."""
+    with contextlib.suppress(concurrent.futures.TimeoutError):
+        fut.result(timeout=RELEASE_HANDOFF)
+    if fut.done():
+        return True
+    log.warning(
+        "release of %s %s of %r not %s within %.0f s: it goes on in the background",
+        state.kind,
+        state.number,
+        state.name,
+        what,
+        RELEASE_HANDOFF,
+    )
+    return False
+
+
 class BrokerCore:
     """Connection management on the I/O loop; shared by the sync and asyncio facades.
 
@@ -353,22 +372,11 @@ class BrokerCore:
                 )
             return
         fut = self.submit_release(state, wait)
-        if not wait:
-            # Handed to the connection: a broker that stopped answering does not hold the
-            # caller (the release goes on, tracked; close() waits for it, and the loss
-            # watchdog frees the lock with a connection that stays silent).
-            with contextlib.suppress(concurrent.futures.TimeoutError):
-                fut.result(timeout=RELEASE_HANDOFF)
-            if not fut.done():
-                log.warning(
-                    "release of %s %s of %r not answered within %.0f s: it goes on in the "
-                    "background",
-                    state.kind,
-                    state.number,
-                    state.name,
-                    RELEASE_HANDOFF,
-                )
-                return
+        # wait=False: handed to the connection; a broker that stopped answering does not
+        # hold the caller (the release goes on, tracked; close() waits for it, and the loss
+        # watchdog frees the lock with a connection that stays silent).
+        if not wait and not _handed_off(fut, state, "answered"):
+            return
         self.wait(fut)
 
     def release_leaving(self, state: Releasable) -> None:
@@ -382,16 +390,7 @@ class BrokerCore:
         if self._closed:
             return
         fut = self.submit_release(state, True)
-        with contextlib.suppress(concurrent.futures.TimeoutError):
-            fut.result(timeout=RELEASE_HANDOFF)
-        if not fut.done():  # asked after the wait: a release confirmed as it ran out counts
-            log.warning(
-                "release of %s %s of %r not confirmed within %.0f s: it goes on in the background",
-                state.kind,
-                state.number,
-                state.name,
-                RELEASE_HANDOFF,
-            )
+        if not _handed_off(fut, state, "confirmed"):
             return
         try:
             fut.result(0)

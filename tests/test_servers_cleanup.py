@@ -18,7 +18,7 @@ import pytest
 
 import amqp_locks_dev.devbroker as devbroker
 from amqp_locks_dev import servers
-from amqp_locks_dev.localserver import LEDGER_ENV, note, read_ledger
+from amqp_locks_dev.localserver import LEDGER_ENV, STARTED, note, read_ledger
 
 pytestmark = pytest.mark.skipif(
     not (Path("/usr/lib/rabbitmq/bin/rabbitmqctl").exists() or shutil.which("rabbitmqctl"))
@@ -55,6 +55,15 @@ def two_nodes(tmp_path: Path) -> Iterator[tuple[tuple[str, Path], tuple[str, Pat
     tag = f"{os.getpid()}-{secrets.token_hex(3)}"
     ours = (f"ledger-ours-{tag}", tmp_path / "ours")
     before = (f"ledger-pre-{tag}", tmp_path / "pre")
+    outer = os.environ.get(LEDGER_ENV)
+    if outer:
+        # The test hides its nodes from the run around it (the ledger it sets is its
+        # own); the run's ledger names them too, so a run stopped mid-test, whose
+        # teardown below never runs, still stops them (an interrupted rehearsal left
+        # the "pre" node running).
+        for _, base in (ours, before):
+            entry = {"server": devbroker.__name__, "base_dir": str(base), "how": STARTED}
+            note(entry, "base_dir", Path(outer))
     yield ours, before
     for name, base in (ours, before):
         devbroker.stop(name, base)

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
+from amqp_locks.errors import BrokerError
 from amqp_locks.lockers import LockedElsewhere, Locker
 
 from ..waiting import wait_until
@@ -345,7 +348,9 @@ def leak_check(cfg: dict[str, Any], within: float) -> tuple[int, float | None]:
         while True:
             try:
                 locker.start()
-            except LockedElsewhere:
+            except (LockedElsewhere, BrokerError, SQLAlchemyError):
+                # Held, or its server not answering yet (a fail_if_locked locker raises
+                # that as such): either way not free yet.
                 if time.monotonic() > deadline:
                     return leaked + 1, None
                 time.sleep(0.02)  # the lock's own detection time, polled

@@ -33,6 +33,7 @@ from .base import Locker
 from .sql import (
     DEFAULT_CONNECT_TIMEOUT,
     ensure_row,
+    is_lock_conflict,
     lock_table,
     make_engine,
     process_holder_id,
@@ -84,7 +85,7 @@ class DatabaseLocker(Locker):
         except (OperationalError, DBAPIError) as exc:
             if not self._sqlite and conn.in_transaction():
                 conn.rollback()
-            if _is_lock_conflict(exc):
+            if is_lock_conflict(exc):
                 return False
             raise
 
@@ -109,6 +110,8 @@ class DatabaseLocker(Locker):
                 self._row_ready = True
             conn = self._engine.connect()
         except SQLAlchemyError as exc:
+            if self.fail_if_locked and not is_lock_conflict(exc):
+                raise  # nobody stands by to ride it out: not "held elsewhere"
             log.warning("%r: database unavailable while standing by: %s", self, exc)
             return False
         try:
@@ -135,6 +138,8 @@ class DatabaseLocker(Locker):
                 return False
         except SQLAlchemyError as exc:
             conn.close()
+            if self.fail_if_locked and not is_lock_conflict(exc):
+                raise
             log.warning("%r: acquisition failed: %s", self, exc)
             return False
         self._conn = conn
@@ -215,16 +220,3 @@ def _socket_of(conn: Connection) -> int | None:
     except Exception:
         return None
     return None
-
-
-def _is_lock_conflict(exc: BaseException) -> bool:
-    """Lock held by someone else: PostgreSQL 55P03, MySQL/MariaDB 1205/3572, SQLite busy."""
-    orig = getattr(exc, "orig", exc)
-    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    if code == "55P03":
-        return True
-    args = getattr(orig, "args", ())
-    if args and args[0] in (1205, 3572):
-        return True
-    text = str(orig).lower()
-    return "database is locked" in text or ("lock" in text and "nowait" in text)

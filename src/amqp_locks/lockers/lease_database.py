@@ -35,6 +35,7 @@ from .sql import (
     DEFAULT_CONNECT_TIMEOUT,
     db_now,
     ensure_row,
+    is_lock_conflict,
     lease_table,
     make_engine,
     process_holder_id,
@@ -163,6 +164,8 @@ class LeaseDatabaseLocker(Locker):
                 if result.rowcount != 1:
                     return False
         except SQLAlchemyError as exc:
+            if self.fail_if_locked and not is_lock_conflict(exc):
+                raise  # nobody stands by to ride it out: not "held elsewhere"
             log.warning("%r: database unavailable while standing by: %s", self, exc)
             return False
         self.expires_at = expires

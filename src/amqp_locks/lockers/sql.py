@@ -140,3 +140,16 @@ def db_now(conn: Connection) -> float:
 def process_holder_id() -> str:
     """``HOST:PID:RANDOM``: a holder id unique to this locker object, readable by people."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """Lock held by someone else: PostgreSQL 55P03, MySQL/MariaDB 1205/3572, SQLite busy."""
+    orig = getattr(exc, "orig", exc)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if code == "55P03":
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] in (1205, 3572):
+        return True
+    text = str(orig).lower()
+    return "database is locked" in text or ("lock" in text and "nowait" in text)

@@ -1,4 +1,4 @@
-"""AmqpLocker with `fail_if_locked`: LockedElsewhere only when the broker says so.
+"""`fail_if_locked`: LockedElsewhere only when the lock's server says another holds it.
 
 Rehearsal 114 (4.3.6, 2 CPU burners): test_lockers.py::test_fail_if_locked[amqp] raised
 LockedElsewhere from the second locker's start() right after the first one's stop() had
@@ -7,18 +7,27 @@ locker's 0.2 s interval: a busy broker that had not answered within it read as a
 An attempt is now the non-blocking acquire (the broker's answer), and a broker that cannot
 be reached is raised as such, never reported as "held by someone else". Forced here by a
 proxy that delays every chunk (each round trip takes longer than the old slice) and by a
-silent one.
+silent one. The database lockers had the same answer for a database they could not reach
+(their standby's "wait it out"); they raise its error too.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from amqp_locks import Broker
 from amqp_locks.errors import BrokerUnreachable, ConnectionLost
-from amqp_locks.lockers import AmqpLocker, LockedElsewhere
+from amqp_locks.lockers import (
+    AmqpLocker,
+    DatabaseLocker,
+    LeaseDatabaseLocker,
+    LockedElsewhere,
+    Locker,
+)
 
 from ..faults.proxy import FaultProxy
 
@@ -88,3 +97,29 @@ def test_a_silent_broker_is_not_reported_as_a_holder(proxy: FaultProxy, name: st
         assert not locker.held
         proxy.heal()
         locker.close()
+
+
+@pytest.mark.parametrize("kind", ["database", "lease"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://nobody:secret@127.0.0.1:1/locks",
+        "mysql+pymysql://nobody:secret@127.0.0.1:1/locks",
+        "sqlite:///{missing}/locks.db",
+    ],
+    ids=["postgresql", "mariadb", "sqlite"],
+)
+def test_a_database_it_cannot_reach_is_raised(tmp_path: Path, kind: str, url: str) -> None:
+    """Nothing listens on port 1; SQLite's directory does not exist: the driver's error,
+    not "held by someone else"."""
+    url = url.format(missing=tmp_path / "missing")
+    locker: Locker
+    if kind == "database":
+        locker = DatabaseLocker(url, "orders", fail_if_locked=True, connect_timeout=2)
+    else:
+        locker = LeaseDatabaseLocker(url, "orders", fail_if_locked=True, connect_timeout=2)
+    began = time.monotonic()
+    with pytest.raises(OperationalError):
+        locker.start()
+    assert time.monotonic() - began < 10 and not locker.held
+    locker.close()

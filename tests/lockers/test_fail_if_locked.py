@@ -13,7 +13,9 @@ silent one. The database lockers had the same answer for a database they could n
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,31 +48,39 @@ def _slow_locker(broker: Broker, proxy: FaultProxy, name: str) -> AmqpLocker:
     return locker
 
 
-def test_a_free_lock_behind_a_slow_broker_is_taken(
+@contextlib.contextmanager
+def _holder_and_slow_one(
     proxy: FaultProxy, amqp_url: str, name: str
-) -> None:
+) -> Iterator[tuple[AmqpLocker, AmqpLocker]]:
+    """(a locker holding `name` on a direct connection, a slow fail_if_locked one)."""
     with Broker(amqp_url, heartbeat=5) as near, Broker(proxy.url(), heartbeat=5) as far:
         first = AmqpLocker(near, name, lock_acquire_sleep_interval=INTERVAL)
         first.start()
-        first.stop()  # released before the slow one asks
         second = _slow_locker(far, proxy, name)
+        try:
+            yield first, second
+        finally:
+            for locker in (first, second):
+                locker.close()
+
+
+def test_a_free_lock_behind_a_slow_broker_is_taken(
+    proxy: FaultProxy, amqp_url: str, name: str
+) -> None:
+    with _holder_and_slow_one(proxy, amqp_url, name) as (first, second):
+        first.stop()  # released before the slow one asks
         began = time.monotonic()
         second.start()
         took = time.monotonic() - began
         assert second.held and second.lease is not None and not second.lease.lost.is_set()
         assert took > INTERVAL  # the premise: the broker's answer came after the interval
         second.stop()
-        for locker in (first, second):
-            locker.close()
 
 
 def test_a_held_lock_behind_a_slow_broker_is_reported_held(
     proxy: FaultProxy, amqp_url: str, name: str
 ) -> None:
-    with Broker(amqp_url, heartbeat=5) as near, Broker(proxy.url(), heartbeat=5) as far:
-        first = AmqpLocker(near, name, lock_acquire_sleep_interval=INTERVAL)
-        first.start()
-        second = _slow_locker(far, proxy, name)
+    with _holder_and_slow_one(proxy, amqp_url, name) as (first, second):
         with pytest.raises(LockedElsewhere):
             second.start()
         assert not second.held
@@ -78,8 +88,6 @@ def test_a_held_lock_behind_a_slow_broker_is_reported_held(
         second.start()
         assert second.held and second.fencing_token > first.fencing_token
         second.stop()
-        for locker in (first, second):
-            locker.close()
 
 
 def test_a_silent_broker_is_not_reported_as_a_holder(proxy: FaultProxy, name: str) -> None:

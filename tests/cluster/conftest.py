@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -79,6 +79,49 @@ def all_nodes_up(request: pytest.FixtureRequest, cluster: devcluster.ClusterInfo
     for index, (_node, running) in enumerate(up.items(), 1):
         if not running:
             devcluster.start_node(CLUSTER, index, _base_dir())
+
+
+#: Where each node's log stood when a test began: a failed test's report shows what the
+#: nodes logged meanwhile (their warnings and errors: the nodes log at ``warning``).
+LOG_MARKS = pytest.StashKey[dict[Path, int]]()
+#: The most lines of one node's log a failed test's report shows (the newest).
+LOG_LINES = 150
+
+
+@pytest.fixture(autouse=True)
+def broker_logs(request: pytest.FixtureRequest, cluster: devcluster.ClusterInfo) -> None:
+    """Marks where each node's log stands (see :func:`pytest_runtest_makereport`): a broker
+    crash behind a failure seen once in CI (a channel crash closing a holder's connection
+    with 541) is then in the report, not in a log the run's cleanup deleted."""
+    if _uses_harness(request.fixturenames):
+        return
+    request.node.stash[LOG_MARKS] = {
+        n.log_file: n.log_file.stat().st_size if n.log_file.exists() else 0 for n in cluster.nodes
+    }
+
+
+def _new_log_lines(marks: dict[Path, int]) -> str:
+    parts = []
+    for path, start in marks.items():
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            f.seek(start)
+            lines = f.read().decode(errors="replace").splitlines()
+            if lines:
+                shown = "" if len(lines) <= LOG_LINES else f", the last {LOG_LINES} shown"
+                parts.append(f"== {path.name}: {len(lines)} new lines{shown}")
+                parts.extend(lines[-LOG_LINES:])
+    return "\n".join(parts) or "(the nodes logged nothing at warning or above)"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    marks = item.stash.get(LOG_MARKS, None)
+    if marks is not None and report.when == "call" and report.failed:
+        report.sections.append(("broker logs during the test", _new_log_lines(marks)))
+    return report
 
 
 @pytest.fixture(autouse=True)

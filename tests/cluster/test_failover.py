@@ -193,13 +193,23 @@ def test_killing_another_node_keeps_every_lease(nodes: Nodes, name: str) -> None
     nodes.kill(3)
     for lease in (slot, permit, mutex):
         assert lease.verify() and not lease.lost.is_set(), lease
-    # Nothing more to grant, and the locks still answer through the new leaders.
-    assert PersistentSemaphore(b2, name + "s").acquire(timeout=1) is None
-    assert TokenSemaphore(b2, name + "t").acquire(timeout=1) is None
-    assert Mutex(b1, name + "m").acquire(timeout=1) is None
+    # Nothing more to grant, and the locks still answer through the new leaders. Each
+    # attempt goes through the connection of another lock's holder, as a user's next
+    # acquire would: RabbitMQ 3.10.8 may close it (541) when that acquire meets the leader
+    # change (rehearsal 117: the mutex's holder was told 0.33 s after the kill, and the
+    # mutex was then free; docs/cluster.md, "Known gaps"). Strict on 4.x.
+    attempts = (
+        (slot, lambda: PersistentSemaphore(b2, name + "s").acquire(timeout=1)),
+        (permit, lambda: TokenSemaphore(b2, name + "t").acquire(timeout=1)),
+        (mutex, lambda: Mutex(b1, name + "m").acquire(timeout=1)),
+    )
+    for lease, attempt in attempts:
+        if _kept_or_told(lease):
+            assert attempt() is None, f"{lease} is held, yet granted again"
+    kept = [lease for lease in (slot, permit, mutex) if _kept_or_told(lease)]
     tokens = (slot.fencing_token, permit.fencing_token, mutex.fencing_token)
     for lease in (slot, permit, mutex):
-        lease.release()
+        lease.release(wait=lease in kept)
     after = (
         PersistentSemaphore(b2, name + "s").acquire(timeout=10),
         TokenSemaphore(b2, name + "t").acquire(timeout=10),

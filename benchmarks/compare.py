@@ -267,11 +267,14 @@ def crash(kinds: list[str], targets: dict[str, str], plan: Plan, log: Log) -> di
 
 def run(url: str, plan: Plan, budget: Budget, log: Log) -> dict[str, Any]:
     """Every comparison, each peer against its own private server (started and stopped here)."""
-    tmp = Path(tempfile.mkdtemp(prefix="amqp-locks-bench-peers-"))
     needed = {k.server for k in KINDS.values() if k.server and k.server != "amqp"}
     out: dict[str, Any] = {"plan": dataclasses.asdict(plan), "wall_s": {}}
     log(f"peers: starting private {', '.join(sorted(needed))} servers on loopback")
-    with running(needed, log) as srv:
+    with (
+        tempfile.TemporaryDirectory(prefix="amqp-locks-bench-peers-") as scratch,
+        running(needed, log) as srv,
+    ):
+        tmp = Path(scratch)
         targets = {**srv.urls, "amqp": url, "files": str(tmp / "files")}
         kinds = available(targets)
         out.update(

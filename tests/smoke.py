@@ -147,7 +147,12 @@ def database(extra: str, url: str) -> None:
 
     only_extra(extra)
     n = name()
-    lease = LeaseDatabaseLocker(url, n, lease_holder_id="smoke-a", lock_acquire_sleep_interval=0.2)
+    # A lease of its own length: it defaults to the retry interval, and a 0.2 s lease ran
+    # out before the second locker asked on a busy machine (rehearsal 125), which then
+    # rightly took it.
+    lease = LeaseDatabaseLocker(
+        url, n, lease_holder_id="smoke-a", lock_acquire_sleep_interval=0.2, lease_duration=60
+    )
     lease.start()
     check(f"{extra}: LeaseDatabaseLocker master", lease.keep_alive())
     other = LeaseDatabaseLocker(url, n, lease_holder_id="smoke-b", fail_if_locked=True)

@@ -211,7 +211,10 @@ lock released); 69 when the locker's backend is unavailable; 78 for a bad --conf
     "--interval",
     default=10.0,
     minimum=0.01,
-    help="Standby retry interval (lockAcquireSleepInterval).",
+    help=(
+        "Standby retry interval (lockAcquireSleepInterval);"
+        " with lease-database also the lease length."
+    ),
 )
 @seconds_option(
     "--keep-alive", minimum=0.01, help="Master keep-alive period (default: half the interval)."

@@ -179,3 +179,54 @@ def test_the_io_thread_leaves_outside_signals_to_the_main_thread() -> None:
         io.stop()
     assert {signal.SIGTERM, signal.SIGINT, signal.SIGHUP} <= blocked
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # ours only
+
+
+def test_two_threads_stopping_the_io_thread_at_once_both_return_cleanly() -> None:
+    """`Broker.close()` from two threads (a worker's and an atexit hook's) stops the I/O
+    thread twice at once. The second stop must wait for the first, not cancel its work (the
+    first caller then got a CancelledError) or find the loop closed under it (a
+    RuntimeError, or its full timeout spent waiting on a loop that had stopped)."""
+    import asyncio
+    import concurrent.futures
+
+    from amqp_locks.transport.iothread import IOThread
+
+    io = IOThread()
+    cancelled = threading.Event()  # the first stop is cancelling our task
+    finish: asyncio.Event | None = None
+
+    async def slow_to_cancel() -> None:
+        nonlocal finish
+        finish = asyncio.Event()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            await finish.wait()  # a release still running when its connection closes
+            raise
+
+    task = io.submit(slow_to_cancel())
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            io.stop(timeout=30)
+        except BaseException as exc:  # what escapes is the finding
+            errors.append(exc)
+
+    first = threading.Thread(target=stop)
+    first.start()
+    assert cancelled.wait(10)
+    second = threading.Thread(target=stop)
+    second.start()
+    second.join(0.5)  # the window in which the old stop cancelled the first one's work
+    assert second.is_alive(), "the second stop returned while the first was still stopping"
+    assert finish is not None
+    io.loop.call_soon_threadsafe(finish.set)
+    first.join(30)
+    second.join(30)
+    assert not first.is_alive() and not second.is_alive()
+    assert errors == []
+    assert not io.alive and io.loop.is_closed()
+    with pytest.raises(concurrent.futures.CancelledError):
+        task.result(0)

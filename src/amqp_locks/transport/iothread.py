@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import signal
@@ -49,6 +50,9 @@ class IOThread:
     def __init__(self, name: str = "amqp-locks-io") -> None:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
+        #: One stop at a time: a second one (two threads closing one Broker) would cancel
+        #: the first one's wait for the loop's tasks and stop the loop under it.
+        self._stopping = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"{name}-{next(_ids)}", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -82,22 +86,34 @@ class IOThread:
         self.loop.call_soon_threadsafe(fn, *args)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the loop after cancelling what still runs on it."""
-        if not self.alive:
+        """Stop the loop after cancelling what still runs on it (waiting up to `timeout`
+        for those tasks, then as long again for the thread). From another thread while a
+        stop is under way, wait for that one instead (as long again at most)."""
+        if self.in_thread:  # a callback on the loop cannot wait for the loop's tasks
+            self.loop.stop()
             return
+        if not self._stopping.acquire(timeout=2 * timeout):
+            log.warning("another stop of the I/O thread did not end within %.1fs", 2 * timeout)
+            return
+        try:
+            if not self.alive:
+                return
 
-        async def _cancel_all() -> None:
-            current = asyncio.current_task()
-            tasks = [t for t in asyncio.all_tasks() if t is not current]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            async def _cancel_all() -> None:
+                current = asyncio.current_task()
+                tasks = [t for t in asyncio.all_tasks() if t is not current]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
-        if not self.in_thread:
             try:
                 asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(timeout)
-            except (concurrent.futures.TimeoutError, RuntimeError):
+            except concurrent.futures.TimeoutError:
                 log.warning("I/O thread tasks did not finish within %.1fs", timeout)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        if not self.in_thread:
+            except RuntimeError:  # the loop closed on its own since `alive` was read
+                pass
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)
+        finally:
+            self._stopping.release()

@@ -383,6 +383,42 @@ def test_close_right_after_release_completes_it(
     got[0].release()
 
 
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_two_threads_closing_one_broker_release_each_lease_once(
+    kind: Kind, brokers: Callable[..., Broker], name: str
+) -> None:
+    """A Broker is thread-safe, so two threads may close it at once (a worker's shutdown
+    and an atexit hook): both return, neither raises, and the lease it held is released
+    once and politely, as by one close (a token comes back not redelivered, its counter
+    raised by one), so the next holder is granted at once."""
+    holder, other, held = _held_beside(kind, brokers, name)
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        start.wait(10)
+        try:
+            holder.close()
+        except BaseException as exc:  # what escapes is the finding
+            errors.append(exc)
+
+    closers = [threading.Thread(target=close) for _ in range(2)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(30)
+    assert not any(t.is_alive() for t in closers), "a close did not return"
+    assert errors == []
+    assert held.released and holder.core.closed
+    again = kind.waiter(other, name).acquire(blocking=False)
+    assert again is not None, "the lease was not released by the close"
+    state: Any = again._state
+    if kind.id.startswith("token") and kind.id != "token-nofence":
+        assert not state.message.delivery.redelivered, "returned by the connection's end"
+        assert again.fencing_token == held.fencing_token + 1
+    again.release()
+
+
 def test_close_releases_in_flight_releases_before_closing(
     brokers: Callable[..., Broker], name: str
 ) -> None:

@@ -7,10 +7,13 @@ partition-harness nodes, PostgreSQL, MariaDB. At the end, the servers the run *s
 are stopped (in parallel: a RabbitMQ node's clean stop takes seconds); those it *found*
 running were there before it and are left as they were. Network namespaces named
 ``alp-*`` that the run's partition and mesh harnesses noted as made are removed with
-whatever runs in them (never another run's, made while this one ran).
+whatever runs in them (never another run's, made while this one ran). With ``--epmd``, the
+Erlang port mappers our nodes booted (:mod:`amqp_locks_dev.epmd`) go too, once no node is
+registered with them; those running at ``begin`` stay.
 
     python -m amqp_locks_dev.servers begin LEDGER   # note the namespaces that exist now
     python -m amqp_locks_dev.servers stop LEDGER    # stop what the run started
+    python -m amqp_locks_dev.servers stop --brief --epmd LEDGER  # and the epmds: the run's end
     python -m amqp_locks_dev.servers stop --brief --servers-only LEDGER  # its servers only
     python -m amqp_locks_dev.servers list LEDGER    # what the run started, still running
 """
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import epmd
 from .localserver import FOUND, STARTED, LocalServer, note, read_ledger, signal_and_wait
 
 #: The partition and mesh harnesses' network namespaces (amqp_locks_dev.partition.PREFIX).
@@ -83,11 +87,13 @@ def namespaces() -> list[str]:
 
 
 def begin(ledger: Path) -> None:
-    """Start a run's ledger: note the namespaces that exist now (they stay)."""
+    """Start a run's ledger: note the namespaces and epmds that exist now (they stay)."""
     ledger.parent.mkdir(parents=True, exist_ok=True)
     ledger.touch()
     for ns in namespaces():
         note({"netns": ns, "how": FOUND}, "netns", ledger)
+    for port in epmd.running():
+        note({"epmd": port, "how": FOUND}, "epmd", ledger)
 
 
 def _stop(entry: Entry) -> tuple[Entry, str | None]:
@@ -115,12 +121,13 @@ def _remove_namespace(ns: str) -> str | None:
     return None if proc.returncode == 0 else proc.stderr.strip()
 
 
-def stop(ledger: Path, brief: bool = False, servers_only: bool = False) -> int:
+def stop(ledger: Path, brief: bool = False, servers_only: bool = False, epmds: bool = False) -> int:
     """Stop every server the run started that still runs, and the namespaces it made
     (unless `servers_only`: other steps of the run, side by side, may use namespaces made
-    since it began); print what was stopped and (unless `brief`: between two steps of a
-    run) what is left running. Exit status 1 if anything the run started could not be
-    stopped."""
+    since it began), and with `epmds` the port mappers no node uses that were not running
+    at `begin` (the run's last stop: no node of it boots any more); print what was stopped
+    and (unless `brief`: between two steps of a run) what is left running. Exit status 1
+    if anything the run started could not be stopped."""
     entries = servers(ledger)
     started = [e for e in entries if e.started and e.running()]
     kept = [e for e in entries if not e.started and e.running()]
@@ -141,6 +148,9 @@ def stop(ledger: Path, brief: bool = False, servers_only: bool = False) -> int:
                 if error:
                     failures.append(f"network namespace {ns}: {error}")
     what = [e.describe() for e in started] + [f"network namespace {ns}" for ns in made]
+    if epmds and not servers_only:
+        found = [raw["epmd"] for raw in read_ledger(ledger) if "epmd" in raw]
+        what += [f"the epmd on port {port}" for port in epmd.sweep(keep=found)]
     if what:
         print(f"== servers: stopped {len(what)}: {'; '.join(what)}")
     for failure in failures:
@@ -181,6 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("ledger", type=Path)
     parser.add_argument("--brief", action="store_true", help="stop: say only what was stopped")
     parser.add_argument(
+        "--epmd",
+        action="store_true",
+        help="stop: also the epmds the run's nodes started, once none is registered there",
+    )
+    parser.add_argument(
         "--servers-only",
         action="store_true",
         help="stop: leave network namespaces (steps running side by side may use them)",
@@ -190,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         begin(args.ledger)
         return 0
     if args.command == "stop":
-        return stop(args.ledger, args.brief, args.servers_only)
+        return stop(args.ledger, args.brief, args.servers_only, args.epmd)
     return show(args.ledger)
 
 

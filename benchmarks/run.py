@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import amqp_locks
-from amqp_locks_dev import devbroker
+from amqp_locks_dev import devbroker, epmd
 from benchmarks import compare, contention, failover, floors, handoff, latency, report, scale
 from benchmarks.stats import Budget, brief, own_cpu, process_cpu, summarize_reps, system_busy
 
@@ -290,6 +290,7 @@ def _with_broker(args: argparse.Namespace, body: Callable[[str, Any], None]) -> 
     name, line = args.node, args.rabbitmq
     was_running = devbroker.status(name=name, version=line) is not None
     _log(f"{'using running' if was_running else 'starting'} private RabbitMQ {line} node {name!r}")
+    mappers = epmd.running()  # our node may boot its line's epmd: that one goes too
     info = devbroker.start(name=name, version=line)
     try:
         body(info.url, info)
@@ -301,6 +302,8 @@ def _with_broker(args: argparse.Namespace, body: Callable[[str, Any], None]) -> 
                 # Its name follows the checkout's path, so every clone made a new data
                 # folder in the cache that nothing removed (twenty after a day of CI).
                 shutil.rmtree(devbroker.node_dir(name, version=line), ignore_errors=True)
+            for port in epmd.sweep(keep=mappers):
+                _log(f"stopped the epmd our node started on port {port}")
 
 
 def _report(args: argparse.Namespace, argv: list[str] | None) -> int:

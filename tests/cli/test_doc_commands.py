@@ -50,42 +50,43 @@ class Line:
 
     def variants(self) -> list[list[str]]:
         """The words of the line with each optional part present or absent."""
-        parts = OPTIONAL.split(self.text)  # text, optional, text, optional, ..., text
-        optional = parts[1::2]
         found = []
-        for present in itertools.product((True, False), repeat=len(optional)):
-            text = "".join(
-                part if i % 2 == 0 else (part if present[i // 2] else "")
-                for i, part in enumerate(parts)
-            )
-            words = shlex.split(text, comments=True)
-            found.append(words[1:])  # the program's own name
+        for present in itertools.product((True, False), repeat=len(OPTIONAL.findall(self.text))):
+            keep = iter(present)  # one choice per optional part, in order
+            text = OPTIONAL.sub(lambda m, keep=keep: m.group(1) if next(keep) else "", self.text)
+            found.append(shlex.split(text, comments=True)[1:])  # less the program's name
         return found
 
 
 def command_lines(path: Path) -> Iterator[Line]:
+    rel = str(path.relative_to(ROOT))
     lines = path.read_text().splitlines()
     i = 0
     while i < len(lines):
-        if not OPENING.fullmatch(lines[i]) or lines[i].rstrip() == "```python":
-            i = _fenced(lines, i)[1] + 1 if OPENING.fullmatch(lines[i]) else i + 1
+        if not OPENING.fullmatch(lines[i]):
+            i += 1
             continue
         end = _fenced(lines, i)[1]
-        # a block with `$ ` prompts is a session: its other lines are the output
-        session = any(line.startswith("$ ") for line in lines[i + 1 : end])
-        k = i + 1
-        while k < end:
-            first = k
-            match = PREFIX.match(lines[k])
-            text = lines[k]
-            while text.rstrip().endswith("\\") and k + 1 < end:
-                k += 1
-                text = text.rstrip()[:-1] + " " + lines[k].strip()
-            k += 1
-            if match is not None and (not session or lines[first].startswith("$ ")):
-                rel = str(path.relative_to(ROOT))
-                yield Line(rel, first + 1, text[match.end() :])
+        if lines[i].rstrip() != "```python":
+            yield from _block_commands(rel, lines, i + 1, end)
         i = end + 1
+
+
+def _block_commands(rel: str, lines: list[str], start: int, end: int) -> Iterator[Line]:
+    """The command lines among `lines[start:end]`, one fenced block's body."""
+    # a block with `$ ` prompts is a session: its other lines are the output
+    session = any(line.startswith("$ ") for line in lines[start:end])
+    k = start
+    while k < end:
+        first = k
+        match = PREFIX.match(lines[k])
+        text = lines[k]
+        while text.rstrip().endswith("\\") and k + 1 < end:
+            k += 1
+            text = text.rstrip()[:-1] + " " + lines[k].strip()
+        k += 1
+        if match is not None and (not session or lines[first].startswith("$ ")):
+            yield Line(rel, first + 1, text[match.end() :])
 
 
 def help_lines() -> Iterator[Line]:

@@ -44,6 +44,15 @@ _ASYNC_SIGNALS = {
 }
 
 
+async def _cancel_others() -> None:
+    """Cancel every other task of the running loop and wait for them to end."""
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class IOThread:
     """A daemon thread running an asyncio loop until :meth:`stop`."""
 
@@ -98,16 +107,8 @@ class IOThread:
         try:
             if not self.alive:
                 return
-
-            async def _cancel_all() -> None:
-                current = asyncio.current_task()
-                tasks = [t for t in asyncio.all_tasks() if t is not current]
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-
             try:
-                asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(timeout)
+                asyncio.run_coroutine_threadsafe(_cancel_others(), self.loop).result(timeout)
             except concurrent.futures.TimeoutError:
                 log.warning("I/O thread tasks did not finish within %.1fs", timeout)
             except RuntimeError:  # the loop closed on its own since `alive` was read

@@ -47,20 +47,39 @@ def contend(
     counters: Any,
     quorum: bool = False,
     stop: Any = None,
+    together: Any = None,
 ) -> None:
-    """`rounds` holds (or until `stop` is set), each `hold` seconds long."""
+    """`rounds` holds (or until `stop` is set), each `hold` seconds long. With a `together`
+    barrier, a reader takes its first grant before waiting on it and a writer waits first:
+    every reader then holds at once before any writer asks, whatever order the spawned
+    processes started in (on a busy machine one can finish its rounds before the next has
+    imported anything)."""
     with Broker(url) as broker:
         rw = ReadWriteLock(broker, name, quorum=quorum)  # set up by the test
         side = rw.read_lock if shared else rw.write_lock
         done = 0
+        if together is not None:
+            first = _grant(side, lock, counters, shared) if shared else None
+            together.wait(120)
+            if first is not None:
+                _free(first, lock, counters, shared, hold)
+                done = 1
         while done < rounds and not (stop is not None and stop.is_set()):
-            lease = side.acquire(timeout=120)
-            assert lease is not None, "acquire timed out"
-            enter(lock, counters, shared)
-            time.sleep(hold)  # the work done while holding
-            leave(lock, counters, shared)
-            lease.release()
+            _free(_grant(side, lock, counters, shared), lock, counters, shared, hold)
             done += 1
+
+
+def _grant(side: Any, lock: Any, counters: Any, shared: bool) -> Any:
+    lease = side.acquire(timeout=120)
+    assert lease is not None, "acquire timed out"
+    enter(lock, counters, shared)
+    return lease
+
+
+def _free(lease: Any, lock: Any, counters: Any, shared: bool, hold: float) -> None:
+    time.sleep(hold)  # the work done while holding
+    leave(lock, counters, shared)
+    lease.release()
 
 
 def hold(url: str, name: str, mode: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -82,19 +81,24 @@ def signal_a_thread(pid: int, sig: int, timeout: float = 10.0) -> int:
 
 @dataclass
 class Proc:
-    """A running `amqp-locks` with its stdout/stderr lines readable as they come."""
+    """A running `amqp-locks` with its stdout/stderr lines readable as they come.
+
+    Each stream is read on a thread of its own, so the order in which lines of the two
+    streams arrive here is not the order the process wrote them: :meth:`expect` reads one
+    stream past a cursor of its own and never consumes the other's lines."""
 
     popen: subprocess.Popen[str]
-    lines: queue.Queue[tuple[str, str]] = field(default_factory=queue.Queue)
     out: list[str] = field(default_factory=list)
     err: list[str] = field(default_factory=list)
     pumps: list[threading.Thread] = field(default_factory=list)
+    _read: dict[str, int] = field(default_factory=lambda: {"out": 0, "err": 0})
+    _arrived: threading.Condition = field(default_factory=threading.Condition)
 
     def _pump(self, stream: IO[str], which: str) -> None:
         for line in stream:
-            line = line.rstrip("\n")
-            (self.out if which == "out" else self.err).append(line)
-            self.lines.put((which, line))
+            with self._arrived:
+                (self.out if which == "out" else self.err).append(line.rstrip("\n"))
+                self._arrived.notify_all()
 
     def start_pumps(self) -> None:
         assert self.popen.stdout is not None and self.popen.stderr is not None
@@ -104,20 +108,23 @@ class Proc:
             self.pumps.append(t)
 
     def expect(self, text: str, timeout: float = 20.0, which: str = "out") -> str:
-        """Wait for a line containing `text` (on stdout by default); fail after timeout."""
+        """Wait for the next line of `which` (stdout by default) containing `text`, after
+        those an earlier expect on that stream read; fail after timeout."""
+        lines = self.out if which == "out" else self.err
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(
-                    f"no line with {text!r} within {timeout}s; out={self.out} err={self.err}"
-                )
-            try:
-                w, line = self.lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if w == which and text in line:
-                return line
+        with self._arrived:
+            while True:
+                while self._read[which] < len(lines):
+                    line = lines[self._read[which]]
+                    self._read[which] += 1
+                    if text in line:
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"no line with {text!r} within {timeout}s; out={self.out} err={self.err}"
+                    )
+                self._arrived.wait(left)
 
     def finish(self, timeout: float = 30.0) -> tuple[int, str, str]:
         """Wait for the exit and for EOF on both streams: (status, stdout, stderr). One that

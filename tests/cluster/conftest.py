@@ -182,6 +182,23 @@ class Nodes:
     def restart(self, index: int) -> None:
         devcluster.start_node(CLUSTER, index, _base_dir())
 
+    def report(self, name: str, index: int) -> str:
+        """What node `index` says of the queues of lock `name` and their consumers: a
+        failed liveness assertion shows whether a token was ready, held or gone, and who
+        consumed (never raises: it only adds to a failure's message)."""
+        lines = []
+        for args in (
+            ("list_queues", "-q", "name", "type", "leader", "online", "messages_ready",
+             "messages_unacknowledged", "consumers"),
+            ("list_consumers", "-q"),
+        ):  # fmt: skip
+            try:
+                out = devbroker.rabbitmqctl(self.info.node(index), *args, timeout=20)
+            except Exception as exc:  # a report, not a check
+                out = f"{args[0]} failed: {exc!r}"
+            lines += [line for line in out.splitlines() if name in line or "failed" in line]
+        return "\n".join(lines)
+
     def members(self, queue: str, index: int = 1) -> tuple[set[int], set[int]]:
         """(the nodes holding a replica of quorum `queue`, those of them online), as node
         `index` sees them."""

@@ -78,8 +78,10 @@ def test_waiter_granted_while_the_holders_node_stays_down(
     nodes.kill(1)
     assert held.lease.lost.wait(5.0), "the holder on the killed node was not told"
     t.join(WAIT)
-    assert not errors, f"the waiter failed: {errors[0]!r}"
-    assert got, "the waiter was never granted"
+    if errors or not got:  # the broker's view, while the waiter's connection still stands
+        report = nodes.report(name, 2)
+        assert not errors, f"the waiter failed: {errors[0]!r}; node 2 says:\n{report}"
+        assert got, f"the waiter was never granted; node 2 says:\n{report}"
     granted_at, new = got[0]
     assert told_at, "on_lost was not called"
     told, granted = told_at[0] - killed, granted_at - killed

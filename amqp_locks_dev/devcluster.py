@@ -41,10 +41,12 @@ from .localserver import guarded, locked, port_free
 __all__ = [
     "DEFAULT_NAME",
     "ClusterInfo",
+    "await_whole",
     "kill_node",
     "main",
     "members",
     "reset",
+    "running_everywhere",
     "start",
     "start_node",
     "status",
@@ -153,6 +155,45 @@ def members(info: NodeInfo) -> tuple[list[str], list[str]]:
     return list(raw.get("disk_nodes", [])) + list(raw.get("ram_nodes", [])), list(
         raw.get("running_nodes", [])
     )
+
+
+#: Asked of one node: how many nodes each member counts as running, and which members did
+#: not answer (``rabbit_nodes:all/0`` and ``all_running/0`` exist on 3.10.8 to 4.3.6).
+_VIEWS = (
+    "{Counts, Silent} = rpc:multicall(rabbit_nodes:all(), rabbit_nodes, all_running, [], "
+    "10000), {[length(C) || C <- Counts], Silent}."
+)
+
+
+def running_everywhere(cluster: ClusterInfo) -> bool:
+    """Whether every member counts every member as running. A node that has just booted
+    (or been thawed) can be counted down for a moment by the others, or count them down;
+    a quorum queue declared then starts no replica on the node counted down (members 3,
+    online 2), so losing one more node leaves it without a majority: no leader, its lock
+    granted to nobody until a node returns (rehearsal 142, 4.3.6, node-loss test)."""
+    size = len(cluster.nodes)
+    for seed in cluster.nodes:
+        try:
+            out = devbroker.rabbitmqctl(seed, "eval", _VIEWS, timeout=30)
+        except DevBrokerError:
+            continue  # that node is not up (yet): ask another
+        counts, _, silent = out.strip().partition("],")
+        seen = [int(c) for c in counts.strip("{[ ").split(",") if c.strip()]
+        return len(seen) == size and all(c == size for c in seen) and silent.strip() == "[]}"
+    return False
+
+
+def await_whole(cluster: ClusterInfo, wait: float = 120.0) -> None:
+    """Return once every member counts every member as running (:func:`running_everywhere`);
+    DevBrokerError after `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while not running_everywhere(cluster):
+        if time.monotonic() > deadline:
+            raise DevBrokerError(
+                f"cluster {cluster.name!r}: not every node counted all {len(cluster.nodes)} "
+                f"as running within {wait:g} s"
+            )
+        time.sleep(0.2)
 
 
 def _join(seed: NodeInfo, info: NodeInfo) -> None:
@@ -291,7 +332,9 @@ def start(
     )
     for node in nodes[1:]:
         _join(nodes[0], node)
-    return ClusterInfo(name, base, tuple(nodes))
+    cluster = ClusterInfo(name, base, tuple(nodes))
+    await_whole(cluster, wait)
+    return cluster
 
 
 def info(
@@ -359,12 +402,14 @@ def start_node(
     wait: float = 180.0,
     version: str | None = None,
 ) -> NodeInfo:
-    """Start node `index` again on its old ports; it rejoins the cluster from its data."""
+    """Start node `index` again on its old ports; it rejoins the cluster from its data, and
+    this returns once every member counts it (and the others) as running."""
     cluster = info(name, base_dir, version)
     _index(cluster, index)
     node = _start_one(cluster.base_dir, name, index, wait)  # retries a failed 4.0.5 boot
     if len(cluster.nodes) > 1:  # a member already: a no-op; wiped by hand: joins again
         _join(cluster.node(2 if index == 1 else 1), node)
+        await_whole(cluster, wait)
     return node
 
 

@@ -67,18 +67,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def all_nodes_up(request: pytest.FixtureRequest, cluster: devcluster.ClusterInfo) -> None:
-    """Every node of the shared cluster runs before a test that uses it: a failed test
-    may have left one down, a harness test before it stopped them all (started again
-    together: a node alone may wait for the others at boot)."""
+    """Every node of the shared cluster runs, and every node counts all as running, before
+    a test that uses it: a failed test may have left one down, a harness test before it
+    stopped them all (started again together: a node alone may wait for the others at
+    boot), a test froze some (devcluster.running_everywhere says what a queue declared
+    before every node counts every other costs)."""
     if _uses_harness(request.fixturenames):
         return
     up = devcluster.status(CLUSTER, _base_dir())
     if not any(up.values()):
         devcluster.start(CLUSTER, 3, _base_dir())
         return
+    restarted = False
     for index, (_node, running) in enumerate(up.items(), 1):
         if not running:
-            devcluster.start_node(CLUSTER, index, _base_dir())
+            devcluster.start_node(CLUSTER, index, _base_dir())  # waits for every view
+            restarted = True
+    if not restarted:  # a node a test before froze may still be counted down
+        devcluster.await_whole(devcluster.info(CLUSTER, _base_dir()))
 
 
 #: Where each node's log stood when a test began: a failed test's report shows what the
@@ -202,26 +208,36 @@ class Nodes:
     def members(self, queue: str, index: int = 1) -> tuple[set[int], set[int]]:
         """(the nodes holding a replica of quorum `queue`, those of them online), as node
         `index` sees them."""
+        replicas = self.replicas(queue, index)
+        if queue not in replicas:
+            raise AssertionError(f"queue {queue!r} not found")
+        return replicas[queue]
+
+    def replicas(self, part: str, index: int = 1) -> dict[str, tuple[set[int], set[int]]]:
+        """(members, online members) by node index of every quorum queue whose name
+        contains `part`, as node `index` sees them."""
         out = devbroker.rabbitmqctl(
             self.info.node(index),
             "list_queues",
             "-q",
             "name",
+            "type",
             "members",
             "online",
             "--formatter",
             "json",
         )
-        for row in json.loads(out):
-            if row["name"] == queue:
-                held = {str(m) for m in row["members"]}
-                online = {str(m) for m in row["online"]}
-                size = len(self.info.urls)
-                return (
-                    {i for i in range(1, size + 1) if self.info.node(i).node in held},
-                    {i for i in range(1, size + 1) if self.info.node(i).node in online},
-                )
-        raise AssertionError(f"queue {queue!r} not found")
+        size = len(self.info.urls)
+
+        def indices(nodes: list[object]) -> set[int]:
+            names = {str(n) for n in nodes}
+            return {i for i in range(1, size + 1) if self.info.node(i).node in names}
+
+        return {
+            row["name"]: (indices(row["members"]), indices(row["online"]))
+            for row in json.loads(out)
+            if part in row["name"] and row["type"] == "quorum"
+        }
 
     def pid(self, index: int) -> int:
         """The operating-system process id of node `index` (its Erlang VM)."""

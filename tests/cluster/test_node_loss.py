@@ -56,6 +56,10 @@ def test_waiter_granted_while_the_holders_node_stays_down(
 ) -> None:
     b1, b2 = nodes.broker(1), nodes.broker(2)
     set_up(b1 if leaders == "dead" else nodes.broker(3), kind, name)
+    # The premise: each of the lock's queues has a replica running on every node, so the
+    # two survivors are a majority of each (all_nodes_up waited for every node's view).
+    replicas = nodes.replicas(name, 2)
+    assert replicas and all(r == ({1, 2, 3}, {1, 2, 3}) for r in replicas.values()), replicas
     held = take(b1, kind, name, 20)
     told_at: list[float] = []
     held.lease.on_lost(lambda _lease: told_at.append(time.monotonic()))

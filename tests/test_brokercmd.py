@@ -7,7 +7,7 @@ on its line's shared port, which the suite's other nodes use."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,8 +22,10 @@ class Node:
     """A stand-in for devbroker's commands: `start` boots the epmd on `port` when none
     runs there, as a booting node does; `stop` succeeds."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, base: Path) -> None:
         self.port = port
+        self.base = base
+        self.marker = base / brokercmd.MARKER
         self.mappers: list[subprocess.Popen[bytes]] = []
         self.calls: list[list[str]] = []
         self.status = 0
@@ -40,10 +42,15 @@ class Node:
             self.boot_epmd()
         return self.status
 
+    def broker(self, *args: str) -> int:
+        """``scripts/broker ARGS --base-dir BASE`` with this stand-in for devbroker."""
+        return brokercmd.main([*args, "--base-dir", str(self.base)], run=self, ports=[self.port])
+
 
 @pytest.fixture
-def node() -> Iterator[Node]:
-    n = Node(_free_port())
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+    monkeypatch.delenv("AMQP_LOCKS_KEEP_EPMD", raising=False)
+    n = Node(_free_port(), tmp_path)
     try:
         yield n
     finally:
@@ -53,84 +60,57 @@ def node() -> Iterator[Node]:
             proc.wait(10)
 
 
-def _command(node: Node, base: Path) -> Callable[..., int]:
-    def run(*args: str) -> int:
-        return brokercmd.main([*args, "--base-dir", str(base)], run=node, ports=[node.port])
-
-    return run
-
-
-def test_stop_stops_the_epmd_its_start_booted(
-    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("AMQP_LOCKS_KEEP_EPMD", raising=False)
-    broker = _command(node, tmp_path)
-    assert broker("start") == 0
-    assert (tmp_path / brokercmd.MARKER).read_text().split() == [str(node.port)]
-    assert broker("url") == 0  # already running: nothing more noted
-    assert (tmp_path / brokercmd.MARKER).read_text().split() == [str(node.port)]
-    assert broker("stop") == 0
+def test_stop_stops_the_epmd_its_start_booted(node: Node) -> None:
+    assert node.broker("start") == 0
+    assert node.marker.read_text().split() == [str(node.port)]
+    assert node.broker("url") == 0  # already running: nothing more noted
+    assert node.marker.read_text().split() == [str(node.port)]
+    assert node.broker("stop") == 0
     assert node.mappers[0].wait(10) == 0
     assert epmd.names(node.port) is None
-    assert not (tmp_path / brokercmd.MARKER).exists()
+    assert not node.marker.exists()
     assert [c[0] for c in node.calls] == ["start", "url", "stop"]
 
 
-def test_an_epmd_that_ran_before_the_start_stays(
-    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("AMQP_LOCKS_KEEP_EPMD", raising=False)
+def test_an_epmd_that_ran_before_the_start_stays(node: Node) -> None:
     before = node.boot_epmd()
-    broker = _command(node, tmp_path)
-    assert broker("start") == 0
-    assert not (tmp_path / brokercmd.MARKER).exists()
-    assert broker("stop") == 0
+    assert node.broker("start") == 0
+    assert not node.marker.exists()
+    assert node.broker("stop") == 0
     assert before.poll() is None and epmd.names(node.port) == []
 
 
-def test_an_epmd_serving_another_node_stays(
-    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("AMQP_LOCKS_KEEP_EPMD", raising=False)
-    broker = _command(node, tmp_path)
-    assert broker("start") == 0
+def test_an_epmd_serving_another_node_stays(node: Node) -> None:
+    assert node.broker("start") == 0
     with _register(node.port, "someone-else"):
-        assert broker("stop") == 0
+        assert node.broker("stop") == 0
         assert node.mappers[0].poll() is None
         assert epmd.names(node.port) == ["someone-else"]
-    assert not (tmp_path / brokercmd.MARKER).exists()  # the note goes with the stop
+    assert not node.marker.exists()  # the note goes with the stop
 
 
-def test_a_calling_script_that_sweeps_keeps_it(
-    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    broker = _command(node, tmp_path)
-    assert broker("start") == 0
+def test_a_calling_script_that_sweeps_keeps_it(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert node.broker("start") == 0
     monkeypatch.setenv("AMQP_LOCKS_KEEP_EPMD", "1")
-    assert broker("stop") == 0
+    assert node.broker("stop") == 0
     assert node.mappers[0].poll() is None and epmd.names(node.port) == []
-    assert not (tmp_path / brokercmd.MARKER).exists()
+    assert not node.marker.exists()
 
 
-def test_a_failed_command_notes_and_stops_nothing(
-    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("AMQP_LOCKS_KEEP_EPMD", raising=False)
-    broker = _command(node, tmp_path)
+def test_a_failed_command_notes_and_stops_nothing(node: Node) -> None:
     node.status = 1
-    assert broker("start") == 1
-    assert not (tmp_path / brokercmd.MARKER).exists() and node.mappers == []
+    assert node.broker("start") == 1
+    assert not node.marker.exists() and node.mappers == []
     node.status = 0
-    assert broker("start") == 0
+    assert node.broker("start") == 0
     node.status = 1
-    assert broker("stop") == 1  # the node may still run: its epmd stays, and so does the note
+    assert node.broker("stop") == 1  # the node may still run: its epmd stays, and so does the note
     assert node.mappers[0].poll() is None
-    assert (tmp_path / brokercmd.MARKER).exists()
+    assert node.marker.exists()
 
 
-def test_other_commands_pass_through(node: Node, tmp_path: Path) -> None:
+def test_other_commands_pass_through(node: Node) -> None:
     for args in (["status"], ["ctl", "--", "status"], ["stop", "--name", "bad name!"]):
-        argv = [*args, "--base-dir", str(tmp_path)]
-        assert brokercmd.main(argv, run=node, ports=[node.port]) == 0
+        assert node.broker(*args) == 0
     assert [c[0] for c in node.calls] == ["status", "ctl", "stop"]  # a bad name: devbroker's error
-    assert node.mappers == [] and not list(tmp_path.iterdir())
+    assert node.mappers == [] and not list(node.base.iterdir())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import signal
 import subprocess
 import threading
@@ -23,7 +24,7 @@ from amqp_locks import (
     events,
 )
 from amqp_locks.errors import FenceMissing
-from amqp_locks.names import holder_queue, slot_queue
+from amqp_locks.names import holder_queue, slot_queue, slots_name, token_queue
 from amqp_locks_dev import devbroker
 
 from . import workers
@@ -93,6 +94,27 @@ def test_verify_and_context_manager(sem3: PersistentSemaphore) -> None:
 def test_missing_semaphore_is_a_clear_error(broker: Broker, name: str) -> None:
     with pytest.raises(SemaphoreNotFound, match=slot_queue(name, 1)):
         PersistentSemaphore(broker, name).acquire(blocking=False)
+
+
+def test_missing_semaphore_in_cluster_mode_is_a_clear_error(amqp_url: str, name: str) -> None:
+    """Cluster mode's semaphore is a quorum token queue: a missing one is SemaphoreNotFound
+    naming that queue (no seed slot queue either, so not ModeMismatch), blocking or not,
+    and the check leaves the Broker usable: the next acquire, of one that exists, is
+    granted on it."""
+    with Broker(amqp_url, cluster=True, heartbeat=10.0) as b:
+        missing = re.escape(token_queue(slots_name(name)))
+        for blocking, timeout in ((False, None), (True, 1.0)):
+            with pytest.raises(SemaphoreNotFound, match=missing) as raised:
+                PersistentSemaphore(b, name).acquire(blocking=blocking, timeout=timeout)
+            assert "cluster mode" in str(raised.value)
+        admin = SemaphoreAdmin(b, name)
+        admin.create(1)
+        try:
+            lease = PersistentSemaphore(b, name).acquire(timeout=10)
+            assert lease is not None and lease.number == 1
+            lease.release()
+        finally:
+            admin.destroy()
 
 
 def test_bad_arguments(broker: Broker, name: str) -> None:

@@ -11,9 +11,8 @@ start is never noted, so never stopped. Every other command is
 
 ``AMQP_LOCKS_KEEP_EPMD=1`` makes ``stop`` leave the epmd alone (the note is still
 cleared): scripts/test, scripts/demo and scripts/matrix set it and sweep once their own
-nodes are all down. In a test run another
-lane's node may be booting against that epmd while this one stops: stopping it then
-would fail that node's registration.
+nodes are all down. In a test run another lane's node may be booting against that epmd
+while this one stops: stopping it then would fail that node's registration.
 """
 
 from __future__ import annotations
